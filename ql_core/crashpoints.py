@@ -1,0 +1,40 @@
+"""Named crash points: a test seam that ends the process hard at one protocol step.
+
+Set ``QL_CRASH_POINT=<name>`` in a process's environment; when execution
+reaches ``crashpoint(<name>)`` the process exits immediately with
+``os._exit(CRASH_EXIT_CODE)`` — no ``finally`` blocks, no atexit, no flush,
+exactly like a SIGKILL at that instant (a committed transaction stays
+committed, an open one is rolled back by the database).
+
+Only used where a real fault cannot be produced at the exact step; every
+name is listed in :data:`CRASH_POINTS` so tests can iterate all of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["CRASH_POINTS", "CRASH_EXIT_CODE", "crashpoint"]
+
+CRASH_EXIT_CODE = 86
+
+#: Every crash point in the code base, in protocol order.
+CRASH_POINTS: tuple[str, ...] = (
+    "create.before_commit",          # persist-before-spawn transaction open
+    "spawn.before_handle_commit",    # launcher running, durable handle not yet committed
+    "receipt.publish.after_temp",    # temp written, not linked (Python publisher)
+    "receipt.publish.after_link",    # final receipt visible, temp not yet removed
+    "completion.before_commit",      # terminal transaction open, not committed
+    "consumer.after_commit",         # terminal committed, receipt not deleted
+    "consumer.after_delete",         # receipt deleted, journal row not resolved
+    "consumer.quarantine.after_journal",  # journal says quarantined, file not moved
+    "receipt.quarantine.after_link",  # quarantine link made, original not unlinked
+    "cancel.after_intent",           # cancel intent committed, nothing dispatched
+    "cancel.after_signal",           # TERM sent, dispatch outcome not committed
+)
+
+
+def crashpoint(name: str) -> None:
+    """Exit the process at once if ``QL_CRASH_POINT`` names this step."""
+    if os.environ.get("QL_CRASH_POINT") == name:
+        os._exit(CRASH_EXIT_CODE)
