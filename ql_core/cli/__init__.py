@@ -1,0 +1,1 @@
+"""The ``ql`` command. Each subcommand lives in its own ``cmd_*`` module, imported lazily."""

@@ -1,0 +1,56 @@
+"""Schema migrations (Alembic), applied on start and by ``ql db upgrade``."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from ..errors import DatabaseError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["upgrade", "current_revision", "head_revision"]
+
+
+def _alembic_config(connection=None):  # type: ignore[no-untyped-def]
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(resources.files("ql_core.db") / "migrations"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision this version of ql ships."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None for an empty database)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> str:
+    """Bring the schema to head; idempotent. Returns the head revision."""
+    from alembic import command
+    from sqlalchemy.exc import SQLAlchemyError
+
+    head = head_revision()
+    try:
+        if current_revision(engine) == head:
+            return head
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "head")
+    except SQLAlchemyError as exc:
+        raise DatabaseError(f"cannot migrate the run database: {type(exc).__name__}: "
+                            f"{str(exc.orig if getattr(exc, 'orig', None) else exc)[:200]}") from exc
+    return head

@@ -1,0 +1,168 @@
+"""The run database: SQLModel tables (ADR-0007 §2.1, §2.2, §2.5; DESIGN.md §2).
+
+Run, RunAttempt and RunEvent are the only business truth. The receipt journal
+indexes attempts that may have a receipt file; the cancellation dispatch holds
+the lease-guarded intent to signal. Times are integer Unix milliseconds.
+Every change to this module needs a new Alembic revision (a test compares the
+metadata with the migrated schema).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sqlalchemy import BigInteger, Column, Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+__all__ = [
+    "RUN_TERMINAL",
+    "ATTEMPT_TERMINAL",
+    "Run",
+    "RunAttempt",
+    "RunEvent",
+    "LogArtifact",
+    "CompletionReceiptJournal",
+    "CancellationDispatch",
+]
+
+RUN_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
+ATTEMPT_TERMINAL = RUN_TERMINAL | {"blocked"}
+
+
+def _ms(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
+    return Column(BigInteger, nullable=nullable, index=index)
+
+
+class Run(SQLModel, table=True):
+    """One submitted task. ``version`` and ``event_seq`` guard every write (compare-and-set)."""
+
+    __tablename__ = "ql_run"
+    __table_args__ = (Index("ix_ql_run_created", "created_at_ms"), Index("ix_ql_run_status", "status"))
+
+    id: str = Field(primary_key=True, max_length=36)
+    name: Optional[str] = Field(default=None, max_length=200)
+    status: str = Field(max_length=16)
+    exit_code: Optional[int] = None
+    reason: Optional[str] = Field(default=None, max_length=80)
+    version: int = 1
+    event_seq: int = 0
+    current_attempt_id: Optional[str] = Field(default=None, max_length=36)
+    created_at_ms: int = Field(sa_column=_ms())
+    updated_at_ms: int = Field(sa_column=_ms())
+    finished_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    deadline_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: A committed cancel intent: reason ("user" | "policy" | "shutdown" | "timeout") and its time.
+    cancel_reason: Optional[str] = Field(default=None, max_length=16)
+    cancel_requested_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+
+
+class RunAttempt(SQLModel, table=True):
+    """One execution of a run; everything here is persisted before the process exists."""
+
+    __tablename__ = "ql_run_attempt"
+    __table_args__ = (
+        Index("ix_ql_attempt_active", "runtime_owner", "status", "id"),
+        Index("ix_ql_attempt_run", "run_id"),
+        Index("ix_ql_attempt_deadline", "status", "deadline_at_ms"),
+    )
+
+    id: str = Field(primary_key=True, max_length=36)
+    run_id: str = Field(foreign_key="ql_run.id", max_length=36)
+    attempt_no: int = 1
+    executor_type: str = Field(max_length=64)
+    #: The stable id of the node whose runtime may complete this attempt.
+    runtime_owner: str = Field(max_length=64)
+    status: str = Field(max_length=16)
+    exit_code: Optional[int] = None
+    reason: Optional[str] = Field(default=None, max_length=80)
+    log_artifact_id: str = Field(max_length=36)
+    #: SHA-256 (hex) of the callback token; the token itself is never stored.
+    callback_token_hash: str = Field(max_length=64)
+    #: Last accepted callback sequence; the launcher is given this + 1.
+    callback_sequence: int = 0
+    deadline_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    created_at_ms: int = Field(sa_column=_ms())
+    started_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    finished_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    # Durable process handle (DESIGN.md §2), written by the "spawned" transaction.
+    boot_id: Optional[str] = Field(default=None, max_length=64)
+    pid: Optional[int] = None
+    pgid: Optional[int] = None
+    process_start_time: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: Attempt-local optimistic version.
+    version: int = 1
+
+
+class RunEvent(SQLModel, table=True):
+    """An ordered, low-sensitivity fact about a run: ids, type, status, exit code, reason."""
+
+    __tablename__ = "ql_run_event"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_ql_run_event_seq"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="ql_run.id", max_length=36)
+    seq: int
+    type: str = Field(max_length=48)
+    attempt_id: Optional[str] = Field(default=None, max_length=36)
+    status: Optional[str] = Field(default=None, max_length=16)
+    exit_code: Optional[int] = None
+    reason: Optional[str] = Field(default=None, max_length=80)
+    at_ms: int = Field(sa_column=_ms())
+
+
+class LogArtifact(SQLModel, table=True):
+    """The append-only log file of one attempt, relative to ``<data_dir>/logs``."""
+
+    __tablename__ = "ql_log_artifact"
+    __table_args__ = (Index("ix_ql_log_created", "created_at_ms"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    run_id: str = Field(max_length=36)
+    attempt_id: str = Field(max_length=36)
+    relative_path: str = Field(max_length=120)
+    max_bytes: int = Field(sa_column=_ms())
+    size_bytes: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    truncated: bool = False
+    created_at_ms: int = Field(sa_column=_ms())
+    deleted_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+
+
+class CompletionReceiptJournal(SQLModel, table=True):
+    """Which attempt may have a receipt, where (relative), and its retention clock."""
+
+    __tablename__ = "ql_receipt_journal"
+    __table_args__ = (Index("ix_ql_journal_state", "state", "attempt_id"),)
+
+    attempt_id: str = Field(primary_key=True, max_length=36)
+    run_id: str = Field(max_length=36)
+    #: "pending" | "quarantined"
+    state: str = Field(max_length=16)
+    receipt_ref: str = Field(max_length=64)
+    quarantine_reason: Optional[str] = Field(default=None, max_length=40)
+    registered_at_ms: int = Field(sa_column=_ms())
+    updated_at_ms: int = Field(sa_column=_ms())
+    #: When the attempt was seen terminal with no receipt: start of the retention window.
+    terminal_seen_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+
+
+class CancellationDispatch(SQLModel, table=True):
+    """One per run: the intent to signal one attempt, claimed by a lease before any signal."""
+
+    __tablename__ = "ql_cancel_dispatch"
+    __table_args__ = (Index("ix_ql_dispatch_due", "state", "next_attempt_at_ms"),)
+
+    run_id: str = Field(primary_key=True, max_length=36)
+    attempt_id: str = Field(max_length=36)
+    reason: str = Field(max_length=16)
+    #: "pending" | "term_sent" | "done" | "blocked"
+    state: str = Field(max_length=16)
+    outcome: Optional[str] = Field(default=None, max_length=24)
+    lease_owner: Optional[str] = Field(default=None, max_length=64)
+    lease_expires_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    version: int = 1
+    tries: int = 0
+    next_attempt_at_ms: int = Field(sa_column=_ms())
+    term_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    created_at_ms: int = Field(sa_column=_ms())
+    updated_at_ms: int = Field(sa_column=_ms())

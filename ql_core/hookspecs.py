@@ -1,0 +1,86 @@
+"""Every hook a ql plugin can implement. One module, every name prefixed ``ql_``.
+
+A plugin is a module (or object) named by an entry point in the ``ql.plugins``
+group; it marks its implementations with :data:`hookimpl`::
+
+    from ql_core.hookspecs import hookimpl
+
+    @hookimpl
+    def ql_register_executors(register):
+        register("slurm", SlurmExecutor)
+
+Registration hooks receive a ``register(name, factory)`` callable (tox's
+``tox_register_tox_env(register)``); the factory is called with the
+:class:`~ql_core.interfaces.RuntimeContext` when the runtime first needs it.
+Observer hooks are called after the fact they report has been committed; an
+observer that raises is logged and never changes a run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
+
+__all__ = [
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "QlHookSpecs",
+    "RegisterExecutor",
+    "RegisterReceiptStore",
+    "RegisterJournalBackend",
+]
+
+PROJECT_NAME = "ql"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+RegisterExecutor = Callable[[str, "Callable[[RuntimeContext], Executor]"], None]
+RegisterReceiptStore = Callable[[str, "Callable[[RuntimeContext], ReceiptStore]"], None]
+RegisterJournalBackend = Callable[[str, "Callable[[RuntimeContext], JournalBackend]"], None]
+
+
+class QlHookSpecs:
+    """The hook specifications (pluggy validates implementations against these)."""
+
+    @hookspec
+    def ql_register_executors(self, register: RegisterExecutor) -> None:
+        """Called once when the plugin host starts; register executor factories.
+
+        ``register(executor_type, factory)``: ``executor_type`` is the value stored
+        in each attempt (e.g. ``"local_process"``); registering a type twice is an
+        error naming both plugins. Returns nothing.
+        """
+
+    @hookspec
+    def ql_register_receipt_stores(self, register: RegisterReceiptStore) -> None:
+        """Called once when the plugin host starts; register completion-receipt stores.
+
+        ``register(name, factory)``; the built-in ``file`` store keeps receipts under
+        ``<data_dir>/receipts``. Returns nothing.
+        """
+
+    @hookspec
+    def ql_register_journal_backends(self, register: RegisterJournalBackend) -> None:
+        """Called once when the plugin host starts; register receipt-journal backends.
+
+        A journal backend records which attempts may have a pending receipt
+        (ADR-0007 §2.5); ``edge-sqlite`` keeps it in the run database so that it is
+        written in the same transaction as the run. Returns nothing.
+        """
+
+    @hookspec
+    def ql_run_event(self, event: RunEventInfo) -> None:
+        """Called after a run event was committed (``run.created``, ``attempt.spawned``,
+        ``run.succeeded``, …), in the process that committed it.
+
+        ``event`` holds only low-sensitivity fields (ids, type, sequence, status,
+        exit code, reason) — never a command, environment or output. Called at
+        most once per committed event in this process; events committed by
+        another process are not replayed. Returns nothing; exceptions are logged
+        and swallowed so an observer can never change a run's outcome.
+        """

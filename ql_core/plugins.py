@@ -1,0 +1,189 @@
+"""Plugin host: stevedore loads the named plugins, pluggy calls them.
+
+Only plugins that the profile and config name are imported. A missing name or
+a plugin whose import raises is fatal, with a message that names the plugin,
+the underlying error, what is installed and how to fix it. ``QL_PLUGINS``
+(comma-separated allow-list) and ``QL_DISABLE_PLUGINS`` (deny-list) narrow
+the set without editing the config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar
+
+import pluggy
+
+from .errors import PluginError
+from .hookspecs import PROJECT_NAME, QlHookSpecs
+
+if TYPE_CHECKING:
+    from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "InstalledPlugin",
+    "Registry",
+    "PluginHost",
+    "installed_plugins",
+    "select_plugin_names",
+    "load_plugin_host",
+]
+
+ENTRY_POINT_GROUP = "ql.plugins"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledPlugin:
+    """An entry point in ``ql.plugins``, described without importing it."""
+
+    name: str
+    value: str
+    distribution: str | None
+
+
+def installed_plugins() -> list[InstalledPlugin]:
+    """Every plugin declared in the entry-point group, sorted by name (nothing is imported)."""
+    found: dict[str, InstalledPlugin] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        found.setdefault(ep.name, InstalledPlugin(ep.name, ep.value, dist.name if dist else None))
+    return sorted(found.values(), key=lambda p: p.name)
+
+
+def _split(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def select_plugin_names(wanted: Iterable[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Apply ``QL_PLUGINS`` (allow-list) and ``QL_DISABLE_PLUGINS`` to the wanted names."""
+    env = os.environ if environ is None else environ
+    names = list(dict.fromkeys(wanted))
+    allow = _split(env.get("QL_PLUGINS"))
+    if allow:
+        names = [n for n in names if n in allow]
+    deny = set(_split(env.get("QL_DISABLE_PLUGINS")))
+    return tuple(n for n in names if n not in deny)
+
+
+class Registry(Generic[T]):
+    """Name -> factory, filled by one registration hook; duplicate names are an error."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._factories: dict[str, Callable[[RuntimeContext], T]] = {}
+        self._owner: dict[str, str] = {}
+        self._current_plugin = "?"
+
+    def register(self, name: str, factory: Callable[[RuntimeContext], T]) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {self._current_plugin!r} registered a {self.kind} without a name")
+        if name in self._factories:
+            raise PluginError(f"{self.kind} {name!r} is registered twice: by plugin "
+                              f"{self._owner[name]!r} and by {self._current_plugin!r}; disable one "
+                              f"(QL_DISABLE_PLUGINS) or remove it from the config")
+        self._factories[name] = factory
+        self._owner[name] = self._current_plugin
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, context: RuntimeContext) -> T:
+        try:
+            factory = self._factories[name]
+        except KeyError:
+            have = ", ".join(self.names()) or "none"
+            raise PluginError(f"{self.kind} {name!r} not found; registered: {have}; "
+                              f"is the plugin that provides it installed and enabled?") from None
+        return factory(context)
+
+
+@dataclass
+class PluginHost:
+    """The loaded plugins behind a small typed facade; core never calls ``pm.hook`` itself."""
+
+    pm: pluggy.PluginManager
+    loaded: tuple[str, ...]
+    executors: Registry[Executor] = field(default_factory=lambda: Registry("executor"))
+    receipt_stores: Registry[ReceiptStore] = field(default_factory=lambda: Registry("receipt store"))
+    journal_backends: Registry[JournalBackend] = field(default_factory=lambda: Registry("journal backend"))
+
+    def _collect(self) -> None:
+        """Run each registration hook plugin by plugin, so duplicates name their owner."""
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            for registry, hook_name in (
+                (self.executors, "ql_register_executors"),
+                (self.receipt_stores, "ql_register_receipt_stores"),
+                (self.journal_backends, "ql_register_journal_backends"),
+            ):
+                registry._current_plugin = name
+                caller = self.pm.subset_hook_caller(hook_name, remove_plugins=[
+                    p for p in self.pm.get_plugins() if p is not plugin])
+                caller(register=registry.register)
+
+    def notify_event(self, event: RunEventInfo) -> None:
+        """Tell observers about a committed event; an observer's error never propagates."""
+        try:
+            self.pm.hook.ql_run_event(event=event)
+        except Exception as exc:  # noqa: BLE001 - observers must not change outcomes
+            from .log import logger
+
+            logger.warning("observer hook ql_run_event failed: {}", type(exc).__name__)
+
+
+def _installed_hint() -> str:
+    names = [p.name for p in installed_plugins()]
+    return ", ".join(names) if names else "none"
+
+
+def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = None) -> PluginHost:
+    """Load exactly the named plugins (after the env switches) and collect their registrations."""
+    from stevedore import NamedExtensionManager
+
+    selected = select_plugin_names(names, environ)
+    missing: list[str] = []
+
+    def on_missing(names_missing: Iterable[str]) -> None:
+        missing.extend(sorted(names_missing))
+
+    def on_failure(_manager: Any, entry_point: Any, exc: BaseException) -> None:
+        raise PluginError(
+            f"plugin {entry_point.name!r} ({entry_point.value}) failed to load: "
+            f"{type(exc).__name__}: {exc}; fix or reinstall the package that provides it, "
+            f"or disable it with QL_DISABLE_PLUGINS={entry_point.name}"
+        ) from exc
+
+    manager = NamedExtensionManager(
+        namespace=ENTRY_POINT_GROUP,
+        names=list(selected),
+        invoke_on_load=False,
+        name_order=True,
+        on_load_failure_callback=on_failure,
+        on_missing_entrypoints_callback=on_missing,
+    )
+    if missing:
+        raise PluginError(
+            f"plugin {missing[0]!r} not found in entry-point group {ENTRY_POINT_GROUP!r}; "
+            f"installed: {_installed_hint()}; is the package that provides it installed "
+            f"(pip install ...)? Otherwise remove it from the config's plugins"
+        )
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(QlHookSpecs)
+    for ext in manager:
+        try:
+            pm.register(ext.plugin, name=ext.name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginError(f"plugin {ext.name!r} cannot be registered: {exc}") from exc
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"a plugin implements a hook ql does not define: {exc}; "
+                          f"every hook name starts with ql_ (see ql_core.hookspecs)") from exc
+    host = PluginHost(pm=pm, loaded=tuple(ext.name for ext in manager))
+    host._collect()
+    return host

@@ -1,0 +1,125 @@
+"""The four deployment profiles and their bounded numbers (DESIGN.md §4, ADR-0007 §5).
+
+A profile is a frozen set of limits. Config files override single numbers;
+:data:`LIMIT_RANGES` is the allowed range of each, enforced on load so that no
+override can make a scan, a page or a retention window unbounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "profile_named"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Limits and switches of one deployment profile."""
+
+    name: str
+    #: Which run database stack the profile accepts: "sqlite" or "postgresql".
+    database: str
+    spawns_local_processes: bool
+    #: Plugins enabled when the config names none.
+    default_plugins: tuple[str, ...]
+    #: Seconds between supervisor rounds (0 = no periodic local scan).
+    scan_interval_s: float
+    page_size: int
+    pages_per_round: int
+    publish_grace_ms: int
+    #: How long a terminal journal row whose receipt is gone is kept.
+    terminal_journal_retention_s: float
+    #: How long a quarantined receipt is kept before it is purged.
+    quarantine_retention_s: float
+    #: "never" | "optional": may the watchfiles wake-up be enabled.
+    file_watcher: str
+    #: Grace between TERM and KILL when a run is cancelled or timed out.
+    cancel_grace_s: float = 10.0
+    #: Lease on a cancellation dispatch record.
+    cancel_lease_s: float = 30.0
+    #: Cap of the retry backoff of a cancellation dispatch.
+    cancel_backoff_cap_s: float = 60.0
+    #: Per-attempt log size past which output is dropped (bytes).
+    log_max_bytes: int = 64 * 1024 * 1024
+    #: Log artifacts older than this are deleted by retention (seconds).
+    log_retention_s: float = 7 * 24 * 3600.0
+    #: Total size of all log artifacts past which the oldest are deleted (bytes).
+    log_total_max_bytes: int = 1024 * 1024 * 1024
+    #: Compare-and-set conflicts or busy errors retried before giving up.
+    completion_retries: int = 5
+    #: SQLite busy timeout (milliseconds).
+    busy_timeout_ms: int = 5000
+    #: Time cap of the supervisor's drain on stop().
+    stop_drain_s: float = 5.0
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Profile:
+        """Return a copy with validated numeric overrides applied."""
+        return replace(self, **overrides)
+
+    @classmethod
+    def limit_names(cls) -> tuple[str, ...]:
+        """Names of the numbers a config file may override."""
+        return tuple(f.name for f in fields(cls) if f.name in LIMIT_RANGES)
+
+
+#: name -> (type, minimum, maximum). Every overridable number, with its hard cap.
+LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
+    "scan_interval_s": (float, 0.05, 3600.0),
+    "page_size": (int, 1, 256),
+    "pages_per_round": (int, 1, 64),
+    "publish_grace_ms": (int, 0, 10_000),
+    "terminal_journal_retention_s": (float, 0.0, 30 * 24 * 3600.0),
+    "quarantine_retention_s": (float, 0.0, 30 * 24 * 3600.0),
+    "cancel_grace_s": (float, 0.0, 3600.0),
+    "cancel_lease_s": (float, 1.0, 3600.0),
+    "cancel_backoff_cap_s": (float, 1.0, 3600.0),
+    "log_max_bytes": (int, 1024, 1 << 40),
+    "log_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
+    "log_total_max_bytes": (int, 1 << 20, 1 << 44),
+    "completion_retries": (int, 1, 50),
+    "busy_timeout_ms": (int, 100, 600_000),
+    "stop_drain_s": (float, 0.1, 300.0),
+}
+
+_MIN = 60.0
+_H = 3600.0
+
+PROFILES: dict[str, Profile] = {
+    "edge": Profile(
+        name="edge", database="sqlite", spawns_local_processes=True,
+        default_plugins=("local", "edge-sqlite"),
+        scan_interval_s=30.0, page_size=8, pages_per_round=2, publish_grace_ms=50,
+        terminal_journal_retention_s=2 * _MIN, quarantine_retention_s=5 * _MIN,
+        file_watcher="never",
+    ),
+    "standalone": Profile(
+        name="standalone", database="sqlite", spawns_local_processes=True,
+        default_plugins=("local", "edge-sqlite"),
+        scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=100,
+        terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
+        file_watcher="optional",
+    ),
+    "cluster-control": Profile(
+        name="cluster-control", database="postgresql", spawns_local_processes=False,
+        default_plugins=(),
+        scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=0,
+        terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
+        file_watcher="never",
+    ),
+    "cluster-worker": Profile(
+        name="cluster-worker", database="postgresql", spawns_local_processes=True,
+        default_plugins=("local",),
+        scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=100,
+        terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
+        file_watcher="optional",
+    ),
+}
+
+
+def profile_named(name: str) -> Profile:
+    """The built-in profile called ``name``; KeyError lists the valid names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; choose one of: {', '.join(PROFILES)}") from None

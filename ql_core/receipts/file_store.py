@@ -1,0 +1,623 @@
+"""Atomic, sharded, symlink-proof file store for completion receipts (ADR-0007 §2.4, §2.5).
+
+Layout under ``root`` (= ``<data_dir>/receipts``)::
+
+    root/<xx>/<attempt_id>.json                    final receipt, 0600; xx = last two hex digits
+    root/<xx>/.<attempt_id>.<unique>.tmp           temp file while publishing; unique = [A-Za-z0-9]{1,32}
+    root/.quarantine/<xx>/<attempt_id>.json        quarantined receipt (hard link of the original)
+
+Every directory is 0700. The temp and final names are a contract: the receipt
+audit classifies files by :data:`TEMP_NAME_PATTERN` and :data:`RECEIPT_NAME_PATTERN`.
+
+Publication protocol (the POSIX shell launcher follows the same steps; see
+``docs/receipt-publication.md``):
+
+1. Ensure the shard directory ``root/<xx>`` exists (``mkdir`` mode 0700; if it
+   was created now, fsync ``root``). It must be a real directory, not a symlink,
+   owned by us.
+2. Create the temp file ``root/<xx>/.<attempt_id>.<unique>.tmp`` with
+   ``O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC``, mode 0600 — it can never
+   be an existing file or a symlink.
+3. Write the complete canonical payload (``serialize_receipt``, ≤ 4096 bytes).
+4. fsync the temp file and close it.
+5. ``link(temp, final)`` in the same directory. If the final name exists
+   (EEXIST) the receipt was already published: never overwrite.
+6. Unlink the temp file.
+7. fsync the shard directory.
+
+A failure in steps 1–5 removes the temp file and raises
+:class:`ReceiptPublishError` with no final file visible (ADR §6 gate 14). A
+reader therefore sees either no receipt or a complete one — never a partial
+file — because the final name only ever appears by ``link`` of a fully
+written, fsynced file.
+
+Every operation walks root → shard with directory file descriptors
+(``O_DIRECTORY|O_NOFOLLOW``) and the ``dir_fd=`` form of each system call, and
+checks that the root is still the directory it was at construction, so a
+path component swapped for a symlink can never redirect a write, link or
+unlink outside the root: it raises :class:`UnsafePathError` instead. There is
+no in-process state beyond the root's identity, so the store is safe to use
+from many threads and processes at once (``O_EXCL`` temp names, no-replace
+``link``) and it pickles.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from ql_core.crashpoints import crashpoint
+from ql_core.ids import UUID7_PATTERN, is_uuid7, shard_of
+from ql_core.receipts.codec import (
+    MAX_RECEIPT_BYTES,
+    Receipt,
+    ReceiptRejection,
+    RejectReason,
+    parse_receipt,
+    serialize_receipt,
+)
+
+__all__ = [
+    "QUARANTINE_DIR_NAME",
+    "RECEIPT_NAME_PATTERN",
+    "TEMP_NAME_PATTERN",
+    "FileReceiptStore",
+    "PublishOutcome",
+    "QuarantineConflictError",
+    "ReadStatus",
+    "ReceiptPublishError",
+    "ReceiptRead",
+    "ReceiptStoreError",
+    "UnsafePathError",
+]
+
+#: Name of the quarantine directory directly under the receipt root.
+QUARANTINE_DIR_NAME: Final = ".quarantine"
+
+#: A final receipt's file name; group ``attempt_id``.
+RECEIPT_NAME_PATTERN: Final = re.compile(rf"(?P<attempt_id>{UUID7_PATTERN.pattern})\.json")
+
+#: A publication temp file's name; groups ``attempt_id`` and ``unique``.
+TEMP_NAME_PATTERN: Final = re.compile(
+    rf"\.(?P<attempt_id>{UUID7_PATTERN.pattern})\.(?P<unique>[A-Za-z0-9]{{1,32}})\.tmp"
+)
+
+_DIR_MODE: Final = 0o700
+_FILE_MODE: Final = 0o600
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: errno values meaning "this path component is a symlink or not a directory".
+_UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
+
+
+class ReceiptStoreError(Exception):
+    """A receipt store operation failed; usually transient — retry next round."""
+
+
+class UnsafePathError(ReceiptStoreError):
+    """A path under (or of) the root is a symlink, not a directory, or not ours: fail closed."""
+
+
+class ReceiptPublishError(ReceiptStoreError):
+    """Publication failed.
+
+    ``final_visible`` is False when the failure happened before the link (the
+    usual case: nothing visible, temp removed) and True when the complete
+    receipt was already linked and only the cleanup/directory fsync failed.
+    """
+
+    def __init__(self, message: str, *, final_visible: bool = False) -> None:
+        super().__init__(message)
+        self.final_visible = final_visible
+
+
+class QuarantineConflictError(ReceiptStoreError):
+    """The quarantine slot already holds a different file; nothing was overwritten or removed."""
+
+
+class PublishOutcome(enum.StrEnum):
+    """Result of :meth:`FileReceiptStore.publish`."""
+
+    PUBLISHED = "published"
+    ALREADY_EXISTS = "already_exists"
+
+
+class ReadStatus(enum.StrEnum):
+    """Result kind of :meth:`FileReceiptStore.read` (compares equal to its string value)."""
+
+    MISSING = "missing"
+    VALID = "valid"
+    INVALID = "invalid"
+
+
+@dataclass(frozen=True)
+class ReceiptRead:
+    """What is at an attempt's receipt path: nothing, a valid receipt, or a rejected file."""
+
+    status: ReadStatus
+    receipt: Receipt | None = None
+    rejection: ReceiptRejection | None = None
+
+
+_MISSING: Final = ReceiptRead(ReadStatus.MISSING)
+
+
+def _require_canonical(path: str) -> None:
+    """Refuse a root reached through a symlink: a later swap would move every operation."""
+    if os.path.realpath(path) != path:
+        raise UnsafePathError("receipt root must not contain symlinks")
+
+
+def _require_uuid7(attempt_id: str) -> str:
+    """Refuse to build any path from an unvalidated id (no ``..``, no ``/``, no case games)."""
+    if not is_uuid7(attempt_id):
+        raise ValueError("attempt_id must be a lowercase UUIDv7")
+    return attempt_id
+
+
+def _receipt_name(attempt_id: str) -> str:
+    return f"{attempt_id}.json"
+
+
+def _temp_name(attempt_id: str) -> str:
+    """A fresh temp name: pid plus 64 random bits, unique across processes and threads."""
+    return f".{attempt_id}.{os.getpid()}r{secrets.token_hex(8)}.tmp"
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _unlink_quietly(name: str, dir_fd: int) -> None:
+    """Best-effort cleanup on an error path, where the original error is the one to report."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _open_subdir(parent_fd: int, name: str, *, create: bool) -> int | None:
+    """Open (optionally create) a child directory without following symlinks, and verify it.
+
+    A directory created here gets mode 0700 whatever the umask, and its parent
+    is fsynced so the new entry is durable. Returns None when the directory is
+    missing and ``create`` is False.
+    """
+    created = create and _mkdir_at(parent_fd, name)
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if create:
+            raise ReceiptStoreError("receipt directory vanished while in use") from None
+        return None
+    except OSError as exc:
+        if exc.errno in _UNSAFE_ERRNOS:
+            raise UnsafePathError(f"{name!r} is a symlink or not a directory") from exc
+        raise ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}") from exc
+    try:
+        _verify_directory(fd, repr(name))
+        if created:
+            os.fchmod(fd, _DIR_MODE)
+            os.fsync(parent_fd)
+    except OSError as exc:
+        os.close(fd)
+        raise ReceiptStoreError(f"cannot prepare receipt directory: {exc.strerror}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _mkdir_at(parent_fd: int, name: str) -> bool:
+    """mkdir 0700 relative to a directory fd; False when the name already exists."""
+    try:
+        os.mkdir(name, _DIR_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise ReceiptStoreError(f"cannot create receipt directory: {exc.strerror}") from exc
+    return True
+
+
+def _verify_directory(fd: int, what: str) -> os.stat_result:
+    """An opened directory must be a directory owned by us and not writable by others."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise ReceiptStoreError(f"cannot stat {what}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{what} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise UnsafePathError(f"{what} is not owned by the current user")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePathError(f"{what} is writable by group or others")
+    return st
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_bounded(fd: int, limit: int) -> bytes:
+    """Read until EOF or ``limit`` bytes, whichever comes first."""
+    chunks: list[bytes] = []
+    remaining = limit
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
+    """lstat relative to a directory fd; None when the name does not exist."""
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class FileReceiptStore:
+    """Receipts as files under one canonical root (see the module docstring for the protocol)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        """Open (creating if missing, 0700) the receipt root.
+
+        The root must be absolute and already canonical: a path that reaches it
+        through a symlink is refused, because a later swap of that symlink
+        would silently move every receipt operation elsewhere.
+        """
+        path = os.fspath(root)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise UnsafePathError("receipt root must be an absolute path")
+        path = os.path.abspath(path)
+        _require_canonical(path)
+        self._root = path
+        try:
+            os.mkdir(path, _DIR_MODE)
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot create receipt root: {exc.strerror}") from exc
+        _require_canonical(path)  # again, in case a component was swapped meanwhile
+        self._identity = self._open_and_identify_root(created=created)
+
+    def __repr__(self) -> str:
+        return f"FileReceiptStore({self._root!r})"
+
+    @property
+    def root(self) -> str:
+        """The canonical absolute root (for handing to the launcher; never stored in a database)."""
+        return self._root
+
+    # ----------------------------------------------------------------- paths
+
+    @staticmethod
+    def relative_ref(attempt_id: str) -> str:
+        """Bounded, root-relative reference ``<xx>/<attempt_id>.json`` (never absolute)."""
+        _require_uuid7(attempt_id)
+        return f"{shard_of(attempt_id)}/{_receipt_name(attempt_id)}"
+
+    # ------------------------------------------------------ directory access
+
+    def _open_and_identify_root(self, *, created: bool) -> tuple[int, int]:
+        fd = self._open_root_fd()
+        try:
+            if created:
+                os.fchmod(fd, _DIR_MODE)  # exact mode whatever the umask
+            st = _verify_directory(fd, "receipt root")
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot prepare receipt root: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+        return st.st_dev, st.st_ino
+
+    def _open_root_fd(self) -> int:
+        try:
+            return os.open(self._root, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in _UNSAFE_ERRNOS:
+                raise UnsafePathError("receipt root is a symlink or not a directory") from exc
+            raise ReceiptStoreError("cannot open receipt root") from exc
+
+    @contextmanager
+    def _root_dir(self) -> Iterator[int]:
+        """The root's fd, verified to be the very directory seen at construction."""
+        fd = self._open_root_fd()
+        try:
+            st = _verify_directory(fd, "receipt root")
+            if (st.st_dev, st.st_ino) != self._identity:
+                raise UnsafePathError("receipt root was replaced")
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    @contextmanager
+    def _subdir(parent_fd: int, name: str, *, create: bool) -> Iterator[int | None]:
+        """A verified child directory fd, or None when it is missing and ``create`` is False."""
+        fd = _open_subdir(parent_fd, name, create=create)
+        if fd is None:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _shard(self, attempt_id: str, *, create: bool = False) -> Iterator[int | None]:
+        with self._root_dir() as root_fd:
+            with self._subdir(root_fd, shard_of(attempt_id), create=create) as shard_fd:
+                yield shard_fd
+
+    @contextmanager
+    def _quarantine_shard(self, attempt_id: str, *, create: bool = False) -> Iterator[int | None]:
+        with self._root_dir() as root_fd:
+            with self._subdir(root_fd, QUARANTINE_DIR_NAME, create=create) as q_fd:
+                if q_fd is None:
+                    yield None
+                    return
+                with self._subdir(q_fd, shard_of(attempt_id), create=create) as qs_fd:
+                    yield qs_fd
+
+    # -------------------------------------------------------------- publish
+
+    def publish(self, receipt: Receipt, *, fsync: bool = True) -> PublishOutcome:
+        """Publish ``receipt`` atomically at its final path, never replacing an existing one.
+
+        ``fsync=False`` skips steps 4 and 7 (benchmarks and tests only: the
+        receipt is then atomic but not durable across power loss). Raises
+        ValueError for an invalid receipt (before touching the disk),
+        :class:`UnsafePathError` for a symlinked/foreign directory and
+        :class:`ReceiptPublishError` for any I/O failure.
+        """
+        payload = serialize_receipt(receipt)
+        attempt_id = receipt.attempt_id
+        try:
+            with self._shard(attempt_id, create=True) as shard_fd:  # step 1
+                assert shard_fd is not None  # create=True never yields None
+                return self._publish_in_shard(shard_fd, attempt_id, payload, fsync=fsync)
+        except ReceiptPublishError:
+            raise
+        except UnsafePathError:
+            raise
+        except (ReceiptStoreError, OSError) as exc:
+            raise ReceiptPublishError("receipt directory unavailable") from exc
+
+    def _publish_in_shard(
+        self, shard_fd: int, attempt_id: str, payload: bytes, *, fsync: bool
+    ) -> PublishOutcome:
+        temp = _temp_name(attempt_id)
+        try:
+            self._write_temp(shard_fd, temp, payload, fsync=fsync)  # steps 2-4
+            crashpoint("receipt.publish.after_temp")
+            linked = self._link_no_replace(shard_fd, temp, attempt_id)  # step 5
+        except OSError as exc:
+            _unlink_quietly(temp, shard_fd)
+            raise ReceiptPublishError(f"receipt publication failed: {exc.strerror}") from exc
+        if linked:
+            crashpoint("receipt.publish.after_link")
+        try:
+            os.unlink(temp, dir_fd=shard_fd)  # step 6
+            if fsync:
+                os.fsync(shard_fd)  # step 7
+        except OSError as exc:
+            raise ReceiptPublishError(
+                f"receipt linked but cleanup failed: {exc.strerror}", final_visible=linked
+            ) from exc
+        return PublishOutcome.PUBLISHED if linked else PublishOutcome.ALREADY_EXISTS
+
+    @staticmethod
+    def _write_temp(shard_fd: int, temp: str, payload: bytes, *, fsync: bool) -> None:
+        fd = os.open(temp, _TEMP_FLAGS, _FILE_MODE, dir_fd=shard_fd)
+        try:
+            os.fchmod(fd, _FILE_MODE)  # exact mode whatever the umask
+            _write_all(fd, payload)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _link_no_replace(shard_fd: int, temp: str, attempt_id: str) -> bool:
+        """Hard-link temp → final; False when the final name already exists (never replaced)."""
+        try:
+            os.link(
+                temp,
+                _receipt_name(attempt_id),
+                src_dir_fd=shard_fd,
+                dst_dir_fd=shard_fd,
+                follow_symlinks=False,
+            )
+        except FileExistsError:
+            return False
+        return True
+
+    # ----------------------------------------------------------------- read
+
+    def read(self, attempt_id: str) -> ReceiptRead:
+        """Read and validate the attempt's receipt without following symlinks or blocking.
+
+        Non-regular files (symlink, FIFO, directory, device) are reported
+        invalid without being opened for content; a valid receipt must also
+        name this very attempt. OS errors other than "not found" raise
+        :class:`ReceiptStoreError` (transient: the caller retries next round).
+        """
+        _require_uuid7(attempt_id)
+        try:
+            with self._shard(attempt_id) as shard_fd:
+                if shard_fd is None:
+                    return _MISSING
+                data = self._read_final(shard_fd, attempt_id)
+        except ReceiptStoreError:
+            raise
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot read receipt: {exc.strerror}") from exc
+        if isinstance(data, ReceiptRead):
+            return data
+        return self._classify(attempt_id, data)
+
+    @staticmethod
+    def _read_final(shard_fd: int, attempt_id: str) -> bytes | ReceiptRead:
+        name = _receipt_name(attempt_id)
+        before = _lstat_at(name, shard_fd)
+        if before is None:
+            return _MISSING
+        if not stat.S_ISREG(before.st_mode):
+            return _not_regular()
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+        except FileNotFoundError:
+            return _MISSING
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # swapped for a symlink since the lstat
+                return _not_regular()
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not _same_file(st, before):
+                return _not_regular()
+            return _read_bounded(fd, MAX_RECEIPT_BYTES + 1)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _classify(attempt_id: str, data: bytes) -> ReceiptRead:
+        parsed = parse_receipt(data)
+        if isinstance(parsed, ReceiptRejection):
+            return ReceiptRead(ReadStatus.INVALID, rejection=parsed)
+        if parsed.attempt_id != attempt_id:
+            rejection = ReceiptRejection(
+                RejectReason.ID_MISMATCH, "attemptId does not match the receipt path"
+            )
+            return ReceiptRead(ReadStatus.INVALID, rejection=rejection)
+        return ReceiptRead(ReadStatus.VALID, receipt=parsed)
+
+    # --------------------------------------------------- existence / removal
+
+    def exists(self, attempt_id: str) -> bool:
+        """True when anything (of any file type) is at the attempt's final receipt path."""
+        _require_uuid7(attempt_id)
+        with self._shard(attempt_id) as shard_fd:
+            return shard_fd is not None and self._entry_exists(shard_fd, attempt_id)
+
+    def quarantined_exists(self, attempt_id: str) -> bool:
+        """True when the attempt has an entry in the quarantine."""
+        _require_uuid7(attempt_id)
+        with self._quarantine_shard(attempt_id) as qs_fd:
+            return qs_fd is not None and self._entry_exists(qs_fd, attempt_id)
+
+    @staticmethod
+    def _entry_exists(dir_fd: int, attempt_id: str) -> bool:
+        try:
+            return _lstat_at(_receipt_name(attempt_id), dir_fd) is not None
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot stat receipt: {exc.strerror}") from exc
+
+    def remove(self, attempt_id: str, *, fsync: bool = True) -> bool:
+        """Delete the final receipt (only after its terminal commit!); False if already gone."""
+        _require_uuid7(attempt_id)
+        with self._shard(attempt_id) as shard_fd:
+            return shard_fd is not None and self._unlink_entry(shard_fd, attempt_id, fsync=fsync)
+
+    def purge_quarantined(self, attempt_id: str, *, fsync: bool = True) -> bool:
+        """Delete the quarantined copy (retention expired); False if already gone."""
+        _require_uuid7(attempt_id)
+        with self._quarantine_shard(attempt_id) as qs_fd:
+            return qs_fd is not None and self._unlink_entry(qs_fd, attempt_id, fsync=fsync)
+
+    @staticmethod
+    def _unlink_entry(dir_fd: int, attempt_id: str, *, fsync: bool) -> bool:
+        try:
+            os.unlink(_receipt_name(attempt_id), dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot remove receipt: {exc.strerror}") from exc
+        if fsync:
+            try:
+                os.fsync(dir_fd)
+            except OSError as exc:
+                raise ReceiptStoreError(f"cannot sync receipt directory: {exc.strerror}") from exc
+        return True
+
+    # ----------------------------------------------------------- quarantine
+
+    def quarantine(self, attempt_id: str, *, fsync: bool = True) -> bool:
+        """Move the receipt into the quarantine by hard link (no replace) + unlink.
+
+        Idempotent across a crash between the link and the unlink: a
+        quarantine entry that is the *same inode* as the original counts as
+        already linked. A different file in the quarantine slot raises
+        :class:`QuarantineConflictError` and leaves both files alone. Returns
+        False when there was nothing to quarantine. Contents are never read.
+        """
+        _require_uuid7(attempt_id)
+        try:
+            with self._shard(attempt_id) as shard_fd:
+                if shard_fd is None:
+                    return False
+                original = _lstat_at(_receipt_name(attempt_id), shard_fd)
+                if original is None:
+                    return False
+                with self._quarantine_shard(attempt_id, create=True) as qs_fd:
+                    assert qs_fd is not None  # create=True never yields None
+                    return self._move_to_quarantine(shard_fd, qs_fd, attempt_id, fsync=fsync)
+        except ReceiptStoreError:
+            raise
+        except OSError as exc:
+            raise ReceiptStoreError(f"cannot quarantine receipt: {exc.strerror}") from exc
+
+    @staticmethod
+    def _move_to_quarantine(shard_fd: int, qs_fd: int, attempt_id: str, *, fsync: bool) -> bool:
+        name = _receipt_name(attempt_id)
+        try:
+            os.link(name, name, src_dir_fd=shard_fd, dst_dir_fd=qs_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False  # a concurrent quarantine or remove got there first
+        except FileExistsError:
+            pass  # verified below: only the same inode is acceptable
+        original = _lstat_at(name, shard_fd)
+        copy = _lstat_at(name, qs_fd)
+        if original is None:
+            return False
+        if copy is None or not _same_file(original, copy):
+            raise QuarantineConflictError("quarantine slot holds a different file")
+        if fsync:
+            os.fsync(qs_fd)  # the copy is durable before the original goes
+        crashpoint("receipt.quarantine.after_link")
+        try:
+            os.unlink(name, dir_fd=shard_fd)
+        except FileNotFoundError:
+            return False
+        if fsync:
+            os.fsync(shard_fd)
+        return True
+
+
+def _not_regular() -> ReceiptRead:
+    rejection = ReceiptRejection(RejectReason.NOT_REGULAR_FILE, "receipt path is not a regular file")
+    return ReceiptRead(ReadStatus.INVALID, rejection=rejection)
