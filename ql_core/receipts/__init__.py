@@ -1,0 +1,53 @@
+"""Completion receipts (ADR-0007 §2.4): the strict codec and the atomic file store."""
+
+from ql_core.receipts.codec import (
+    MAX_RECEIPT_BYTES,
+    MAX_SAFE_INTEGER,
+    RECEIPT_KEYS,
+    SCHEMA_VERSION,
+    TOKEN_PATTERN,
+    Receipt,
+    ReceiptRejection,
+    RejectReason,
+    parse_receipt,
+    serialize_receipt,
+    validate_receipt,
+)
+from ql_core.receipts.file_store import (
+    QUARANTINE_DIR_NAME,
+    RECEIPT_NAME_PATTERN,
+    TEMP_NAME_PATTERN,
+    FileReceiptStore,
+    PublishOutcome,
+    QuarantineConflictError,
+    ReadStatus,
+    ReceiptPublishError,
+    ReceiptRead,
+    ReceiptStoreError,
+    UnsafePathError,
+)
+
+__all__ = [
+    "MAX_RECEIPT_BYTES",
+    "MAX_SAFE_INTEGER",
+    "QUARANTINE_DIR_NAME",
+    "RECEIPT_KEYS",
+    "RECEIPT_NAME_PATTERN",
+    "SCHEMA_VERSION",
+    "TEMP_NAME_PATTERN",
+    "TOKEN_PATTERN",
+    "FileReceiptStore",
+    "PublishOutcome",
+    "QuarantineConflictError",
+    "ReadStatus",
+    "Receipt",
+    "ReceiptPublishError",
+    "ReceiptRead",
+    "ReceiptRejection",
+    "ReceiptStoreError",
+    "RejectReason",
+    "UnsafePathError",
+    "parse_receipt",
+    "serialize_receipt",
+    "validate_receipt",
+]

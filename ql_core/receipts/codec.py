@@ -36,12 +36,12 @@ from ql_core.ids import is_uuid7
 __all__ = [
     "MAX_RECEIPT_BYTES",
     "MAX_SAFE_INTEGER",
-    "SCHEMA_VERSION",
     "RECEIPT_KEYS",
+    "SCHEMA_VERSION",
     "TOKEN_PATTERN",
     "Receipt",
-    "RejectReason",
     "ReceiptRejection",
+    "RejectReason",
     "parse_receipt",
     "serialize_receipt",
     "validate_receipt",
@@ -195,11 +195,12 @@ def _decode_document(data: bytes) -> object | ReceiptRejection:
     except UnicodeDecodeError:
         return _reject(RejectReason.NOT_UTF8, "not valid UTF-8")
     try:
-        return _DECODER.decode(text)
+        document: object = _DECODER.decode(text)
     except RecursionError:
         return _reject(RejectReason.NESTED_VALUE, "nesting too deep")
     except ValueError:  # json.JSONDecodeError is a ValueError
         return _reject(RejectReason.INVALID_JSON, "not a single valid JSON document")
+    return document
 
 
 def _check_keys(obj: _Object) -> dict[str, object] | ReceiptRejection:
@@ -253,7 +254,8 @@ def _check_int_ranges(receipt: Receipt) -> ReceiptRejection | None:
         return _reject(RejectReason.INVALID_SEQUENCE, "callbackSequence must be >= 1")
     if receipt.callback_sequence > MAX_SAFE_INTEGER:
         return _reject(RejectReason.INTEGER_OUT_OF_RANGE, "callbackSequence is too large")
-    for key, value in (("startedAtMs", receipt.started_at_ms), ("finishedAtMs", receipt.finished_at_ms)):
+    times = (("startedAtMs", receipt.started_at_ms), ("finishedAtMs", receipt.finished_at_ms))
+    for key, value in times:
         if value < 0:
             return _reject(RejectReason.NEGATIVE_TIME, f"{key} is negative")
         if value > MAX_SAFE_INTEGER:

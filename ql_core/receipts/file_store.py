@@ -2,9 +2,9 @@
 
 Layout under ``root`` (= ``<data_dir>/receipts``)::
 
-    root/<xx>/<attempt_id>.json                    final receipt, 0600; xx = last two hex digits
-    root/<xx>/.<attempt_id>.<unique>.tmp           temp file while publishing; unique = [A-Za-z0-9]{1,32}
-    root/.quarantine/<xx>/<attempt_id>.json        quarantined receipt (hard link of the original)
+    root/<xx>/<attempt_id>.json               final receipt, 0600; xx = last two hex digits
+    root/<xx>/.<attempt_id>.<unique>.tmp      temp while publishing; unique = [A-Za-z0-9]{1,32}
+    root/.quarantine/<xx>/<attempt_id>.json   quarantined receipt (hard link of the original)
 
 Every directory is 0700. The temp and final names are a contract: the receipt
 audit classifies files by :data:`TEMP_NAME_PATTERN` and :data:`RECEIPT_NAME_PATTERN`.
@@ -25,11 +25,14 @@ Publication protocol (the POSIX shell launcher follows the same steps; see
 6. Unlink the temp file.
 7. fsync the shard directory.
 
-A failure in steps 1–5 removes the temp file and raises
-:class:`ReceiptPublishError` with no final file visible (ADR §6 gate 14). A
-reader therefore sees either no receipt or a complete one — never a partial
-file — because the final name only ever appears by ``link`` of a fully
-written, fsynced file.
+Crash points: ``receipt.publish.after_temp`` after step 4,
+``receipt.publish.after_link`` after step 5.
+
+The final name only ever appears by ``link`` of a fully written, fsynced
+file, so a reader sees either no receipt or a complete one — never a partial
+file. A failure in steps 1–5 removes the temp file and raises
+:class:`ReceiptPublishError` with no final file visible (ADR §6 gate 14); a
+failure in steps 6–7 raises it with ``final_visible=True``.
 
 Every operation walks root → shard with directory file descriptors
 (``O_DIRECTORY|O_NOFOLLOW``) and the ``dir_fd=`` form of each system call, and
@@ -43,6 +46,7 @@ from many threads and processes at once (``O_EXCL`` temp names, no-replace
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import os
@@ -50,7 +54,6 @@ import re
 import secrets
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
@@ -95,7 +98,8 @@ _FILE_MODE: Final = 0o600
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: errno values meaning "this path component is a symlink or not a directory".
+#: errno values meaning "this path component is a symlink or not a directory"
+#: (O_NOFOLLOW on a symlink: ELOOP on Linux, EMLINK on FreeBSD).
 _UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
 
 
@@ -173,19 +177,10 @@ def _temp_name(attempt_id: str) -> str:
     return f".{attempt_id}.{os.getpid()}r{secrets.token_hex(8)}.tmp"
 
 
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
 def _unlink_quietly(name: str, dir_fd: int) -> None:
     """Best-effort cleanup on an error path, where the original error is the one to report."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 def _open_subdir(parent_fd: int, name: str, *, create: bool) -> int | None:
@@ -195,29 +190,44 @@ def _open_subdir(parent_fd: int, name: str, *, create: bool) -> int | None:
     is fsynced so the new entry is durable. Returns None when the directory is
     missing and ``create`` is False.
     """
-    created = create and _mkdir_at(parent_fd, name)
+    fd = _open_dir_at(parent_fd, name)
+    created = False
+    if fd is None:
+        if not create:
+            return None
+        created = _mkdir_at(parent_fd, name)  # False: a concurrent creator won the race
+        fd = _open_dir_at(parent_fd, name)
+        if fd is None:
+            raise ReceiptStoreError("receipt directory vanished while in use")
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        _verify_directory(fd, repr(name))
+        if created:
+            _settle_new_directory(fd, parent_fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _settle_new_directory(fd: int, parent_fd: int) -> None:
+    """Exact 0700 whatever the umask, and a durable entry in the parent."""
+    try:
+        os.fchmod(fd, _DIR_MODE)
+        os.fsync(parent_fd)
+    except OSError as exc:
+        raise ReceiptStoreError(f"cannot prepare receipt directory: {exc.strerror}") from exc
+
+
+def _open_dir_at(parent_fd: int, name: str) -> int | None:
+    """``openat(O_DIRECTORY|O_NOFOLLOW)``; None when missing, UnsafePathError for a symlink/file."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
-        if create:
-            raise ReceiptStoreError("receipt directory vanished while in use") from None
         return None
     except OSError as exc:
         if exc.errno in _UNSAFE_ERRNOS:
             raise UnsafePathError(f"{name!r} is a symlink or not a directory") from exc
         raise ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}") from exc
-    try:
-        _verify_directory(fd, repr(name))
-        if created:
-            os.fchmod(fd, _DIR_MODE)
-            os.fsync(parent_fd)
-    except OSError as exc:
-        os.close(fd)
-        raise ReceiptStoreError(f"cannot prepare receipt directory: {exc.strerror}") from exc
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _mkdir_at(parent_fd: int, name: str) -> bool:
@@ -244,6 +254,17 @@ def _verify_directory(fd: int, what: str) -> os.stat_result:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafePathError(f"{what} is writable by group or others")
     return st
+
+
+def _fill_temp(fd: int, payload: bytes, *, fsync: bool) -> None:
+    """Steps 3–4: exact mode, the whole payload, fsync; always closes ``fd``."""
+    try:
+        os.fchmod(fd, _FILE_MODE)  # exact mode whatever the umask
+        _write_all(fd, payload)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, payload: bytes) -> None:
@@ -342,7 +363,7 @@ class FileReceiptStore:
                 raise UnsafePathError("receipt root is a symlink or not a directory") from exc
             raise ReceiptStoreError("cannot open receipt root") from exc
 
-    @contextmanager
+    @contextlib.contextmanager
     def _root_dir(self) -> Iterator[int]:
         """The root's fd, verified to be the very directory seen at construction."""
         fd = self._open_root_fd()
@@ -355,7 +376,7 @@ class FileReceiptStore:
             os.close(fd)
 
     @staticmethod
-    @contextmanager
+    @contextlib.contextmanager
     def _subdir(parent_fd: int, name: str, *, create: bool) -> Iterator[int | None]:
         """A verified child directory fd, or None when it is missing and ``create`` is False."""
         fd = _open_subdir(parent_fd, name, create=create)
@@ -367,21 +388,25 @@ class FileReceiptStore:
         finally:
             os.close(fd)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _shard(self, attempt_id: str, *, create: bool = False) -> Iterator[int | None]:
-        with self._root_dir() as root_fd:
-            with self._subdir(root_fd, shard_of(attempt_id), create=create) as shard_fd:
-                yield shard_fd
+        with (
+            self._root_dir() as root_fd,
+            self._subdir(root_fd, shard_of(attempt_id), create=create) as shard_fd,
+        ):
+            yield shard_fd
 
-    @contextmanager
+    @contextlib.contextmanager
     def _quarantine_shard(self, attempt_id: str, *, create: bool = False) -> Iterator[int | None]:
-        with self._root_dir() as root_fd:
-            with self._subdir(root_fd, QUARANTINE_DIR_NAME, create=create) as q_fd:
-                if q_fd is None:
-                    yield None
-                    return
-                with self._subdir(q_fd, shard_of(attempt_id), create=create) as qs_fd:
-                    yield qs_fd
+        with (
+            self._root_dir() as root_fd,
+            self._subdir(root_fd, QUARANTINE_DIR_NAME, create=create) as q_fd,
+        ):
+            if q_fd is None:
+                yield None
+                return
+            with self._subdir(q_fd, shard_of(attempt_id), create=create) as qs_fd:
+                yield qs_fd
 
     # -------------------------------------------------------------- publish
 
@@ -400,9 +425,7 @@ class FileReceiptStore:
             with self._shard(attempt_id, create=True) as shard_fd:  # step 1
                 assert shard_fd is not None  # create=True never yields None
                 return self._publish_in_shard(shard_fd, attempt_id, payload, fsync=fsync)
-        except ReceiptPublishError:
-            raise
-        except UnsafePathError:
+        except (ReceiptPublishError, UnsafePathError):
             raise
         except (ReceiptStoreError, OSError) as exc:
             raise ReceiptPublishError("receipt directory unavailable") from exc
@@ -412,7 +435,11 @@ class FileReceiptStore:
     ) -> PublishOutcome:
         temp = _temp_name(attempt_id)
         try:
-            self._write_temp(shard_fd, temp, payload, fsync=fsync)  # steps 2-4
+            fd = os.open(temp, _TEMP_FLAGS, _FILE_MODE, dir_fd=shard_fd)  # step 2
+        except OSError as exc:
+            raise ReceiptPublishError(f"cannot create receipt temp: {exc.strerror}") from exc
+        try:
+            _fill_temp(fd, payload, fsync=fsync)  # steps 3-4
             crashpoint("receipt.publish.after_temp")
             linked = self._link_no_replace(shard_fd, temp, attempt_id)  # step 5
         except OSError as exc:
@@ -429,17 +456,6 @@ class FileReceiptStore:
                 f"receipt linked but cleanup failed: {exc.strerror}", final_visible=linked
             ) from exc
         return PublishOutcome.PUBLISHED if linked else PublishOutcome.ALREADY_EXISTS
-
-    @staticmethod
-    def _write_temp(shard_fd: int, temp: str, payload: bytes, *, fsync: bool) -> None:
-        fd = os.open(temp, _TEMP_FLAGS, _FILE_MODE, dir_fd=shard_fd)
-        try:
-            os.fchmod(fd, _FILE_MODE)  # exact mode whatever the umask
-            _write_all(fd, payload)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _link_no_replace(shard_fd: int, temp: str, attempt_id: str) -> bool:
@@ -472,8 +488,6 @@ class FileReceiptStore:
                 if shard_fd is None:
                     return _MISSING
                 data = self._read_final(shard_fd, attempt_id)
-        except ReceiptStoreError:
-            raise
         except OSError as exc:
             raise ReceiptStoreError(f"cannot read receipt: {exc.strerror}") from exc
         if isinstance(data, ReceiptRead):
@@ -586,8 +600,6 @@ class FileReceiptStore:
                 with self._quarantine_shard(attempt_id, create=True) as qs_fd:
                     assert qs_fd is not None  # create=True never yields None
                     return self._move_to_quarantine(shard_fd, qs_fd, attempt_id, fsync=fsync)
-        except ReceiptStoreError:
-            raise
         except OSError as exc:
             raise ReceiptStoreError(f"cannot quarantine receipt: {exc.strerror}") from exc
 
@@ -619,5 +631,7 @@ class FileReceiptStore:
 
 
 def _not_regular() -> ReceiptRead:
-    rejection = ReceiptRejection(RejectReason.NOT_REGULAR_FILE, "receipt path is not a regular file")
+    rejection = ReceiptRejection(
+        RejectReason.NOT_REGULAR_FILE, "receipt path is not a regular file"
+    )
     return ReceiptRead(ReadStatus.INVALID, rejection=rejection)
