@@ -103,8 +103,8 @@ class Executor(Protocol):
 
     executor_type: str
 
-    def spawn(self, request: SpawnRequest) -> SpawnedTask:
-        """Start the task detached from the host; raise OSError if it cannot start."""
+    def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
+        """Start the task detached from the host, stdout/stderr on ``log_fd``; OSError if it cannot."""
 
     def capture_handle(self, task: SpawnedTask) -> dict[str, Any] | None:
         """The durable handle of a started task, or None if identity cannot be read."""

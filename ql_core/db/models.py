@@ -15,8 +15,6 @@ from sqlalchemy import BigInteger, Column, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 __all__ = [
-    "RUN_TERMINAL",
-    "ATTEMPT_TERMINAL",
     "Run",
     "RunAttempt",
     "RunEvent",
@@ -24,10 +22,6 @@ __all__ = [
     "CompletionReceiptJournal",
     "CancellationDispatch",
 ]
-
-RUN_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
-ATTEMPT_TERMINAL = RUN_TERMINAL | {"blocked"}
-
 
 def _ms(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
     return Column(BigInteger, nullable=nullable, index=index)

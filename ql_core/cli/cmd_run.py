@@ -1,0 +1,99 @@
+"""``ql run``: submit a command, stream its log, exit with its exit code.
+
+124 timed out, 130 cancelled, 75 lost. Ctrl-C cancels the run (a second
+Ctrl-C detaches). Killing ``ql run`` itself leaves the task running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from ql_core.cli.output import Output
+
+HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, metavar="S", help="persisted deadline in seconds")
+    parser.add_argument("--name", metavar="N", help="a label for the run")
+    parser.add_argument("--detach", action="store_true", help="submit and return at once")
+    parser.add_argument("--shell", action="store_true", help="run one string with /bin/sh -c")
+    parser.add_argument("--cwd", metavar="DIR", help="working directory of the task")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from ql_core.cli.common import runtime_from_args
+    from ql_core.errors import UsageError
+    from ql_core.states import exit_status_for
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("nothing to run: ql run [options] -- CMD [ARG...]")
+    rt = runtime_from_args(args)
+    sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd)
+    if args.detach:
+        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"},
+                 f"run_id={sub.run_id} attempt_id={sub.attempt_id}")
+        return 0
+    if out.json_mode:
+        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"})
+
+    interrupts = {"n": 0, "cancelled": False}
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        interrupts["n"] += 1
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    streamer = _LogStreamer(rt, sub.log_artifact_id) if not out.json_mode else None
+
+    def on_tick() -> None:
+        if streamer is not None:
+            streamer.pump()
+        if interrupts["n"] >= 2:
+            sys.stderr.write(f"ql: detached; run {sub.run_id} goes on (ql status / ql cancel)\n")
+            raise SystemExit(130)
+        if interrupts["n"] == 1 and not interrupts["cancelled"]:
+            interrupts["cancelled"] = True
+            sys.stderr.write(f"ql: cancelling run {sub.run_id} (Ctrl-C again to detach)\n")
+            rt.cancel(sub.run_id, "user")
+
+    try:
+        view = rt.wait(sub, on_tick=on_tick)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if streamer is not None:
+        streamer.pump(drain=True)
+    status = exit_status_for(view.status, view.exit_code)
+    out.emit({"run_id": view.run_id, "attempt_id": sub.attempt_id, "status": view.status,
+              "exit_code": view.exit_code, "reason": view.reason},
+             None if view.status in ("succeeded", "failed") else
+             f"ql: run {view.run_id} ended {view.status}" + (f" ({view.reason})" if view.reason else ""))
+    return status
+
+
+class _LogStreamer:
+    """Copies new bytes of the task's log to our stdout; never blocks the task (it writes a file)."""
+
+    def __init__(self, rt: object, log_artifact_id: str) -> None:
+        self._rt = rt
+        self._log_id = log_artifact_id
+        self._offset = 0
+
+    def pump(self, *, drain: bool = False) -> None:
+        from ql_core.logs import read_log_chunk
+
+        while True:
+            chunk = read_log_chunk(self._rt.config.data_dir, self._log_id, self._offset)  # type: ignore[attr-defined]
+            if not chunk:
+                return
+            self._offset += len(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            if not drain and len(chunk) < 65536:
+                return

@@ -1,0 +1,112 @@
+"""The receipt consumer: read → CompletionService → delete → resolve journal (ADR-0007 §2.5).
+
+Order is the whole point:
+- the receipt is deleted only after ``applied`` or a consistent
+  ``already_terminal`` was *committed* (a crash in between replays it);
+- a deterministic rejection (codec, token, sequence, owner, state) is first
+  persisted as ``quarantined`` in the journal, then the file is moved (hard
+  link + unlink) into the private quarantine; its content is never logged;
+- database, compare-and-set and ordinary file-system errors keep the file for
+  the next round.
+A quarantine never poisons the attempt: it stays active, and a valid receipt
+published later still completes it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .clock import now_ms
+from .completion import CompletionOutcome, CompletionService
+from .crashpoints import crashpoint
+from .db.engine import session_scope
+from .log import logger
+from .receipts.file_store import ReceiptStoreError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from .interfaces import ReceiptStore
+    from .journal import SqlReceiptJournal
+
+__all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer"]
+
+
+class ConsumeOutcome(enum.StrEnum):
+    MISSING = "missing"
+    APPLIED = "applied"
+    ALREADY_TERMINAL = "already_terminal"
+    QUARANTINED = "quarantined"
+    #: transient trouble (database busy, I/O error): the receipt stays for the next round
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeResult:
+    outcome: ConsumeOutcome
+    status: str | None = None
+    reason: str | None = None
+
+
+class ReceiptConsumer:
+    """Turns one attempt's receipt file into at most one terminal commit."""
+
+    def __init__(self, engine: Engine, store: ReceiptStore, journal: SqlReceiptJournal,
+                 completion: CompletionService, *, executor_type: str = "local_process") -> None:
+        self._engine = engine
+        self._store = store
+        self._journal = journal
+        self._completion = completion
+        self._executor_type = executor_type
+
+    def consume(self, attempt_id: str) -> ConsumeResult:
+        try:
+            read = self._store.read(attempt_id)
+        except ReceiptStoreError as exc:
+            logger.warning("receipt of attempt {} unreadable this round: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+        if read.status == "missing":
+            return ConsumeResult(ConsumeOutcome.MISSING)
+        if read.status == "invalid":
+            assert read.rejection is not None
+            return self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
+        assert read.receipt is not None
+        try:
+            result = self._completion.complete(read.receipt, executor_type=self._executor_type)
+        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep the receipt
+            logger.warning("completion of attempt {} deferred: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+        if result.outcome is CompletionOutcome.REJECTED:
+            assert result.rejection is not None
+            return self._quarantine(attempt_id, str(result.rejection))
+        crashpoint("consumer.after_commit")
+        return self._clean(attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
+                           else ConsumeOutcome.ALREADY_TERMINAL, result.status)
+
+    def _clean(self, attempt_id: str, outcome: ConsumeOutcome, status: str | None) -> ConsumeResult:
+        try:
+            self._store.remove(attempt_id)
+            crashpoint("consumer.after_delete")
+            with session_scope(self._engine) as session:
+                self._journal.resolve(session, attempt_id)
+        except Exception as exc:  # noqa: BLE001 - retried next round
+            # The terminal state is committed; a replay finds already_terminal and cleans.
+            logger.warning("cleanup of attempt {} deferred: {}", attempt_id, type(exc).__name__)
+        return ConsumeResult(outcome, status=status)
+
+    def _quarantine(self, attempt_id: str, reason: str) -> ConsumeResult:
+        try:
+            with session_scope(self._engine) as session:
+                if self._journal.get(session, attempt_id) is None:
+                    # Not ours to judge: files unknown to the journal belong to `ql audit receipts`.
+                    return ConsumeResult(ConsumeOutcome.RETRY, reason="not_in_journal")
+                self._journal.mark_quarantined(session, attempt_id, reason, now_ms())
+            crashpoint("consumer.quarantine.after_journal")
+            self._store.quarantine(attempt_id)
+        except Exception as exc:  # noqa: BLE001 - retried next round
+            logger.warning("quarantine of attempt {} deferred: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+        logger.info("receipt of attempt {} quarantined ({})", attempt_id, reason)
+        return ConsumeResult(ConsumeOutcome.QUARANTINED, reason=reason)

@@ -1,0 +1,96 @@
+"""The supervisor: reconciliation rounds on a timer, with the lifecycle rules of DESIGN.md §2.
+
+- explicit :meth:`Supervisor.start` / :meth:`Supervisor.stop`;
+- a daemon thread: it never keeps the interpreter alive;
+- no overlap: the next round is scheduled only after the previous one ended;
+- each round is bounded by the profile (pages × page size) and resumes from
+  the reconciler's cursors;
+- :meth:`stop` asks the loop to finish its current round and waits at most
+  ``stop_drain_s``;
+- :meth:`wake` starts the next round early (a best-effort wake-up source such
+  as watchfiles calls it); it never replaces the periodic round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .log import logger
+from .reconciler import CursorStuckError, Reconciler, RoundReport
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["Supervisor"]
+
+
+class Supervisor:
+    """Periodic, non-overlapping, bounded reconciliation for one runtime."""
+
+    def __init__(self, runtime: Runtime, *, interval_s: float | None = None,
+                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+        self.rt = runtime
+        self.reconciler = Reconciler(runtime)
+        self.interval_s = runtime.profile.scan_interval_s if interval_s is None else interval_s
+        self.on_round = on_round
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._in_round = threading.Lock()
+        self.rounds = 0
+        self.failures = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the loop (idempotent). The first round runs at once: it is the startup reconciliation."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="ql-supervisor", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Run the next round now instead of at the end of the interval."""
+        self._wake.set()
+
+    def stop(self, drain_s: float | None = None) -> bool:
+        """Stop after the current round; wait at most ``drain_s``. True if the loop has ended."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(self.rt.profile.stop_drain_s if drain_s is None else drain_s)
+        return not thread.is_alive()
+
+    def run_round(self) -> RoundReport:
+        """One round now, in the caller's thread, never concurrently with the loop's."""
+        with self._in_round:
+            report = self.reconciler.round()
+        self.rounds += 1
+        if self.on_round is not None:
+            self.on_round(report)
+        return report
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run_round()
+            except CursorStuckError as exc:
+                self.failures += 1
+                logger.error("supervisor round stopped (fail closed): {}", exc)
+                self.reconciler.attempt_cursor = self.reconciler.journal_cursor = ""
+            except Exception as exc:  # noqa: BLE001 - a bad round must not kill the loop
+                self.failures += 1
+                logger.warning("supervisor round failed: {}", type(exc).__name__)
+            # Next round only after this one ended; the wait is interruptible by stop()/wake().
+            remaining = self.interval_s - (time.monotonic() - started)
+            if remaining > 0:
+                self._wake.wait(remaining)
+            self._wake.clear()

@@ -1,0 +1,89 @@
+"""Shared fixtures: real data dirs, real SQLite files, a real PostgreSQL, the real `ql` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+QL = [sys.executable, "-m", "ql_core.cli.main"]
+POSTGRES_DSN_ENV = "QL_TEST_POSTGRES_DSN"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def ql_env(data_dir: Path, tmp_path: Path) -> dict[str, str]:
+    """Environment for a `ql` subprocess: this test's data dir, no stray config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_") or k == POSTGRES_DSN_ENV}
+    env["QL_DATA_DIR"] = str(data_dir)
+    env["HOME"] = str(tmp_path)
+    return env
+
+
+def run_ql(args: list[str], env: dict[str, str], *, timeout: float = 60, cwd: Path | None = None,
+           input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(QL + args, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, input=None if input is None else input.decode())
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def runtime(data_dir: Path):
+    """An opened edge runtime on a real SQLite file in a temp data dir."""
+    from ql_core.config import load_config
+    from ql_core.runtime import Runtime
+
+    rt = Runtime.open(load_config(data_dir=data_dir, environ={}, cwd=data_dir))
+    yield rt
+    rt.close()
+
+
+def _postgres_admin_dsn() -> str | None:
+    return os.environ.get(POSTGRES_DSN_ENV)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session (dropped afterwards).
+
+    Skipped with a reason where no server is configured — except under CI=true,
+    where a missing PostgreSQL is a failure.
+    """
+    dsn = _postgres_admin_dsn()
+    in_ci = os.environ.get("CI") == "true"
+    if not dsn:
+        if in_ci:
+            pytest.fail(f"CI=true but {POSTGRES_DSN_ENV} is not set")
+        pytest.skip(f"no PostgreSQL: set {POSTGRES_DSN_ENV}=postgresql+psycopg://user@host/db")
+    try:
+        import psycopg
+    except ImportError:
+        pytest.fail("psycopg is not installed: pip install 'ql[cluster]'") if in_ci else pytest.skip("no psycopg")
+    conninfo = dsn.replace("postgresql+psycopg://", "postgresql://")
+    name = f"ql_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        if in_ci:
+            pytest.fail(f"CI=true but PostgreSQL is unreachable: {exc}")
+        pytest.skip(f"PostgreSQL unreachable: {exc}")
+    base = dsn.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

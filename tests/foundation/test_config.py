@@ -1,0 +1,123 @@
+"""Config and profile validation: every rejection path names the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ql_core.config import load_config
+from ql_core.errors import ConfigError
+from ql_core.profiles import LIMIT_RANGES, PROFILES
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ql.toml"
+    path.write_text(text)
+    return path
+
+
+def load(tmp_path: Path, text: str | None = None, **kw):
+    path = write(tmp_path, text) if text is not None else None
+    return load_config(config_path=path, environ=kw.pop("environ", {}), cwd=tmp_path, **kw)
+
+
+def test_built_in_defaults_are_edge(tmp_path: Path) -> None:
+    config = load(tmp_path, environ={"QL_DATA_DIR": str(tmp_path / "d")})
+    assert config.profile.name == "edge"
+    assert config.source == "built-in edge defaults"
+    assert config.database_url == f"sqlite:///{tmp_path / 'd' / 'ql.db'}"
+    assert config.plugins == ("local", "edge-sqlite")
+
+
+@pytest.mark.parametrize("name,interval,pages,size,grace,journal_s,quarantine_s", [
+    ("edge", 30.0, 2, 8, 50, 120.0, 300.0),
+    ("standalone", 5.0, 4, 32, 100, 60.0, 3600.0),
+    ("cluster-worker", 5.0, 4, 32, 100, 60.0, 3600.0),
+])
+def test_profile_numbers_match_design(name, interval, pages, size, grace, journal_s, quarantine_s) -> None:
+    p = PROFILES[name]
+    assert (p.scan_interval_s, p.pages_per_round, p.page_size, p.publish_grace_ms,
+            p.terminal_journal_retention_s, p.quarantine_retention_s) == (
+        interval, pages, size, grace, journal_s, quarantine_s)
+
+
+def test_edge_never_watches_by_default() -> None:
+    assert PROFILES["edge"].file_watcher == "never"
+    assert "watchfiles" not in PROFILES["edge"].default_plugins
+
+
+def test_file_sets_profile_data_dir_and_limits(tmp_path: Path) -> None:
+    config = load(tmp_path, 'profile = "standalone"\ndata_dir = "state"\n[limits]\npage_size = 16\n')
+    assert config.profile.name == "standalone"
+    assert config.profile.page_size == 16
+    assert config.profile.pages_per_round == 4
+    assert config.data_dir == tmp_path / "state"  # relative to the config file
+
+
+def test_environment_beats_file_and_options_beat_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, 'profile = "standalone"\n')
+    config = load_config(config_path=path, environ={"QL_PROFILE": "edge"}, cwd=tmp_path)
+    assert config.profile.name == "edge"
+    config = load_config(config_path=path, environ={"QL_PROFILE": "edge"}, profile="standalone", cwd=tmp_path)
+    assert config.profile.name == "standalone"
+
+
+def test_ql_toml_in_cwd_is_picked_up(tmp_path: Path) -> None:
+    write(tmp_path, 'profile = "standalone"\n')
+    assert load_config(environ={}, cwd=tmp_path).profile.name == "standalone"
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('colour = "blue"\n', "unknown key 'colour'"),
+    ('[limits]\npage_sise = 3\n', "unknown key limits.page_sise"),
+    ('profile = 3\n', "profile must be a non-empty string"),
+    ('profile = "huge"\n', "profile 'huge' does not exist"),
+    ('plugins = "local"\n', "plugins must be a list"),
+    ('plugins = [1]\n', "plugins must be a list"),
+    ('data_dir = ""\n', "data_dir must be a non-empty string"),
+    ('database_url = "mysql://x"\n', "database_url must start with"),
+    ('limits = 3\n', "limits must be a table"),
+    ('[limits]\npage_size = "8"\n', "limits.page_size must be an integer between 1 and 256"),
+    ('[limits]\npage_size = 8.5\n', "limits.page_size must be an integer"),
+    ('[limits]\npage_size = true\n', "limits.page_size must be an integer"),
+    ('[limits]\npage_size = 0\n', "limits.page_size = 0 is out of range; allowed 1 to 256"),
+    ('[limits]\npage_size = 100000\n', "out of range"),
+    ('[limits]\nscan_interval_s = 0\n', "limits.scan_interval_s = 0 is out of range"),
+    ('[limits]\npublish_grace_ms = -1\n', "out of range"),
+    ('not toml = = 3\n', "is not valid TOML"),
+])
+def test_rejections_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("key", sorted(LIMIT_RANGES))
+def test_every_limit_is_range_checked(tmp_path: Path, key: str) -> None:
+    kind, low, high = LIMIT_RANGES[key]
+    too_big = int(high) + 1 if kind is int else high * 2
+    with pytest.raises(ConfigError, match=f"limits.{key}"):
+        load(tmp_path, f"[limits]\n{key} = {too_big}\n")
+    config = load(tmp_path, f"[limits]\n{key} = {int(high) if kind is int else high}\n")
+    assert getattr(config.profile, key) == high
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(config_path=tmp_path / "nope.toml", environ={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("profile", ["cluster-control", "cluster-worker"])
+def test_cluster_profiles_refuse_sqlite(tmp_path: Path, profile: str) -> None:
+    with pytest.raises(ConfigError, match="refuses the SQLite run database"):
+        load(tmp_path, f'profile = "{profile}"\ndatabase_url = "sqlite:////tmp/x.db"\n')
+    with pytest.raises(ConfigError, match="needs database_url"):
+        load(tmp_path, f'profile = "{profile}"\n')
+    ok = load(tmp_path, f'profile = "{profile}"\ndatabase_url = "postgresql+psycopg://u@h/db"\n')
+    assert ok.profile.name == profile
+
+
+def test_config_adds_plugins_to_the_profile(tmp_path: Path) -> None:
+    config = load(tmp_path, 'plugins = ["extra", "local"]\n')
+    assert config.plugins == ("local", "edge-sqlite", "extra")
