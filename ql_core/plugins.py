@@ -98,7 +98,13 @@ class Registry(Generic[T]):
             have = ", ".join(self.names()) or "none"
             raise PluginError(f"{self.kind} {name!r} not found; registered: {have}; "
                               f"is the plugin that provides it installed and enabled?") from None
-        return factory(context)
+        try:
+            return factory(context)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"{self.kind} {name!r} from plugin {self._owner[name]!r} failed to start: "
+                              f"{type(exc).__name__}: {exc}; reinstall that plugin's package") from exc
 
 
 @dataclass

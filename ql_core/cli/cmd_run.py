@@ -70,10 +70,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if streamer is not None:
         streamer.pump(drain=True)
     status = exit_status_for(view.status, view.exit_code)
-    out.emit({"run_id": view.run_id, "attempt_id": sub.attempt_id, "status": view.status,
-              "exit_code": view.exit_code, "reason": view.reason},
-             None if view.status in ("succeeded", "failed") else
-             f"ql: run {view.run_id} ended {view.status}" + (f" ({view.reason})" if view.reason else ""))
+    if out.json_mode:
+        out.emit({"run_id": view.run_id, "attempt_id": sub.attempt_id, "status": view.status,
+                  "exit_code": view.exit_code, "reason": view.reason})
+    elif view.status not in ("succeeded", "failed"):
+        # stdout is the task's output; our own verdict goes to stderr.
+        sys.stderr.write(f"ql: run {view.run_id} ended {view.status}"
+                         + (f" ({view.reason})" if view.reason else "") + "\n")
     return status
 
 
