@@ -157,6 +157,8 @@ class Runtime:
         executor = self._require_executor()
         if not command or (shell and len(command) != 1):
             raise UsageError("give a command: `ql run -- CMD [ARG...]` (with --shell: exactly one string)")
+        if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()):
+            raise UsageError("a command argument or environment value contains a NUL byte; remove it")
         if timeout_s is not None and not (0 < timeout_s <= 366 * 24 * 3600):
             raise UsageError("--timeout must be a positive number of seconds (at most a year)")
         sub = self._create(name=name, timeout_s=timeout_s)
@@ -220,9 +222,12 @@ class Runtime:
                           f"({exc.strerror}); run `ql doctor`") from None
         try:
             task = executor.spawn(request, log_fd=log_fd)
-        except OSError as exc:
+        except Exception as exc:
+            # Nothing runs: the create commit is closed with a terminal state, never left "starting".
             self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
-            raise QlError(f"cannot start the launcher ({exc.strerror}); run {sub.run_id} marked failed") from None
+            detail = exc.strerror if isinstance(exc, OSError) else type(exc).__name__
+            raise QlError(f"cannot start the task ({detail}); run {sub.run_id} marked failed "
+                          f"(check --cwd and that /bin/sh exists)") from None
         finally:
             os.close(log_fd)
         sub.process = task.process
