@@ -10,7 +10,11 @@ from ..errors import DatabaseError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["upgrade", "current_revision", "head_revision"]
+__all__ = ["SCHEMA_HEAD", "upgrade", "current_revision", "head_revision"]
+
+#: The newest revision in migrations/versions (a test keeps this equal to Alembic's head).
+#: Knowing it without Alembic saves every start-up ~0.3 s of importing it.
+SCHEMA_HEAD = "0001_initial"
 
 
 def _alembic_config(connection=None):  # type: ignore[no-untyped-def]
@@ -33,21 +37,25 @@ def head_revision() -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None for an empty database)."""
-    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import inspect, text
 
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    return rows[0] if len(rows) == 1 else None
 
 
 def upgrade(engine: Engine) -> str:
     """Bring the schema to head; idempotent. Returns the head revision."""
-    from alembic import command
     from sqlalchemy.exc import SQLAlchemyError
 
-    head = head_revision()
     try:
-        if current_revision(engine) == head:
-            return head
+        if current_revision(engine) == SCHEMA_HEAD:
+            return SCHEMA_HEAD
+        from alembic import command
+
+        head = head_revision()
         with engine.begin() as conn:
             command.upgrade(_alembic_config(conn), "head")
     except SQLAlchemyError as exc:

@@ -26,6 +26,12 @@ def assert_schema_matches_metadata(engine) -> None:
     assert diff == []
 
 
+def test_schema_head_constant_matches_alembic() -> None:
+    from ql_core.db.migrate import SCHEMA_HEAD
+
+    assert SCHEMA_HEAD == head_revision()
+
+
 def test_sqlite_upgrade_from_empty(tmp_path: Path) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'ql.db'}")
     assert current_revision(engine) is None
