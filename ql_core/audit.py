@@ -106,7 +106,8 @@ MIN_AGE_FLOOR_S: Final = 300
 MAX_MIN_AGE_S: Final = 10 * 365 * 24 * 3600
 #: Attempt ids per ``WHERE ... IN (...)`` query.
 ID_BATCH_SIZE: Final = 128
-#: This command's own quarantine, directly under the receipt root (the runtime's is ``.quarantine``).
+#: This command's own quarantine, directly under the receipt root
+#: (the runtime's is ``.quarantine``; the audit never touches it).
 ORPHAN_QUARANTINE_DIR_NAME: Final = ".orphan-quarantine"
 
 #: The only attempt statuses that leave a receipt unprotected: proven final
@@ -267,7 +268,7 @@ class AuditReport:
 
 
 def parse_shard(text: str) -> int:
-    """``"00"``..``"ff"`` (either case) -> 0..255; anything else raises :class:`AuditOptionError`."""
+    """``"00"``..``"ff"`` (either case) -> 0..255, else :class:`AuditOptionError`."""
     if not isinstance(text, str) or _SHARD_PATTERN.fullmatch(text) is None:
         shown = repr(text)[:24]
         raise AuditOptionError(f"--shard must be two hex digits 00..ff, got {shown}")
@@ -353,11 +354,11 @@ def _verify_dir_path(path: str, what: str, *, private: bool) -> os.stat_result |
     except OSError as exc:
         raise AuditError(f"cannot inspect {what}: {exc.strerror}") from exc
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafePathError(f"{what} is a symlink; refusing to audit through it (nothing was moved)")
+        raise UnsafePathError(f"{what} is a symlink; refusing to audit through it")
     if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{what} is not a directory; refusing to audit (nothing was moved)")
+        raise UnsafePathError(f"{what} is not a directory; refusing to audit")
     if os.path.realpath(path) != path:
-        raise UnsafePathError(f"{what} escapes the receipt root; refusing to audit (nothing was moved)")
+        raise UnsafePathError(f"{what} escapes the receipt root; refusing to audit")
     if private:
         _check_ownership(st, what)
     return st
@@ -365,7 +366,8 @@ def _verify_dir_path(path: str, what: str, *, private: bool) -> os.stat_result |
 
 def _check_ownership(st: os.stat_result, what: str) -> None:
     if st.st_uid != os.geteuid():
-        raise UnsafePathError(f"{what} is not owned by the current user; run the audit as the data dir's owner")
+        raise UnsafePathError(f"{what} is not owned by the current user; "
+                              f"run the audit as the data dir's owner")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafePathError(f"{what} is writable by group or others; chmod 700 it")
 
@@ -374,16 +376,19 @@ def _open_verified(name: str, parent_fd: int | None, path: str, expected: os.sta
                    what: str) -> int | None:
     """Open a verified directory with O_NOFOLLOW and check it is the very one that was verified."""
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd) if parent_fd is not None else os.open(path, _DIR_FLAGS)
+        if parent_fd is None:
+            fd = os.open(path, _DIR_FLAGS)
+        else:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno in _UNSAFE_ERRNOS:
-            raise UnsafePathError(f"{what} became a symlink or non-directory; refusing (nothing was moved)") from exc
+            raise UnsafePathError(f"{what} became a symlink or non-directory; refusing") from exc
         raise AuditError(f"cannot open {what}: {exc.strerror}") from exc
     try:
         if not _same_file(os.fstat(fd), expected):
-            raise UnsafePathError(f"{what} was replaced while being verified; refusing (nothing was moved)")
+            raise UnsafePathError(f"{what} was replaced while being verified; refusing")
     except BaseException:
         os.close(fd)
         raise
@@ -391,7 +396,7 @@ def _open_verified(name: str, parent_fd: int | None, path: str, expected: os.sta
 
 
 def _reverify(fd: int, path: str, what: str) -> None:
-    """Before working on a directory: the path still is a real, canonical directory, and it is ``fd``."""
+    """Before working on a directory: its path still is a real, canonical directory: ``fd``'s."""
     st = _verify_dir_path(path, what, private=True)
     if st is None or not _same_file(st, os.fstat(fd)):
         raise UnsafePathError(f"{what} was replaced during the audit; stopping")
@@ -433,6 +438,10 @@ def _ensure_private_subdir(parent_fd: int, name: str, path: str, what: str) -> i
 # ------------------------------------------------------------------- database
 
 
+#: (journal state by attempt id, attempt status by attempt id)
+_Lookup = tuple[dict[str, str], dict[str, str]]
+
+
 def _sqlite_uri(database_url: str) -> str:
     match = _SQLITE_URL.fullmatch(database_url)
     path = unquote(match.group("path")) if match else ""
@@ -443,7 +452,7 @@ def _sqlite_uri(database_url: str) -> str:
 
 
 def _libpq_conninfo(database_url: str) -> str:
-    """``postgresql+psycopg://u@h/db?x=y`` (SQLAlchemy) -> ``postgresql://u@h/db?x=y`` (libpq URI)."""
+    """``postgresql+psycopg://u@h/db?x=y`` (SQLAlchemy) -> ``postgresql://u@h/db?x=y`` (libpq)."""
     match = _POSTGRES_SCHEME.match(database_url)
     if match is None:
         raise DatabaseError("database_url must start with sqlite:/// or postgresql+psycopg://")
@@ -457,10 +466,12 @@ def _batches(ids: Sequence[str]) -> Iterable[Sequence[str]]:
 
 def _query_sql(table: str, key: str, value: str, n: int, placeholder: str) -> str:
     marks = ", ".join([placeholder] * n)
-    return f"SELECT {key}, {value} FROM {table} WHERE {key} IN ({marks})"  # noqa: S608 - fixed names
+    # Fixed table/column names; the ids are always bound parameters.
+    return f"SELECT {key}, {value} FROM {table} WHERE {key} IN ({marks})"  # noqa: S608
 
 
-def _lookup_sqlite(database_url: str, ids: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+def _open_sqlite(database_url: str) -> Any:
+    """A ``sqlite3`` connection that cannot write: ``mode=ro`` URI plus ``PRAGMA query_only``."""
     import sqlite3
 
     uri = _sqlite_uri(database_url)
@@ -468,14 +479,26 @@ def _lookup_sqlite(database_url: str, ids: Sequence[str]) -> tuple[dict[str, str
         conn = sqlite3.connect(uri, uri=True, timeout=_SQLITE_BUSY_TIMEOUT_S,
                                isolation_level=None, check_same_thread=True)
     except sqlite3.Error as exc:
-        raise DatabaseError(f"cannot open the run database read-only ({exc}); the audit never classifies "
-                            f"receipts without it: check --data-dir and database_url") from None
+        raise DatabaseError(f"cannot open the run database read-only ({exc}); the audit never "
+                            f"classifies receipts without it: check --data-dir and "
+                            f"database_url") from None
     try:
         conn.execute("PRAGMA query_only=ON")
         conn.execute("PRAGMA trusted_schema=OFF")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise DatabaseError(f"cannot open the run database read-only ({exc})") from None
+    return conn
+
+
+def _lookup_sqlite(database_url: str, ids: Sequence[str]) -> _Lookup:
+    import sqlite3
+
+    conn = _open_sqlite(database_url)
+    journal: dict[str, str] = {}
+    attempts: dict[str, str] = {}
+    try:
         conn.execute("BEGIN")  # one read snapshot for both tables
-        journal: dict[str, str] = {}
-        attempts: dict[str, str] = {}
         for batch in _batches(ids):
             sql = _query_sql("ql_receipt_journal", "attempt_id", "state", len(batch), "?")
             journal.update((str(k), str(v)) for k, v in conn.execute(sql, tuple(batch)))
@@ -490,40 +513,52 @@ def _lookup_sqlite(database_url: str, ids: Sequence[str]) -> tuple[dict[str, str
     return journal, attempts
 
 
-def _lookup_postgres(database_url: str, ids: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _open_postgres(database_url: str) -> Any:
+    """A psycopg connection whose transactions are ``REPEATABLE READ READ ONLY``."""
     try:
         import psycopg
     except ImportError:
-        raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql[cluster]'") from None
-    conninfo = _libpq_conninfo(database_url)
+        raise DatabaseError("PostgreSQL needs the psycopg driver: "
+                            "pip install 'ql[cluster]'") from None
     try:
-        conn = psycopg.connect(conninfo, connect_timeout=_PG_CONNECT_TIMEOUT_S)
+        conn = psycopg.connect(_libpq_conninfo(database_url), connect_timeout=_PG_CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"cannot connect to the run database: {first}") from None
+        raise DatabaseError(f"cannot connect to the run database: {_first_line(exc)}") from None
+    conn.read_only = True
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ  # one snapshot for both tables
+    return conn
+
+
+def _lookup_postgres(database_url: str, ids: Sequence[str]) -> _Lookup:
+    import psycopg
+
+    conn = _open_postgres(database_url)
+    journal: dict[str, str] = {}
+    attempts: dict[str, str] = {}
     try:
-        conn.read_only = True
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ  # one snapshot for both tables
-        journal: dict[str, str] = {}
-        attempts: dict[str, str] = {}
         with conn.cursor() as cur:
             cur.execute(f"SET LOCAL statement_timeout = {_PG_STATEMENT_TIMEOUT_MS}")
             for batch in _batches(ids):
-                cur.execute(_query_sql("ql_receipt_journal", "attempt_id", "state", len(batch), "%s"),
-                            tuple(batch))
+                sql = _query_sql("ql_receipt_journal", "attempt_id", "state", len(batch), "%s")
+                cur.execute(sql, tuple(batch))
                 journal.update((str(k), str(v)) for k, v in cur.fetchall())
-                cur.execute(_query_sql("ql_run_attempt", "id", "status", len(batch), "%s"), tuple(batch))
+                sql = _query_sql("ql_run_attempt", "id", "status", len(batch), "%s")
+                cur.execute(sql, tuple(batch))
                 attempts.update((str(k), str(v)) for k, v in cur.fetchall())
         conn.rollback()
     except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"cannot read the run database: {first}") from None
+        raise DatabaseError(f"cannot read the run database: {_first_line(exc)}") from None
     finally:
         conn.close()
     return journal, attempts
 
 
-def _lookup(database_url: str, ids: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+def _lookup(database_url: str, ids: Sequence[str]) -> _Lookup:
     """(journal state by attempt id, attempt status by id) for exactly ``ids``."""
     if not ids:
         return {}, {}
@@ -601,7 +636,7 @@ def _classify(found: _Found, journal: Mapping[str, str], attempts: Mapping[str, 
             return EntryClass.JOURNAL_REGISTERED
         status = attempts.get(found.attempt_id)
         if status is not None and status not in FINAL_ATTEMPT_STATUSES:
-            return EntryClass.ACTIVE_ATTEMPT  # active, blocked, or a status this version does not know
+            return EntryClass.ACTIVE_ATTEMPT  # active, blocked, or a status unknown here
     if found.kind == "receipt":
         base = EntryClass.TERMINAL_OR_UNKNOWN
     elif found.kind == "temp":
@@ -619,10 +654,16 @@ def _classify(found: _Found, journal: Mapping[str, str], attempts: Mapping[str, 
 def _move(shard_fd: int, target_fd: int, found: _Found) -> Action:
     """Hard-link into the orphan quarantine (no replace), then unlink the original."""
     name = found.name
+    linked_now = False
     try:
         os.link(name, name, src_dir_fd=shard_fd, dst_dir_fd=target_fd, follow_symlinks=False)
+        linked_now = True
     except FileExistsError:
-        return Action.SKIPPED_TARGET_EXISTS
+        existing = _lstat_at(name, target_fd)
+        if existing is None or not _same_file(existing, found.st):
+            return Action.SKIPPED_TARGET_EXISTS  # a different file: never replaced
+        # The very same file is already there: an earlier run stopped between link and
+        # unlink. Finishing that move is safe; the link below is verified like a new one.
     except FileNotFoundError:
         return Action.SKIPPED_CHANGED
     except OSError as exc:
@@ -639,11 +680,13 @@ def _move(shard_fd: int, target_fd: int, found: _Found) -> Action:
         )
         if not unchanged:
             # The name now holds another file, or the file was written to since it was
-            # classified: withdraw our extra link, but only while the original name still
-            # holds the very same file (so nothing becomes unreachable).
-            if copy is not None and original is not None and _same_file(copy, original):
+            # classified: withdraw the link made just now, but only while the original name
+            # still holds the very same file (so nothing becomes unreachable).
+            if (linked_now and copy is not None and original is not None
+                    and _same_file(copy, original)):
                 os.unlink(name, dir_fd=target_fd)
             return Action.SKIPPED_CHANGED
+        assert copy is not None  # implied by ``unchanged``
         os.fsync(target_fd)  # the quarantined link is durable before the original goes
         if original is None or not _same_file(original, copy):
             return Action.QUARANTINED  # the original name is already gone (or reused: left alone)
@@ -659,7 +702,8 @@ def _quarantine(root: str, root_fd: int, shards: Sequence[_Shard],
     work: list[tuple[_Shard, int, list[_Found]]] = []
     for shard in shards:
         if shard.status is ShardStatus.OK and shard.fd is not None:
-            files = [f for f in shard.found if actions[(shard.name, f.name)] is Action.WOULD_QUARANTINE]
+            files = [f for f in shard.found
+                     if actions[(shard.name, f.name)] is Action.WOULD_QUARANTINE]
             if files:
                 work.append((shard, shard.fd, files))
     if not work:
@@ -693,7 +737,7 @@ def _quarantine(root: str, root_fd: int, shards: Sequence[_Shard],
 
 
 def _verify_orphan_quarantine(root: str, shards: Sequence[str], *, private: bool) -> None:
-    """The orphan quarantine and its shard dirs, where present, are real, canonical (and private)."""
+    """The orphan quarantine and its shard dirs, where present, are real and canonical."""
     oq_path = os.path.join(root, ORPHAN_QUARANTINE_DIR_NAME)
     oq_what = f"receipts/{ORPHAN_QUARANTINE_DIR_NAME}"
     checks = [(oq_path, oq_what)] + [(os.path.join(oq_path, s), f"{oq_what}/{s}") for s in shards]
@@ -743,9 +787,12 @@ def audit_receipts(
     with ExitStack() as stack:
         # Phase 1: verify and read; nothing changes.
         root_st = _verify_dir_path(root, "receipts", private=quarantine)
-        root_fd = _open_verified(root, None, root, root_st, "receipts") if root_st is not None else None
+        root_fd = None
+        if root_st is not None:
+            root_fd = _open_verified(root, None, root, root_st, "receipts")
         if root_fd is None:
-            scanned = [_Shard(n, os.path.join(root, n), ShardStatus.MISSING, None, []) for n in names]
+            scanned = [_Shard(n, os.path.join(root, n), ShardStatus.MISSING, None, [])
+                       for n in names]
         else:
             stack.callback(os.close, root_fd)
             _verify_orphan_quarantine(root, names, private=quarantine)

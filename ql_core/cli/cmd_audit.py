@@ -30,7 +30,7 @@ _EPILOG = (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EPILOG
     parser.add_argument("action", choices=["receipts"],
-                        help="receipts: classify (and with --quarantine, move) orphan receipt files")
+                        help="receipts: classify (with --quarantine: move) orphan receipt files")
     # Numbers are parsed in run() so that every rejection names its hard cap (exit 2).
     parser.add_argument("--shard", default=None, metavar="XX",
                         help="first shard, two hex digits 00..ff (default 00; wraps after ff)")
@@ -43,7 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds since last modification before a file may move "
                              "(default 3600, at least 300)")
     parser.add_argument("--quarantine", action="store_true",
-                        help="move eligible files into receipts/.orphan-quarantine/ (default: report only)")
+                        help="move eligible files into receipts/.orphan-quarantine/ "
+                             "(default: report only)")
 
 
 def _int_option(flag: str, text: str | None, default: int) -> int:
@@ -63,14 +64,16 @@ def _human_lines(report: AuditReport) -> list[str]:
     head = ("quarantine: eligible files moved to receipts/.orphan-quarantine/"
             if report.mode == "quarantine" else "report only: nothing was changed")
     lines = [f"receipt audit, {head}",
-             f"shards {span} ({len(shards)}), limit {report.limit} per shard, min age {report.min_age_s} s",
+             f"shards {span} ({len(shards)}), limit {report.limit} per shard, "
+             f"min age {report.min_age_s} s",
              "",
              f"{'SHARD':<6}{'STATUS':<10}{'ENTRIES':>7}"]
     lines += [f"{s.shard:<6}{s.status:<10}{s.entries:>7}" for s in shards]
     if report.entries:
         width = max(len(e.ref) for e in report.entries) + 2
         lines += ["", f"{'REF':<{width}}{'CLASS':<21}{'TYPE':<11}ACTION"]
-        lines += [f"{e.ref:<{width}}{e.entry_class:<21}{e.file_type:<11}{e.action}" for e in report.entries]
+        lines += [f"{e.ref:<{width}}{e.entry_class:<21}{e.file_type:<11}{e.action}"
+                  for e in report.entries]
     lines += ["", "counts: " + " ".join(f"{k}={v}" for k, v in report.counts.items())]
     return lines
 

@@ -1,0 +1,13 @@
+"""Fixtures for the receipt audit: a real data dir, a real migrated SQLite database, real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from audit_support import DataDir, make_data_dir
+
+
+@pytest.fixture
+def audit_dir(tmp_path: Path) -> DataDir:
+    return make_data_dir(tmp_path / "data")
