@@ -1,0 +1,198 @@
+"""Spawn the POSIX launcher (``launcher.sh``) for one task attempt.
+
+The launcher contract (see the header of ``launcher.sh``)::
+
+    SHELL launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+
+stdin is ``/dev/null``, stdout and stderr are the task's log descriptor, and the callback token arrives
+on file descriptor 3 as one line, so it is never in any process's argv or environment.
+
+How the pipe becomes fd 3: ``subprocess`` remaps only fds 0-2 (``pass_fds`` keeps a descriptor's
+number, and the pipe gets whatever number the kernel hands out, rarely 3 in a real host), and a
+``preexec_fn`` doing ``dup2`` is unsafe in a threaded host. Passing ``N`` and letting the shell do
+``exec 3<&N`` fails too: dash only accepts single-digit descriptors in redirections. So the pipe is
+handed over as the *stdin* of a one-line trampoline run by the same shell,
+``sh -c 'exec 3<&0 0</dev/null; exec "$@"' ql-launcher sh launcher.sh ...``, which moves it to fd 3,
+points stdin at ``/dev/null`` and execs the launcher in the same process - same pid, so the session
+and group leader the host records is the launcher itself. The price is one extra exec of the shell.
+The token is written into the pipe and the write end closed before the spawn: at most 129 bytes fit
+the pipe buffer, and the launcher's ``read`` ends at the newline even if the host dies at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Literal
+
+from ql_core.ids import is_uuid7
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "TOKEN_PATTERN",
+    "LaunchMode",
+    "launcher_args",
+    "launcher_path",
+    "spawn_launcher",
+]
+
+LaunchMode = Literal["argv", "shell"]
+
+#: Callback tokens the launcher accepts (DESIGN §6): 32-128 characters of ``[A-Za-z0-9_-]``.
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,128}")
+
+#: Largest sequence or time the receipt codec accepts (2**53 - 1), and so the launcher too.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+# Moves the token pipe from stdin to fd 3, makes stdin /dev/null, then execs the launcher in place.
+_TRAMPOLINE = 'exec 3<&0 0</dev/null; exec "$@"'
+
+
+def launcher_path() -> str:
+    """Absolute path of the packaged ``launcher.sh``.
+
+    Tasks outlive the host, so the script must be a real file that stays put: a zipped install
+    (which ``importlib.resources.as_file`` would extract to a temporary copy) is refused.
+    """
+    ref = resources.files("ql_executors.local_process").joinpath("launcher.sh")
+    if not isinstance(ref, os.PathLike):
+        raise FileNotFoundError("launcher.sh is not installed as a plain file (zipped package?)")
+    path = os.path.abspath(os.fspath(ref))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"launcher.sh is not a regular file at {path!r}")
+    return path
+
+
+def _shell_argv(shell: str | Sequence[str]) -> list[str]:
+    argv = [shell] if isinstance(shell, str) else list(shell)
+    if not argv or not all(isinstance(a, str) and a for a in argv):
+        raise ValueError("shell must be a path or a non-empty argv prefix such as ('busybox', 'sh')")
+    return argv
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int")
+    if not minimum <= value <= MAX_SAFE_INTEGER:
+        raise ValueError(f"{name} must be in {minimum}..2**53-1")
+
+
+def launcher_args(
+    *,
+    shard_dir: str | os.PathLike[str],
+    run_id: str,
+    attempt_id: str,
+    callback_sequence: int,
+    started_at_ms: int,
+    mode: LaunchMode,
+    command: Sequence[str],
+) -> list[str]:
+    """Validated launcher arguments (everything after ``launcher.sh``); raises ``ValueError``."""
+    shard = os.fspath(shard_dir)
+    if not os.path.isabs(shard):
+        raise ValueError("shard_dir must be absolute")
+    if not is_uuid7(run_id) or not is_uuid7(attempt_id):
+        raise ValueError("run_id and attempt_id must be lowercase UUIDv7 strings")
+    _check_int("callback_sequence", callback_sequence, 1)
+    _check_int("started_at_ms", started_at_ms, 0)
+    cmd = list(command)
+    if not all(isinstance(a, str) for a in cmd):
+        raise ValueError("command items must be str")
+    if mode == "argv":
+        if not cmd:
+            raise ValueError("argv mode needs at least one word")
+    elif mode == "shell":
+        if len(cmd) != 1:
+            raise ValueError("shell mode takes exactly one command string")
+    else:
+        raise ValueError(f"mode must be 'argv' or 'shell', not {mode!r}")
+    return [shard, run_id, attempt_id, str(callback_sequence), str(started_at_ms), mode, "--", *cmd]
+
+
+def _spawn_with_fd3(
+    shell: list[str],
+    script_argv: list[str],
+    fd3_payload: bytes | None,
+    *,
+    log_fd: int,
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str] | None,
+) -> subprocess.Popen[bytes]:
+    """Run ``shell + script_argv`` as a new session whose fd 3 is a pipe holding ``fd3_payload``.
+
+    ``fd3_payload=None`` starts it with fd 3 closed (tests use this).
+    """
+    if fd3_payload is None:
+        argv, stdin = [*shell, *script_argv], subprocess.DEVNULL
+    else:
+        argv = [*shell, "-c", _TRAMPOLINE, "ql-launcher", *shell, *script_argv]
+        stdin, w = os.pipe()
+        try:
+            os.write(w, fd3_payload)  # a few hundred bytes at most: fits the pipe buffer, never blocks
+        except BaseException:
+            os.close(stdin)
+            raise
+        finally:
+            os.close(w)
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=log_fd,
+            stderr=log_fd,
+            close_fds=True,
+            start_new_session=True,
+            cwd=cwd,
+            env=env,
+        )
+    finally:
+        if stdin != subprocess.DEVNULL:
+            os.close(stdin)  # the child has its own copy; ours must not outlive the spawn
+
+
+def spawn_launcher(
+    *,
+    shell: str | Sequence[str] = "/bin/sh",
+    shard_dir: str | os.PathLike[str],
+    run_id: str,
+    attempt_id: str,
+    callback_sequence: int,
+    started_at_ms: int,
+    mode: LaunchMode,
+    command: Sequence[str],
+    token: str,
+    log_fd: int,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Spawn the launcher for one attempt and return its ``Popen``.
+
+    The child is a new session and process-group leader (``start_new_session``), its stdin is
+    ``/dev/null``, its stdout/stderr are ``log_fd`` (opened by the caller with ``O_WRONLY|O_APPEND``),
+    no descriptor other than 0-2 and the token pipe reaches it, and ``token`` travels only through
+    the pipe. ``shell`` is a path or an argv prefix (``("/bin/busybox", "sh")``). ``env=None``
+    inherits the host's environment. Raises ``ValueError`` for arguments the launcher would refuse
+    and ``OSError`` when the spawn itself fails; in both cases nothing was started.
+    """
+    if not isinstance(token, str) or TOKEN_PATTERN.fullmatch(token) is None:
+        raise ValueError("token must be 32-128 characters of [A-Za-z0-9_-]")
+    args = launcher_args(
+        shard_dir=shard_dir,
+        run_id=run_id,
+        attempt_id=attempt_id,
+        callback_sequence=callback_sequence,
+        started_at_ms=started_at_ms,
+        mode=mode,
+        command=command,
+    )
+    return _spawn_with_fd3(
+        _shell_argv(shell),
+        [launcher_path(), *args],
+        (token + "\n").encode("ascii"),
+        log_fd=log_fd,
+        cwd=cwd,
+        env=env,
+    )

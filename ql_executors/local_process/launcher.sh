@@ -1,0 +1,228 @@
+# ql POSIX launcher: runs one task command and publishes its completion receipt (ADR-0007 §2.4).
+#
+#   sh launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+#
+# MODE argv: run CMD ARG... as given; MODE shell: exactly one word after --, run as /bin/sh -c WORD.
+# fd 3: an inherited pipe carrying the callback token as one line; read and closed before CMD
+# starts. stdin is /dev/null, stdout/stderr are the task log: the launcher prints nothing there.
+# Exit status: CMD's (128+N when CMD died of signal N), whether or not a receipt could be published;
+# 125 and no receipt when the arguments break this contract (a host bug; nothing is run) or when the
+# shell could not tell CMD's status (see the wait loop).
+#
+# Portable to dash, bash and busybox ash. Every variable is prefixed _ql_ and unset first: a
+# variable inherited from the environment stays exported, so reusing its name would leak our value
+# into CMD's environment (fatal for the token). The whole body is one brace group: the shell parses
+# all of it before running any of it, so a launcher.sh replaced on disk cannot confuse a live task.
+{
+unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attempt _ql_seq \
+	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
+	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
+	_ql_mine
+# Signals we forward; the command starts with default dispositions for them (see the env probe).
+_ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
+
+# Character classes are spelled out: ranges like [a-f] depend on the locale in some shells.
+_ql_h='[0123456789abcdef]'
+_ql_h4=$_ql_h$_ql_h$_ql_h$_ql_h
+_ql_h3=$_ql_h$_ql_h$_ql_h
+_ql_uuid7="$_ql_h4$_ql_h4-$_ql_h4-7$_ql_h3-[89ab]$_ql_h3-$_ql_h4$_ql_h4$_ql_h4"
+# A canonical JSON integer the receipt codec accepts: 0 .. 2^53-1 (exact in any JSON reader).
+_ql_uint() {
+	case $1 in '' | *[!0123456789]* | 0?*) return 1 ;; esac
+	[ "${#1}" -le 16 ] && [ "$1" -le 9007199254740991 ]
+}
+
+_ql_ok=
+if [ "$#" -ge 8 ] && [ "$7" = "--" ]; then
+	_ql_shard=$1 _ql_run=$2 _ql_attempt=$3 _ql_seq=$4 _ql_started=$5 _ql_mode=$6
+	shift 7
+	case $_ql_shard in /*) _ql_ok=1 ;; esac
+	case $_ql_run in $_ql_uuid7) ;; *) _ql_ok= ;; esac
+	case $_ql_attempt in $_ql_uuid7) ;; *) _ql_ok= ;; esac
+	_ql_uint "$_ql_seq" && [ "$_ql_seq" -ge 1 ] && _ql_uint "$_ql_started" || _ql_ok=
+	case $_ql_mode in
+	argv) ;;
+	shell) if [ "$#" -eq 1 ]; then set -- /bin/sh -c "$1"; else _ql_ok=; fi ;;
+	*) _ql_ok= ;;
+	esac
+fi
+[ -n "$_ql_ok" ] || exit 125
+# bash in POSIX mode (e.g. as /bin/sh) forgets a child's status once `wait` reported it; the wait
+# loop below relies on asking twice. `command` keeps other shells alive when they reject the option.
+command set +o posix 2>/dev/null
+
+# Signals may arrive before the child exists; they are remembered and forwarded once it does.
+_ql_child= _ql_pending= _ql_sig=
+_ql_on_signal() {
+	_ql_sig=1
+	if [ -n "$_ql_child" ]; then
+		kill -s "$1" "$_ql_child" 2>/dev/null
+	else
+		_ql_pending="$_ql_pending $1"
+	fi
+}
+trap '_ql_on_signal HUP' HUP
+trap '_ql_on_signal INT' INT
+trap '_ql_on_signal QUIT' QUIT
+trap '_ql_on_signal TERM' TERM
+trap '_ql_on_signal USR1' USR1
+trap '_ql_on_signal USR2' USR2
+
+# The token is never exported (see above), never in any argv and never printed to fd 1/2.
+# 2>/dev/null comes first so a closed fd 3 cannot put an error message into the log.
+_ql_tok=
+IFS= read -r _ql_tok 2>/dev/null <&3 || _ql_tok=
+# bash only (see the wait loop): reopen the now empty token pipe read-write as a private pipe that
+# never has data nor EOF, so `read -t` on it is a sleep during which traps still run. Kept only if
+# a byte written to it can be read back (a /dev/fd that merely dups would give an EOF spin).
+# ($BASHPID equal to $$ tells bash itself from a BASH_VERSION merely inherited by another shell.)
+_ql_pipe=
+if [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ] && { exec 4<>/dev/fd/3; } 2>/dev/null; then
+	{ printf x >&4 && read -r -t 1 -n 1 -u 4 _ql_x && [ "$_ql_x" = x ]; } 2>/dev/null && _ql_pipe=1
+	[ -n "$_ql_pipe" ] || exec 4<&-
+fi
+exec 3<&-
+# An invalid token becomes empty: the command still runs, but no receipt is published.
+case $_ql_tok in
+*[!ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-]*) _ql_tok= ;;
+esac
+[ "${#_ql_tok}" -ge 32 ] && [ "${#_ql_tok}" -le 128 ] || _ql_tok=
+
+# bash and busybox ash provide $EPOCHREALTIME; a variable of that name merely inherited from the
+# environment would not move, so it is trusted only if it differs from this start value.
+_ql_t0=${EPOCHREALTIME-}
+
+# A non-interactive shell starts asynchronous commands with SIGINT and SIGQUIT ignored; dash and
+# busybox ash then refuse `trap - INT QUIT` in that subshell (bash resets INT, not QUIT), and an
+# ignored disposition survives exec. GNU env (coreutils >= 8.31) resets them: probe for it once.
+# Without it (busybox-only systems) a command keeps ignoring QUIT, and INT too unless under bash.
+# Until that exec a forwarded INT/QUIT is still ignored: one arriving in the first milliseconds,
+# before the command runs, is lost (TERM, HUP, USR1, USR2 are not affected).
+_ql_reset=
+env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 && _ql_reset=1
+
+(
+	trap - HUP INT QUIT TERM USR1 USR2
+	exec 4<&-
+	if [ -n "$_ql_reset" ]; then
+		# env would take a leading NAME=VALUE operand as an assignment; a fresh sh keeps it a command.
+		case $1 in *=*) exec env "--default-signal=$_ql_sigs" /bin/sh -c 'exec "$@"' sh "$@" ;; esac
+		exec env "--default-signal=$_ql_sigs" -- "$@"
+	fi
+	exec "$@"
+) &
+_ql_pid=$! _ql_child=$!
+# From here on nothing the shell or its tools print (bash job notices included) can reach the log,
+# and the launcher no longer holds the log open.
+exec >/dev/null 2>&1
+for _ql_s in HUP INT QUIT TERM USR1 USR2; do
+	case "$_ql_pending " in *" $_ql_s "*) kill -s "$_ql_s" "$_ql_child" ;; esac
+done
+
+# Wait until the child no longer exists (`kill -0` fails once it is reaped; a zombie still counts),
+# forwarding signals meanwhile, then read its status with the forwarded signals ignored (below).
+if [ -n "$_ql_pipe" ]; then
+	# bash's `wait` is unsafe here: a trapped signal landing while it reaps the child (a group
+	# signal does exactly that) longjmps out before the status is recorded, and the status is lost.
+	# Sleeping in `read -t` instead lets traps run and lets bash reap the child in its SIGCHLD
+	# handler, outside `wait`. SIGCHLD is blocked during a timed read, so this polls: 10 ms growing
+	# to 100 ms, back to 10 ms after each signal (the child is then likely to end soon).
+	_ql_nap=0.01
+	while kill -0 "$_ql_pid"; do
+		[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
+		read -r -t "$_ql_nap" -n 1 -u 4 _ql_x
+		case $_ql_nap in 0.01) _ql_nap=0.02 ;; 0.02) _ql_nap=0.05 ;; 0.05) _ql_nap=0.1 ;; esac
+	done
+	exec 4<&-
+else
+	# dash and busybox ash: `wait` returns >128 both when the child died of a signal and when a
+	# trapped signal interrupted it, so its answer is ignored here. A reaped pid can be reused: if
+	# `wait` keeps returning without any signal while `kill -0` still finds the pid, that process
+	# is not ours and we stop.
+	_ql_spins=0
+	while kill -0 "$_ql_pid"; do
+		if [ -n "$_ql_sig" ]; then _ql_spins=0; else _ql_spins=$((_ql_spins + 1)); fi
+		[ "$_ql_spins" -gt 3 ] && break
+		_ql_sig=
+		wait "$_ql_pid"
+	done
+fi
+# Nothing is left to forward to. With the signals ignored, `wait` reports the status the shell
+# recorded when it reaped the child (bash keeps it only outside POSIX mode, hence `set +o posix`);
+# ask until two answers agree, as bash may still answer 128+N once for a trap that was pending.
+_ql_child=
+trap '' HUP INT QUIT TERM USR1 USR2
+_ql_status=none _ql_spins=0
+while [ "$_ql_spins" -lt 16 ]; do
+	wait "$_ql_pid"
+	_ql_w=$?
+	[ "$_ql_w" = "$_ql_status" ] && break
+	_ql_status=$_ql_w _ql_spins=$((_ql_spins + 1))
+done
+# A status the shell lost (bash's `wait` answers -1 after the race described above, possible on
+# the fallback path) is never replaced by a made-up code: no receipt; the attempt will be lost.
+[ "$_ql_w" = "$_ql_status" ] || exit 125
+case $_ql_status in [0-9] | [1-9][0-9] | 1[0-9][0-9] | 2[0-4][0-9] | 25[0-5]) ;; *) exit 125 ;; esac
+
+# Publication, byte for byte the store's protocol. In a subshell so umask 077 and noclobber never
+# leak. The forwarded signals stay ignored, and its tools inherit that: a TERM to the group cannot
+# kill ln or sync half way, and a completion that was already final still gets its receipt.
+[ -n "$_ql_tok" ] && (
+	umask 077
+	set -C
+
+	# finishedAtMs must be an upper bound of the true finish time: read after reaping, rounded up.
+	_ql_fin= _ql_t=${EPOCHREALTIME-}
+	if [ -n "$_ql_t" ] && [ "$_ql_t" != "$_ql_t0" ]; then
+		_ql_s=${_ql_t%%[.,]*} _ql_us=${_ql_t#*[.,]}
+		if _ql_uint "$_ql_s" && [ "${#_ql_us}" -eq 6 ] && _ql_uint "1$_ql_us"; then
+			# "1" prefixes keep leading zeros from being read as octal.
+			_ql_fin=$((_ql_s * 1000 + 1${_ql_us%???} - 1000 + (1${_ql_us#???} > 1000)))
+		fi
+	fi
+	if [ -z "$_ql_fin" ]; then
+		_ql_t=$(date +%s%3N 2>/dev/null)   # GNU date; %3N truncates, hence +1
+		if _ql_uint "$_ql_t"; then _ql_fin=$((_ql_t + 1)); else
+			_ql_t=$(date +%s 2>/dev/null)
+			_ql_uint "$_ql_t" && _ql_fin=$(((_ql_t + 1) * 1000))
+		fi
+	fi
+	_ql_uint "$_ql_fin" || exit 1   # no usable clock: a receipt never carries a guessed time
+	[ "$_ql_fin" -ge "$_ql_started" ] || _ql_fin=$_ql_started
+
+	# The token may only ever pass through the builtin printf, never an external command's argv.
+	case $(command -V printf 2>/dev/null) in *builtin*) ;; *) exit 1 ;; esac
+
+	_ql_final=$_ql_shard/$_ql_attempt.json
+	_ql_tmp=$_ql_shard/.$_ql_attempt.${$}t$_ql_fin.tmp
+	[ -d "$_ql_shard" ] && [ ! -L "$_ql_shard" ] || exit 1
+	# Never overwrite; this also keeps ln from linking into a directory of that name.
+	for _ql_t in "$_ql_final" "$_ql_tmp"; do
+		if [ -e "$_ql_t" ] || [ -L "$_ql_t" ]; then exit 1; fi
+	done
+
+	# noclobber makes the open exclusive; _ql_mine tells "could not create" (not ours: keep it)
+	# from "created, but the write failed" (ours: remove it).
+	_ql_f='{"schemaVersion":1,"runId":"%s","attemptId":"%s","callbackSequence":%s,"token":"%s",'
+	_ql_f=$_ql_f'"startedAtMs":%s,"finishedAtMs":%s,"exitCode":%s}'
+	_ql_mine=
+	{
+		_ql_mine=1
+		printf "$_ql_f" "$_ql_run" "$_ql_attempt" "$_ql_seq" "$_ql_tok" "$_ql_started" "$_ql_fin" \
+			"$_ql_status"
+	} >"$_ql_tmp"
+	if [ "$?" -ne 0 ]; then
+		[ -n "$_ql_mine" ] && rm -f -- "$_ql_tmp"
+		exit 1
+	fi
+	sync -- "$_ql_tmp"   # fsync where sync(1) takes files; failure means unsupported: go on
+	# A hard link never replaces an existing name: the final name appears complete or not at all.
+	if ! ln -- "$_ql_tmp" "$_ql_final"; then
+		rm -f -- "$_ql_tmp"
+		exit 1
+	fi
+	rm -f -- "$_ql_tmp"
+	sync -- "$_ql_shard"
+)
+exit "$_ql_status"
+}

@@ -1,0 +1,368 @@
+"""Fixtures and helpers for the launcher tests: real shells, real processes, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ql_core.ids import new_id, shard_of
+from ql_executors.local_process.launch import (
+    _spawn_with_fd3,
+    launcher_args,
+    launcher_path,
+    spawn_launcher,
+)
+
+# bash-posix is bash as /bin/sh (RHEL, Fedora, macOS ...): POSIX mode changes how `wait` behaves.
+SHELLS = ("dash", "bash", "bash-posix", "busybox")
+DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
+
+
+def _shell_argv(name: str) -> list[str] | None:
+    if name == "busybox":
+        path = "/bin/busybox" if os.path.exists("/bin/busybox") else shutil.which("busybox")
+        return [path, "sh"] if path else None
+    path = shutil.which(name.removesuffix("-posix"))
+    if path is None:
+        return None
+    return [path, "--posix"] if name.endswith("-posix") else [path]
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> list[str]:
+    """argv prefix of one of the shells every launcher test runs under."""
+    argv = _shell_argv(request.param)
+    if argv is None:
+        msg = f"{request.param} is not installed"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{msg}; under CI=true every shell is required")
+        pytest.skip(msg)
+    return argv
+
+
+def is_bash(shell: list[str]) -> bool:
+    return os.path.basename(shell[0]) == "bash"
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)  # 43 chars of [A-Za-z0-9_-], 256 bits
+
+
+def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------- /proc helpers
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (index 0 = state), or None if the pid is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return raw[raw.rfind(b")") + 1 :].decode().split()
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st is not None and int(st[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def session_members(sid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st is not None and int(st[3]) == sid and st[0] not in ("Z", "X"):
+                out.append(int(entry))
+    return out
+
+
+def cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def environ(pid: int) -> dict[bytes, bytes]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if item)
+
+
+def alive(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def child_running(launcher_pid: int, program: str) -> int:
+    """Wait until the launcher's direct child has exec'd ``program``; return its pid."""
+
+    def find() -> int | None:
+        for c in children(launcher_pid):
+            argv = cmdline(c)
+            if argv and os.path.basename(argv[0]) == program.encode():
+                return c
+        return None
+
+    return int(wait_for(find, f"{program} under launcher {launcher_pid}"))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- receipts
+
+_RECEIPT = re.compile(
+    rb'\{"schemaVersion":1,"runId":"(?P<run>[^"]*)","attemptId":"(?P<att>[^"]*)",'
+    rb'"callbackSequence":(?P<seq>0|[1-9][0-9]*),"token":"(?P<tok>[^"]*)",'
+    rb'"startedAtMs":(?P<st>0|[1-9][0-9]*),"finishedAtMs":(?P<fin>0|[1-9][0-9]*),'
+    rb'"exitCode":(?P<code>0|[1-9][0-9]*)\}'
+)
+_KEYS = [
+    "schemaVersion",
+    "runId",
+    "attemptId",
+    "callbackSequence",
+    "token",
+    "startedAtMs",
+    "finishedAtMs",
+    "exitCode",
+]
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), f"duplicate keys {keys}"
+    return dict(pairs)
+
+
+def parse_receipt_strict(raw: bytes) -> dict[str, object]:
+    """Strict check of the exact canonical bytes, then of the JSON it decodes to."""
+    assert len(raw) <= 4096
+    assert _RECEIPT.fullmatch(raw), f"not canonical: {raw!r}"
+    obj = json.loads(raw.decode("ascii"), object_pairs_hook=_no_duplicates)
+    assert list(obj) == _KEYS
+    assert json.dumps(obj, separators=(",", ":")).encode() == raw
+    for key in ("schemaVersion", "callbackSequence", "startedAtMs", "finishedAtMs", "exitCode"):
+        assert type(obj[key]) is int
+    assert 0 <= obj["exitCode"] <= 255  # type: ignore[operator]
+    assert obj["finishedAtMs"] >= obj["startedAtMs"]  # type: ignore[operator]
+    _check_with_codec(raw)
+    return obj
+
+
+def _check_with_codec(raw: bytes) -> None:
+    """Also run the project's strict codec when it exists (it is written in parallel)."""
+    try:
+        from ql_core.receipts import codec
+    except ImportError:
+        return
+    parse = getattr(codec, "parse_receipt", None)
+    if parse is None:
+        return
+    result = parse(raw)
+    rejection = getattr(codec, "ReceiptRejection", None)
+    if isinstance(rejection, type):
+        assert not isinstance(result, rejection), f"codec rejected {raw!r}: {result!r}"
+    receipt = getattr(codec, "Receipt", None)
+    if isinstance(receipt, type):
+        assert isinstance(result, receipt), f"codec returned {result!r}"
+
+
+# ---------------------------------------------------------------- tasks
+
+
+@dataclass
+class Task:
+    proc: subprocess.Popen[bytes]
+    run_id: str
+    attempt_id: str
+    token: str
+    seq: int
+    started_at_ms: int
+    shard_dir: Path
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def receipt_path(self) -> Path:
+        return self.shard_dir / f"{self.attempt_id}.json"
+
+    def wait(self, timeout: float = DEADLINE_S) -> int:
+        return self.proc.wait(timeout)
+
+    def log(self) -> bytes:
+        return self.log_path.read_bytes()
+
+    def receipt(self) -> dict[str, object]:
+        obj = parse_receipt_strict(self.receipt_path.read_bytes())
+        assert obj["runId"] == self.run_id
+        assert obj["attemptId"] == self.attempt_id
+        assert obj["token"] == self.token
+        assert obj["callbackSequence"] == self.seq
+        assert obj["startedAtMs"] == self.started_at_ms
+        assert (self.receipt_path.stat().st_mode & 0o777) == 0o600
+        return obj
+
+    def shard_entries(self) -> list[str]:
+        return sorted(os.listdir(self.shard_dir)) if self.shard_dir.is_dir() else []
+
+    def expect_signal_death(self, shell: list[str], code: int) -> None:
+        """The launcher exits ``code`` (128+N) and the receipt says so.
+
+        bash can lose the status when a signal reaches the launcher while it reaps the child (a
+        group signal does exactly that; see launcher.sh). The launcher must then fail closed:
+        exit 125 and publish nothing - never a wrong code.
+        """
+        rc = self.wait()
+        if rc == 125 and is_bash(shell):
+            self.assert_no_receipt()
+            return
+        assert rc == code
+        assert self.receipt()["exitCode"] == code
+
+    def assert_no_receipt(self) -> None:
+        names = self.shard_entries()
+        assert names == [], f"expected an empty shard, found {names}"
+
+
+class Launcher:
+    """Starts tasks under one shell inside one data dir."""
+
+    def __init__(self, shell: list[str], data_dir: Path) -> None:
+        self.shell = shell
+        self.data_dir = data_dir
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def _ids(self) -> tuple[str, str, Path, Path]:
+        run_id, attempt_id = new_id(), new_id()
+        shard = self.data_dir / "receipts" / shard_of(attempt_id)
+        shard.mkdir(mode=0o700, parents=True, exist_ok=True)
+        logs = self.data_dir / "logs" / shard_of(attempt_id)
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return run_id, attempt_id, shard, logs / f"{attempt_id}.log"
+
+    def _open_log(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def start(
+        self,
+        command: Sequence[str],
+        *,
+        mode: str = "argv",
+        token: str | None = None,
+        seq: int = 1,
+        started_at_ms: int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        prepare: Callable[[Path, str], None] | None = None,
+    ) -> Task:
+        run_id, attempt_id, shard, log_path = self._ids()
+        if prepare is not None:
+            prepare(shard, attempt_id)
+        token = new_token() if token is None else token
+        started = int(time.time() * 1000) if started_at_ms is None else started_at_ms
+        fd = self._open_log(log_path)
+        try:
+            proc = spawn_launcher(
+                shell=self.shell,
+                shard_dir=shard,
+                run_id=run_id,
+                attempt_id=attempt_id,
+                callback_sequence=seq,
+                started_at_ms=started,
+                mode=mode,  # type: ignore[arg-type]
+                command=list(command),
+                token=token,
+                log_fd=fd,
+                cwd=cwd,
+                env=env,
+            )
+        finally:
+            os.close(fd)
+        self._procs.append(proc)
+        return Task(proc, run_id, attempt_id, token, seq, started, shard, log_path)
+
+    def start_raw(
+        self,
+        *,
+        fd3: bytes | None,
+        args: Callable[[Path, str, str], list[str]] | None = None,
+        command: Sequence[str] = ("true",),
+        started_at_ms: int | None = None,
+    ) -> Task:
+        """Start the launcher bypassing spawn_launcher's validation: any fd-3 bytes, any argv."""
+        run_id, attempt_id, shard, log_path = self._ids()
+        started = int(time.time() * 1000) if started_at_ms is None else started_at_ms
+        if args is None:
+            argv = launcher_args(
+                shard_dir=shard,
+                run_id=run_id,
+                attempt_id=attempt_id,
+                callback_sequence=1,
+                started_at_ms=started,
+                mode="argv",
+                command=list(command),
+            )
+        else:
+            argv = args(shard, run_id, attempt_id)
+        fd = self._open_log(log_path)
+        try:
+            proc = _spawn_with_fd3(
+                self.shell, [launcher_path(), *argv], fd3, log_fd=fd, cwd=None, env=None
+            )
+        finally:
+            os.close(fd)
+        self._procs.append(proc)
+        token = fd3.decode("ascii", "replace").strip() if fd3 else ""
+        return Task(proc, run_id, attempt_id, token, 1, started, shard, log_path)
+
+    def cleanup(self) -> None:
+        # The whole group: a test may leave grandchildren behind even after the launcher exited.
+        for proc in self._procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait(DEADLINE_S)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir(mode=0o700)
+    return d
+
+
+@pytest.fixture
+def launcher(shell: list[str], data_dir: Path) -> Iterator[Launcher]:
+    lx = Launcher(shell, data_dir)
+    try:
+        yield lx
+    finally:
+        lx.cleanup()
