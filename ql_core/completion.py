@@ -13,6 +13,14 @@ Outcome mapping (DESIGN.md §2):
   intent's effective time (the deadline, or the cancel request time): then the
   task really finished first, its own outcome stands and the intent is moot;
 - otherwise exit code 0 → ``succeeded``, anything else → ``failed``.
+
+Every terminal transaction also starts the attempt's receipt-journal retention
+clock (:func:`ql_core.journal.mark_terminal`), so the consumer needs no commit
+of its own after the receipt is deleted: a task's life is exactly three
+commits — create, spawned, terminal (DESIGN.md §3.6). Other bookkeeping that
+belongs to the end of an attempt (e.g. recording its log's final size) can ride
+in the same transaction through :meth:`CompletionService.add_terminal_hook`
+instead of costing a fourth commit.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from typing import TYPE_CHECKING, Callable
 from .clock import now_ms
 from .crashpoints import crashpoint
 from .interfaces import RunEventInfo
-from .states import RECOVERABLE_ATTEMPT
+from .journal import mark_terminal
+from .log import logger
+from .states import RECOVERABLE_ATTEMPT, RUN_ACTIVE
 from .transitions import EventSpec, change_attempt, change_run, load_attempt, load_run, with_retries
 
 if TYPE_CHECKING:
@@ -43,7 +53,11 @@ __all__ = [
     "CompletionService",
     "hash_token",
     "map_outcome",
+    "TerminalHook",
 ]
+
+#: ``hook(session, attempt, status)``: extra writes inside a terminal transaction (see add_terminal_hook).
+TerminalHook = Callable[["Session", "RunAttempt", str], None]
 
 
 class CompletionOutcome(enum.StrEnum):
@@ -104,6 +118,27 @@ class CompletionService:
         self._node_id = node_id
         self._retries = retries
         self._notify = notify
+        self._terminal_hooks: list[TerminalHook] = []
+
+    def add_terminal_hook(self, hook: TerminalHook) -> None:
+        """Run ``hook(session, attempt, status)`` inside every transaction that ends an attempt.
+
+        For bookkeeping that would otherwise need a commit of its own after the
+        terminal one. Each call runs in a SAVEPOINT: a hook that raises is
+        logged and rolled back alone — it can never block or undo the terminal
+        commit. ``attempt`` is the row as loaded before the change; ``status``
+        the terminal status being written.
+        """
+        self._terminal_hooks.append(hook)
+
+    def _run_terminal_hooks(self, session: Session, attempt: RunAttempt, status: str) -> None:
+        for hook in self._terminal_hooks:
+            try:
+                with session.begin_nested():
+                    hook(session, attempt, status)
+            except Exception as exc:  # noqa: BLE001 - bookkeeping never blocks a terminal state
+                logger.warning("terminal hook {} failed for attempt {}: {}",
+                               getattr(hook, "__qualname__", repr(hook)), attempt.id, type(exc).__name__)
 
     def complete(self, claim: Receipt, *, executor_type: str = "local_process") -> CompletionResult:
         """Apply ``claim`` (a parsed receipt, or a live observation built the same way)."""
@@ -132,7 +167,8 @@ class CompletionService:
             if attempt.status not in RECOVERABLE_ATTEMPT:
                 return CompletionResult(CompletionOutcome.ALREADY_TERMINAL, status=attempt.status)
             run = load_run(session, attempt.run_id)
-            if run is None or run.current_attempt_id != attempt.id:
+            if run is None or run.current_attempt_id != attempt.id or run.status not in RUN_ACTIVE:
+                # A second run.<terminal> event must never be written, whatever the attempt says.
                 return _rejected(CompletionRejection.INCONSISTENT_STATE)
             now = now_ms()
             change_attempt(session, attempt, {"status": status, "reason": reason, "exit_code": exit_code,
@@ -144,6 +180,8 @@ class CompletionService:
                 EventSpec(f"run.{status}", attempt_id=attempt.id, status=status, exit_code=exit_code,
                           reason=reason),
             ], now)
+            mark_terminal(session, attempt.id, now)
+            self._run_terminal_hooks(session, attempt, status)
             crashpoint("completion.before_commit")
             return CompletionResult(CompletionOutcome.APPLIED, status=status, events=tuple(infos))
 
@@ -183,10 +221,10 @@ class CompletionService:
             return _rejected(CompletionRejection.INCONSISTENT_STATE)
         stored = attempt.callback_sequence
         if attempt.status not in RECOVERABLE_ATTEMPT:
-            return self._after_terminal(session, run, attempt, claim.callback_sequence)
+            return self._after_terminal(session, run, attempt, claim)
         if claim.callback_sequence != stored + 1:
             return _rejected(CompletionRejection.WRONG_SEQUENCE)
-        if run.status not in ("queued", "running") or run.current_attempt_id != attempt.id:
+        if run.status not in RUN_ACTIVE or run.current_attempt_id != attempt.id:
             return _rejected(CompletionRejection.INCONSISTENT_STATE)
         return self._apply(session, run, attempt, claim)
 
@@ -201,9 +239,13 @@ class CompletionService:
             return CompletionRejection.WRONG_TOKEN
         return None
 
-    def _after_terminal(self, session: Session, run: Run, attempt: RunAttempt, sequence: int) -> CompletionResult:
-        stored = attempt.callback_sequence
+    def _after_terminal(self, session: Session, run: Run, attempt: RunAttempt, claim: Receipt) -> CompletionResult:
+        stored, sequence = attempt.callback_sequence, claim.callback_sequence
         if sequence == stored:
+            if attempt.exit_code is not None and claim.exit_code != attempt.exit_code:
+                # Same token and sequence, another exit code: not a replay of what was committed.
+                # Not "consistent", so the consumer quarantines it instead of deleting the evidence.
+                return _rejected(CompletionRejection.INCONSISTENT_STATE)
             # The same claim again (replay after a crash before cleanup): no write.
             return CompletionResult(CompletionOutcome.ALREADY_TERMINAL, status=attempt.status)
         if sequence == stored + 1:
@@ -241,6 +283,8 @@ class CompletionService:
         ]
         infos = change_run(session, run, {"status": status, "exit_code": claim.exit_code, "reason": reason,
                                           "finished_at_ms": max(finished, run.created_at_ms)}, events, now)
+        mark_terminal(session, attempt.id, now)
+        self._run_terminal_hooks(session, attempt, status)
         crashpoint("completion.before_commit")
         return CompletionResult(CompletionOutcome.APPLIED, status=status, events=tuple(infos))
 

@@ -1,13 +1,22 @@
-"""The receipt consumer: read → CompletionService → delete → resolve journal (ADR-0007 §2.5).
+"""The receipt consumer: read → CompletionService → delete; the journal row goes later (ADR-0007 §2.5).
 
 Order is the whole point:
 - the receipt is deleted only after ``applied`` or a consistent
   ``already_terminal`` was *committed* (a crash in between replays it);
+- deleting it costs no commit: the terminal transaction already started the
+  journal row's retention clock, and the row itself is only *noted* as
+  consumed — it is deleted inside this runtime's next journal write (the next
+  create) or by retention once the reconciler has seen the receipt missing.
+  A journal row is therefore never gone while its receipt may exist, and a
+  ``quarantined`` row survives a later success so its quarantined copy is
+  purged on time;
 - a deterministic rejection (codec, token, sequence, owner, state) is first
   persisted as ``quarantined`` in the journal, then the file is moved (hard
   link + unlink) into the private quarantine; its content is never logged;
 - database, compare-and-set and ordinary file-system errors keep the file for
-  the next round.
+  the next round; a quarantine slot already taken by an earlier rejected file
+  is not transient: the decision stands (``quarantined``) and the file stays
+  in place, never overwriting the earlier one.
 A quarantine never poisons the attempt: it stays active, and a valid receipt
 published later still completes it.
 """
@@ -23,7 +32,7 @@ from .completion import CompletionOutcome, CompletionService
 from .crashpoints import crashpoint
 from .db.engine import session_scope
 from .log import logger
-from .receipts.file_store import ReceiptStoreError
+from .receipts.file_store import QuarantineConflictError, ReceiptStoreError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -48,6 +57,9 @@ class ConsumeResult:
     outcome: ConsumeOutcome
     status: str | None = None
     reason: str | None = None
+    #: QUARANTINED, but the file could not be moved because the quarantine slot holds an earlier
+    #: rejected file of the attempt (never overwritten): that earlier copy's retention still applies.
+    kept_in_place: bool = False
 
 
 class ReceiptConsumer:
@@ -88,12 +100,15 @@ class ReceiptConsumer:
     def _clean(self, attempt_id: str, outcome: ConsumeOutcome, status: str | None) -> ConsumeResult:
         try:
             self._store.remove(attempt_id)
-            crashpoint("consumer.after_delete")
-            with session_scope(self._engine) as session:
-                self._journal.resolve(session, attempt_id)
         except Exception as exc:  # noqa: BLE001 - retried next round
             # The terminal state is committed; a replay finds already_terminal and cleans.
             logger.warning("cleanup of attempt {} deferred: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(outcome, status=status)
+        crashpoint("consumer.after_delete")
+        # No commit here (DESIGN.md §3.6): the row goes with a later write or by retention.
+        note = getattr(self._journal, "note_consumed", None)
+        if note is not None:
+            note(attempt_id)
         return ConsumeResult(outcome, status=status)
 
     def _quarantine(self, attempt_id: str, reason: str) -> ConsumeResult:
@@ -104,7 +119,16 @@ class ReceiptConsumer:
                     return ConsumeResult(ConsumeOutcome.RETRY, reason="not_in_journal")
                 self._journal.mark_quarantined(session, attempt_id, reason, now_ms())
             crashpoint("consumer.quarantine.after_journal")
-            self._store.quarantine(attempt_id)
+            try:
+                self._store.quarantine(attempt_id)
+            except QuarantineConflictError:
+                # Deterministic, not transient: the quarantine slot already holds an earlier rejected
+                # file of this attempt and nothing may be overwritten. The decision is persisted; this
+                # file stays where it is and, like any rejected receipt, proves nothing — the caller
+                # goes on to the identity check instead of retrying (and wedging the run) forever.
+                logger.warning("receipt of attempt {} rejected ({}); quarantine slot taken, kept in place",
+                               attempt_id, reason)
+                return ConsumeResult(ConsumeOutcome.QUARANTINED, reason=reason, kept_in_place=True)
         except Exception as exc:  # noqa: BLE001 - retried next round
             logger.warning("quarantine of attempt {} deferred: {}", attempt_id, type(exc).__name__)
             return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)

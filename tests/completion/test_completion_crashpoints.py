@@ -1,0 +1,388 @@
+"""Every crash point of the protocol (ADR-0007 §6 gates 2 and 3, DESIGN.md §8).
+
+Each case makes a real ``ql`` process (or a small Python publisher) die with
+``os._exit`` exactly at one named step, checks what must hold at that instant
+(above all: no receipt deleted before its commit, no terminal state without
+its commit), then restarts with plain ``ql reconcile`` and checks the end:
+exactly one ``run.<terminal>`` and one ``attempt.<terminal>`` event, the true
+outcome and exit code, and a journal that still indexes every receipt that
+exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from completion_support import (
+    assert_not_terminal,
+    assert_one_terminal,
+    attempt_row,
+    detach,
+    dispatch_row,
+    event_types,
+    journal_row,
+    only_run_id,
+    plant,
+    ql,
+    ql_crash,
+    quarantine_path,
+    receipt_bytes,
+    receipt_path,
+    reconcile,
+    temp_files,
+    trigger_command,
+    valid_receipt,
+    wait_for,
+    write_config,
+)
+
+from ql_core.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
+from ql_core.interfaces import IdentityState
+
+LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+
+
+@dataclass
+class Ctx:
+    env: dict[str, str]
+    data_dir: Path
+    rt: Any
+    trigger: Callable[[], Path]
+    submit: Callable[..., Any]
+    tmp_path: Path
+
+    def receipt(self, attempt_id: str) -> Path:
+        return receipt_path(self.data_dir, attempt_id)
+
+    def handle(self, attempt_id: str) -> dict[str, Any]:
+        row = attempt_row(self.rt, attempt_id)
+        return {"boot_id": row["boot_id"], "pid": row["pid"], "pgid": row["pgid"],
+                "start_time": row["process_start_time"]}
+
+    def identity(self, attempt_id: str) -> IdentityState:
+        return self.rt.executor.inspect(self.handle(attempt_id))
+
+
+def finished_detached(c: Ctx, exit_code: int = 7) -> tuple[str, str]:
+    """A detached task that ended and published its receipt, which nobody has consumed."""
+    rec = detach(c.env, "sh", "-c", f"exit {exit_code}")
+    wait_for(lambda: c.receipt(rec["attempt_id"]).exists(), what="the launcher's receipt")
+    return rec["run_id"], rec["attempt_id"]
+
+
+def host_crashes_at(c: Ctx, point: str, host: str) -> tuple[str, str]:
+    """A task ending with exit 7 whose completing host (`ql reconcile` or `ql run`) dies at ``point``."""
+    if host == "reconcile":
+        run_id, attempt_id = finished_detached(c)
+        ql_crash(c.env, point, "reconcile")
+    else:
+        ql_crash(c.env, point, "run", "--", "sh", "-c", "exit 7")
+        run_id = only_run_id(c.rt)
+        attempt_id = c.rt.status(run_id).attempts[0]["attempt_id"]
+    return run_id, attempt_id
+
+
+def assert_journal_consistent(c: Ctx, attempt_id: str) -> None:
+    """A receipt that exists is always indexed; a row is only ever pending or quarantined."""
+    row = journal_row(c.rt, attempt_id)
+    if c.receipt(attempt_id).exists():
+        assert row is not None, "a receipt exists but its journal row is gone"
+    if row is not None:
+        assert row["state"] in ("pending", "quarantined")
+
+
+# -- the cases -------------------------------------------------------------------------
+def case_create_before_commit(c: Ctx) -> None:
+    marker = c.tmp_path / "spawned"
+    ql_crash(c.env, "create.before_commit", "run", "--", "sh", "-c", f'touch "{marker}"')
+    # Nothing was persisted, so nothing was spawned: not even the log file was opened.
+    assert c.rt.list_runs() == []
+    assert [p for p in (c.data_dir / "logs").rglob("*") if p.is_file()] == []
+    assert [p for p in (c.data_dir / "receipts").rglob("*") if p.is_file()] == []
+    counts = reconcile(c.env)
+    assert counts["attempts_checked"] == 0
+    assert not any(counts[k] for k in ("applied", "already_terminal", "quarantined", "lost", "blocked"))
+    assert c.rt.list_runs() == [] and not marker.exists()
+    # The database is intact: the same command now runs to completion.
+    out = ql(c.env, "run", "--", "sh", "-c", f'touch "{marker}"')
+    assert out.returncode == 0, out.stderr
+    assert marker.exists()
+    assert_one_terminal(c.rt, only_run_id(c.rt), "succeeded", 0)
+
+
+def case_spawn_before_handle_commit(c: Ctx) -> None:
+    trigger = c.trigger()
+    ql_crash(c.env, "spawn.before_handle_commit", "run", "--", *trigger_command(trigger, 7))
+    run_id = only_run_id(c.rt)
+    attempt_id = c.rt.status(run_id).attempts[0]["attempt_id"]
+    row = attempt_row(c.rt, attempt_id)
+    assert (row["status"], row["pid"]) == ("starting", None)
+    # The task outlived its host; with no handle yet, recovery neither guesses nor gives up.
+    counts = reconcile(c.env)
+    assert counts["applied"] == counts["lost"] == counts["blocked"] == 0
+    assert counts.get("still_starting") == 1
+    assert_not_terminal(c.rt, run_id)
+    trigger.touch()
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the launcher's receipt")
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert event_types(c.rt, run_id) == ["run.created", "attempt.failed", "run.failed"]
+
+
+PUBLISHER = """
+import sys
+from ql_core.receipts import FileReceiptStore, parse_receipt
+FileReceiptStore(sys.argv[1]).publish(parse_receipt(sys.stdin.buffer.read()))
+"""
+
+
+def python_publish(c: Ctx, payload: bytes, crash: str) -> None:
+    env = dict(c.env, QL_CRASH_POINT=crash)
+    out = subprocess.run([sys.executable, "-c", PUBLISHER, str(c.data_dir / "receipts")], input=payload,
+                         env=env, capture_output=True, timeout=60)
+    assert out.returncode == CRASH_EXIT_CODE, out.stderr
+
+
+def case_receipt_publish_after_temp(c: Ctx) -> None:
+    trigger = c.trigger()
+    sub = c.submit(trigger_command(trigger, 7))
+    python_publish(c, receipt_bytes(sub, exit_code=7), "receipt.publish.after_temp")
+    temps = temp_files(c.data_dir, sub.attempt_id)
+    assert len(temps) == 1 and not c.receipt(sub.attempt_id).exists()
+    # A temp file is not a receipt: the task is still running and nobody touches the temp.
+    counts = reconcile(c.env)
+    assert (counts["applied"], counts["quarantined"], counts["still_running"]) == (0, 0, 1)
+    assert_not_terminal(c.rt, sub.run_id)
+    assert temp_files(c.data_dir, sub.attempt_id) == temps
+    trigger.touch()
+    sub.process.wait(timeout=60)
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, sub.run_id, "failed", 7)
+    assert temp_files(c.data_dir, sub.attempt_id) == temps  # orphans belong to `ql audit receipts`
+
+
+def case_receipt_publish_after_link(c: Ctx) -> None:
+    trigger = c.trigger()
+    sub = c.submit(trigger_command(trigger, 7))
+    python_publish(c, receipt_bytes(sub, exit_code=7), "receipt.publish.after_link")
+    temps = temp_files(c.data_dir, sub.attempt_id)
+    assert len(temps) == 1 and c.receipt(sub.attempt_id).exists()
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, sub.run_id, "failed", 7)
+    assert not c.receipt(sub.attempt_id).exists()
+    # The launcher's own receipt arrives after the commit: replayed as already_terminal, no 2nd event.
+    trigger.touch()
+    sub.process.wait(timeout=60)
+    assert c.receipt(sub.attempt_id).exists()
+    counts = reconcile(c.env)
+    assert (counts["applied"], counts["already_terminal"]) == (0, 1)
+    assert not c.receipt(sub.attempt_id).exists()
+    assert_one_terminal(c.rt, sub.run_id, "failed", 7)
+
+
+def case_completion_before_commit(c: Ctx, host: str) -> None:
+    run_id, attempt_id = host_crashes_at(c, "completion.before_commit", host)
+    # Rolled back: still running, receipt and journal row untouched.
+    assert_not_terminal(c.rt, run_id)
+    assert c.receipt(attempt_id).exists()
+    assert journal_row(c.rt, attempt_id)["state"] == "pending"
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert not c.receipt(attempt_id).exists()
+
+
+def case_completion_before_commit_lost(c: Ctx) -> None:
+    rec = detach(c.env, *trigger_command(c.trigger(), 7))
+    run_id, attempt_id = rec["run_id"], rec["attempt_id"]
+    # The whole launcher group dies without a receipt (identity re-verified before the signal).
+    assert str(c.rt.executor.signal(c.handle(attempt_id), signal.SIGKILL)) == "signalled"
+    wait_for(lambda: c.identity(attempt_id) is IdentityState.EXITED, what="the task to exit")
+    ql_crash(c.env, "completion.before_commit", "reconcile")
+    assert_not_terminal(c.rt, run_id)
+    assert reconcile(c.env)["lost"] == 1
+    events = assert_one_terminal(c.rt, run_id, "lost", None)
+    assert events[-1]["reason"] == LOST_REASON
+    assert reconcile(c.env)["lost"] == 0
+
+
+def case_completion_before_commit_late(c: Ctx) -> None:
+    sub = c.submit(trigger_command(c.trigger(), 7))
+    os.killpg(sub.process.pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is ours
+    sub.process.wait(timeout=30)
+    assert reconcile(c.env)["lost"] == 1
+    # A true receipt surfaces after `lost` was committed: recorded once, never changes the outcome.
+    c.rt.receipts.publish(valid_receipt(sub, exit_code=7))
+    ql_crash(c.env, "completion.before_commit", "reconcile")
+    assert "attempt.late_callback_ignored" not in event_types(c.rt, sub.run_id)
+    assert c.receipt(sub.attempt_id).exists()
+    assert reconcile(c.env)["already_terminal"] == 1
+    events = assert_one_terminal(c.rt, sub.run_id, "lost", None)
+    assert [e["type"] for e in events].count("attempt.late_callback_ignored") == 1
+    assert not c.receipt(sub.attempt_id).exists()
+
+
+def case_consumer_after_commit(c: Ctx, host: str) -> None:
+    run_id, attempt_id = host_crashes_at(c, "consumer.after_commit", host)
+    # Committed, not yet cleaned: the receipt is still there and still indexed.
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert c.receipt(attempt_id).exists()
+    assert journal_row(c.rt, attempt_id)["state"] == "pending"
+    counts = reconcile(c.env)
+    assert (counts["applied"], counts["already_terminal"]) == (0, 1)
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert not c.receipt(attempt_id).exists()
+
+
+def case_consumer_after_delete(c: Ctx, host: str) -> None:
+    run_id, attempt_id = host_crashes_at(c, "consumer.after_delete", host)
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert not c.receipt(attempt_id).exists()
+    row = journal_row(c.rt, attempt_id)
+    assert row is not None and row["terminal_seen_at_ms"] is not None  # clock started by the terminal commit
+    counts = reconcile(c.env)
+    assert counts["applied"] == counts["already_terminal"] == 0
+    assert journal_row(c.rt, attempt_id) is not None  # kept for the retention window
+    counts = reconcile(c.env, config=write_config(c.tmp_path / "ql.toml", terminal_journal_retention_s=0.0))
+    assert counts.get("journal_purged") == 1 and journal_row(c.rt, attempt_id) is None
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+
+
+def _forged_task(c: Ctx) -> tuple[Path, str, str, bytes]:
+    trigger = c.trigger()
+    rec = detach(c.env, *trigger_command(trigger, 7))
+    forged = b'{"schemaVersion":1,"runId":"'  # half-written
+    plant(c.data_dir, rec["attempt_id"], forged)
+    return trigger, rec["run_id"], rec["attempt_id"], forged
+
+
+def _then_the_true_end(c: Ctx, trigger: Path, run_id: str, attempt_id: str, forged: bytes) -> None:
+    assert not c.receipt(attempt_id).exists()
+    assert quarantine_path(c.data_dir, attempt_id).read_bytes() == forged
+    assert_not_terminal(c.rt, run_id)
+    trigger.touch()
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the launcher's receipt")
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    # The quarantined copy stays on its retention clock, indexed by its journal row.
+    assert journal_row(c.rt, attempt_id)["state"] == "quarantined"
+    assert quarantine_path(c.data_dir, attempt_id).exists()
+
+
+def case_consumer_quarantine_after_journal(c: Ctx) -> None:
+    trigger, run_id, attempt_id, forged = _forged_task(c)
+    ql_crash(c.env, "consumer.quarantine.after_journal", "reconcile")
+    row = journal_row(c.rt, attempt_id)
+    assert (row["state"], row["quarantine_reason"]) == ("quarantined", "codec:invalid_json")
+    assert c.receipt(attempt_id).read_bytes() == forged
+    assert not quarantine_path(c.data_dir, attempt_id).exists()
+    assert_not_terminal(c.rt, run_id)
+    counts = reconcile(c.env)
+    assert (counts["quarantined"], counts["still_running"], counts["applied"]) == (1, 1, 0)
+    _then_the_true_end(c, trigger, run_id, attempt_id, forged)
+
+
+def case_receipt_quarantine_after_link(c: Ctx) -> None:
+    trigger, run_id, attempt_id, forged = _forged_task(c)
+    ql_crash(c.env, "receipt.quarantine.after_link", "reconcile")
+    assert journal_row(c.rt, attempt_id)["state"] == "quarantined"
+    assert c.receipt(attempt_id).samefile(quarantine_path(c.data_dir, attempt_id))
+    assert_not_terminal(c.rt, run_id)
+    counts = reconcile(c.env)
+    assert (counts["quarantined"], counts["still_running"], counts["applied"]) == (1, 1, 0)
+    _then_the_true_end(c, trigger, run_id, attempt_id, forged)
+
+
+def _reconcile_until_terminal(c: Ctx, run_id: str) -> None:
+    wait_for(lambda: reconcile(c.env) is not None and c.rt.status(run_id).terminal,
+             what="the cancelled task to end")
+
+
+def case_cancel_after_intent(c: Ctx) -> None:
+    rec = detach(c.env, *trigger_command(c.trigger(), 0))
+    run_id, attempt_id = rec["run_id"], rec["attempt_id"]
+    ql_crash(c.env, "cancel.after_intent", "cancel", run_id)
+    view = c.rt.status(run_id)
+    assert (view.status, view.cancel_reason) == ("running", "user")
+    assert dispatch_row(c.rt, run_id)["term_sent_at_ms"] is None
+    assert c.identity(attempt_id) is IdentityState.RUNNING  # intent only: nothing was signalled
+    _reconcile_until_terminal(c, run_id)
+    events = assert_one_terminal(c.rt, run_id, "cancelled")
+    types = [e["type"] for e in events]
+    assert types.index("run.cancel_requested") < types.index("attempt.cancelled")
+    assert c.rt.status(run_id).exit_code in (143, None)  # TERM's real status, or none if no receipt
+
+
+def case_cancel_after_signal(c: Ctx) -> None:
+    rec = detach(c.env, *trigger_command(c.trigger(), 0))
+    run_id, attempt_id = rec["run_id"], rec["attempt_id"]
+    ql_crash(c.env, "cancel.after_signal", "cancel", run_id)
+    record = dispatch_row(c.rt, run_id)
+    assert record["state"] == "pending" and record["lease_owner"] is not None  # outcome never committed
+    wait_for(lambda: c.identity(attempt_id) is IdentityState.EXITED, what="TERM to end the task")
+    _reconcile_until_terminal(c, run_id)
+    assert_one_terminal(c.rt, run_id, "cancelled")
+    assert c.rt.status(run_id).exit_code in (143, None)
+
+
+CASES: dict[str, Callable[[Ctx], None]] = {
+    "create.before_commit": case_create_before_commit,
+    "spawn.before_handle_commit": case_spawn_before_handle_commit,
+    "receipt.publish.after_temp": case_receipt_publish_after_temp,
+    "receipt.publish.after_link": case_receipt_publish_after_link,
+    "completion.before_commit[reconcile]": lambda c: case_completion_before_commit(c, "reconcile"),
+    "completion.before_commit[run]": lambda c: case_completion_before_commit(c, "run"),
+    "completion.before_commit[lost]": case_completion_before_commit_lost,
+    "completion.before_commit[late]": case_completion_before_commit_late,
+    "consumer.after_commit[reconcile]": lambda c: case_consumer_after_commit(c, "reconcile"),
+    "consumer.after_commit[run]": lambda c: case_consumer_after_commit(c, "run"),
+    "consumer.after_delete[reconcile]": lambda c: case_consumer_after_delete(c, "reconcile"),
+    "consumer.after_delete[run]": lambda c: case_consumer_after_delete(c, "run"),
+    "consumer.quarantine.after_journal": case_consumer_quarantine_after_journal,
+    "receipt.quarantine.after_link": case_receipt_quarantine_after_link,
+    "cancel.after_intent": case_cancel_after_intent,
+    "cancel.after_signal": case_cancel_after_signal,
+}
+
+
+def test_every_crash_point_has_a_case() -> None:
+    assert {name.split("[")[0] for name in CASES} == set(CRASH_POINTS)
+
+
+def test_every_crash_point_in_the_code_is_declared() -> None:
+    root = Path(__file__).resolve().parents[2]
+    used: set[str] = set()
+    for source in list((root / "ql_core").rglob("*.py")) + list((root / "ql_executors").rglob("*.py")):
+        used |= set(re.findall(r'crashpoint\("([^"]+)"\)', source.read_text()))
+    assert used == set(CRASH_POINTS)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_crash_point(case: str, ql_env: dict[str, str], data_dir: Path, runtime: Any, triggers: Any,
+                     submit: Any, tmp_path: Path) -> None:
+    c = Ctx(env=ql_env, data_dir=data_dir, rt=runtime, trigger=triggers, submit=submit, tmp_path=tmp_path)
+    CASES[case](c)
+    for view in runtime.list_runs():
+        for attempt in view.attempts:
+            assert_journal_consistent(c, attempt["attempt_id"])
+
+
+def test_receipt_left_after_commit_is_replayed_when_the_row_is_quarantined(
+        ql_env: dict[str, str], data_dir: Path, runtime: Any, triggers: Any, submit: Any, tmp_path: Path) -> None:
+    c = Ctx(env=ql_env, data_dir=data_dir, rt=runtime, trigger=triggers, submit=submit, tmp_path=tmp_path)
+    trigger, run_id, attempt_id, _forged = _forged_task(c)
+    assert reconcile(c.env)["quarantined"] == 1
+    trigger.touch()
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the launcher's receipt")
+    ql_crash(c.env, "consumer.after_commit", "reconcile")
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert c.receipt(attempt_id).exists()
+    assert reconcile(c.env)["already_terminal"] == 1
+    assert not c.receipt(attempt_id).exists()

@@ -1,0 +1,206 @@
+"""Three commits per task (DESIGN.md §3.6) and the receipt journal's life around them.
+
+Commits are counted with SQLAlchemy engine events on the runtime's real
+engine and SQLite file; each COMMIT is listed with the statements that
+changed data in its transaction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from completion_support import (
+    CommitLog,
+    assert_one_terminal,
+    journal_row,
+    plant,
+    quarantine_path,
+    receipt_path,
+    reconcile,
+    set_attempt,
+    trigger_command,
+    valid_receipt,
+    write_config,
+)
+
+from ql_core.completion import CompletionOutcome, CompletionRejection
+from ql_core.consumer import ConsumeOutcome
+
+
+@pytest.fixture
+def commits(runtime: Any) -> Any:
+    log = CommitLog(runtime.engine)
+    yield log
+    log.close()
+
+
+def _kinds(writes: list[list[str]]) -> list[str]:
+    """Name each write commit by what it did."""
+    names = []
+    for statements in writes:
+        if "INSERT ql_run" in statements:
+            names.append("create")
+        elif statements.count("INSERT ql_run_event") == 1 and "UPDATE ql_run_attempt" in statements:
+            names.append("spawned")
+        elif statements.count("INSERT ql_run_event") >= 2:
+            names.append("terminal")
+        else:
+            names.append("other: " + ", ".join(statements))
+    return names
+
+
+def test_the_terminal_transaction_carries_all_completion_bookkeeping(runtime: Any, submit: Any,
+                                                                     commits: CommitLog) -> None:
+    sub = submit(["sh", "-c", "exit 0"])
+    returncode = sub.process.wait(timeout=60)
+    commits.commits.clear()
+    runtime.complete_from_wait(sub, returncode)  # consume → CompletionService → delete the receipt
+    # One commit ends the attempt: run, attempt, two events and the journal row's retention clock.
+    assert commits.writes == [["UPDATE ql_run_attempt", "UPDATE ql_run", "INSERT ql_run_event",
+                               "INSERT ql_run_event", "UPDATE ql_receipt_journal"]]
+    assert not receipt_path(runtime.config.data_dir, sub.attempt_id).exists()
+
+
+def test_a_task_lifecycle_is_three_write_commits(runtime: Any, submit: Any, commits: CommitLog) -> None:
+    """DESIGN.md §3.6: create, spawned, terminal — nothing else writes during submit + wait."""
+    view = runtime.wait(submit(["sh", "-c", "exit 0"]))
+    assert view.status == "succeeded"
+    assert _kinds(commits.writes) == ["create", "spawned", "terminal"], commits.writes
+
+
+def test_consumed_rows_leave_with_the_next_create_and_never_before_their_receipt(
+        runtime: Any, submit: Any, commits: CommitLog) -> None:
+    first = submit(["sh", "-c", "exit 0"])
+    runtime.wait(first)
+    row = journal_row(runtime, first.attempt_id)
+    assert row is not None and row["state"] == "pending" and row["terminal_seen_at_ms"] is not None
+    assert first.attempt_id in runtime.journal.noted()
+    commits.commits.clear()
+    second = submit(["sh", "-c", "exit 0"])
+    create = commits.writes[0]
+    assert create[-2:] == ["DELETE ql_receipt_journal", "INSERT ql_receipt_journal"]  # same commit
+    assert journal_row(runtime, first.attempt_id) is None
+    assert journal_row(runtime, second.attempt_id)["state"] == "pending"
+    assert runtime.journal.noted() == frozenset()
+    runtime.wait(second)
+
+
+def test_rows_of_other_processes_go_by_retention_only_once_their_receipt_is_missing(
+        runtime: Any, ql_env: dict[str, str], data_dir: Path, tmp_path: Path) -> None:
+    """A `ql reconcile` process consumes and exits: its note is lost, the row waits for retention."""
+    sub = runtime._create(name=None, timeout_s=None)
+    runtime.receipts.publish(valid_receipt(sub, exit_code=4))
+    assert reconcile(ql_env)["applied"] == 1
+    assert journal_row(runtime, sub.attempt_id)["terminal_seen_at_ms"] is not None
+    zero = write_config(tmp_path / "ql.toml", terminal_journal_retention_s=0.0)
+    # A receipt shows up again (a replay): the row is not purged while it exists.
+    runtime.receipts.publish(valid_receipt(sub, exit_code=4))
+    counts = reconcile(ql_env, config=zero)
+    assert (counts["already_terminal"], counts.get("journal_purged", 0)) == (1, 0)
+    assert journal_row(runtime, sub.attempt_id) is not None
+    counts = reconcile(ql_env, config=zero)
+    assert counts.get("journal_purged") == 1 and journal_row(runtime, sub.attempt_id) is None
+    assert_one_terminal(runtime, sub.run_id, "failed", 4)
+
+
+def test_a_quarantined_row_survives_success_and_retention_purges_both(
+        runtime: Any, submit: Any, triggers: Any, ql_env: dict[str, str], data_dir: Path, tmp_path: Path) -> None:
+    sub = submit(trigger_command(triggers(), 7))
+    plant(data_dir, sub.attempt_id, b"{ forged")
+    assert reconcile(ql_env)["quarantined"] == 1
+    assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.MISSING
+    runtime.receipts.publish(valid_receipt(sub, exit_code=7))
+    assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
+    other = submit(["sh", "-c", "exit 0"])  # a create commit flushes noted rows — but not this one
+    runtime.wait(other)
+    assert journal_row(runtime, sub.attempt_id)["state"] == "quarantined"
+    assert quarantine_path(data_dir, sub.attempt_id).exists()
+    counts = reconcile(ql_env, config=write_config(tmp_path / "ql.toml", quarantine_retention_s=0.0))
+    assert counts.get("quarantine_purged") == 1
+    assert journal_row(runtime, sub.attempt_id) is None
+    assert not quarantine_path(data_dir, sub.attempt_id).exists()
+    assert_one_terminal(runtime, sub.run_id, "failed", 7)
+
+
+def test_terminal_hooks_ride_in_the_terminal_commit_and_never_block_it(runtime: Any, commits: CommitLog) -> None:
+    from sqlalchemy import update
+
+    from ql_core.db.models import LogArtifact
+
+    seen: list[tuple[str, str]] = []
+
+    def record_size(session: Any, attempt: Any, status: str) -> None:
+        seen.append((attempt.id, status))
+        session.execute(update(LogArtifact).where(LogArtifact.id == attempt.log_artifact_id)
+                        .values(size_bytes=123).execution_options(synchronize_session=False))
+
+    def broken(session: Any, attempt: Any, status: str) -> None:
+        session.execute(update(LogArtifact).where(LogArtifact.id == attempt.log_artifact_id)
+                        .values(size_bytes=999).execution_options(synchronize_session=False))
+        raise RuntimeError("bookkeeping failed")
+
+    runtime.completion.add_terminal_hook(broken)
+    runtime.completion.add_terminal_hook(record_size)
+    sub = runtime._create(name=None, timeout_s=None)
+    runtime.receipts.publish(valid_receipt(sub, exit_code=0))
+    commits.commits.clear()
+    assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
+    assert len(commits.writes) == 1 and "UPDATE ql_log_artifact" in commits.writes[0]
+    assert seen == [(sub.attempt_id, "succeeded")]
+    from ql_core.db.engine import session_scope
+
+    with session_scope(runtime.engine, write=False) as session:
+        assert session.get(LogArtifact, sub.log_artifact_id).size_bytes == 123  # the broken hook rolled back
+
+
+def test_end_without_receipt_never_writes_a_second_terminal_event(runtime: Any) -> None:
+    sub = runtime._create(name=None, timeout_s=None)
+    runtime.receipts.publish(valid_receipt(sub, exit_code=2))
+    assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
+    before = runtime.events(sub.run_id)
+    # Corrupt the pair on purpose: the attempt looks active again while its run has ended.
+    set_attempt(runtime, sub.attempt_id, status="running")
+    result = runtime.completion.end_without_receipt(sub.attempt_id, status="lost", reason="TEST")
+    assert (result.outcome, result.rejection) == (CompletionOutcome.REJECTED, CompletionRejection.INCONSISTENT_STATE)
+    assert runtime.events(sub.run_id) == before
+
+
+def test_a_replayed_claim_is_already_terminal_without_any_write(runtime: Any, commits: CommitLog) -> None:
+    sub = runtime._create(name=None, timeout_s=None)
+    claim = valid_receipt(sub, exit_code=0)
+    assert runtime.completion.complete(claim).outcome is CompletionOutcome.APPLIED
+    commits.commits.clear()
+    for _ in range(3):
+        result = runtime.completion.complete(claim)
+        assert (result.outcome, result.late, result.events) == (CompletionOutcome.ALREADY_TERMINAL, False, ())
+    assert commits.writes == []
+    assert_one_terminal(runtime, sub.run_id, "succeeded", 0)
+
+
+def test_a_true_claim_after_lost_is_recorded_once_and_changes_nothing(runtime: Any) -> None:
+    sub = runtime._create(name=None, timeout_s=None)
+    runtime.completion.end_without_receipt(sub.attempt_id, status="lost", reason="TEST")
+    claim = valid_receipt(sub, exit_code=0)
+    first = runtime.completion.complete(claim)
+    assert (first.outcome, first.late) == (CompletionOutcome.ALREADY_TERMINAL, True)
+    assert [e.type for e in first.events] == ["attempt.late_callback_ignored"]
+    again = runtime.completion.complete(claim)
+    assert (again.outcome, again.late, again.events) == (CompletionOutcome.ALREADY_TERMINAL, False, ())
+    events = assert_one_terminal(runtime, sub.run_id, "lost", None)
+    assert [e["type"] for e in events].count("attempt.late_callback_ignored") == 1
+
+
+def test_a_replay_with_another_exit_code_is_not_consistent_and_is_quarantined(runtime: Any) -> None:
+    sub = runtime._create(name=None, timeout_s=None)
+    runtime.receipts.publish(valid_receipt(sub, exit_code=0))
+    assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
+    before = runtime.events(sub.run_id)
+    forged = valid_receipt(sub, exit_code=1)  # right token, right sequence, a different story
+    runtime.receipts.publish(forged)
+    result = runtime.consumer.consume(sub.attempt_id)
+    assert (result.outcome, result.reason) == (ConsumeOutcome.QUARANTINED, "inconsistent_state")
+    assert runtime.events(sub.run_id) == before
+    assert quarantine_path(runtime.config.data_dir, sub.attempt_id).exists()
+    assert_one_terminal(runtime, sub.run_id, "succeeded", 0)
