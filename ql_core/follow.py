@@ -1,33 +1,89 @@
-"""Following a log: chunks with their byte offsets, until the run ends and the file is drained.
+"""Following a log, and the best-effort wake-ups that make followers and the supervisor react early.
 
-Nothing exists while nobody follows: no thread, timer or buffer — a follower
-is a generator the caller drives. The task writes to its file, so a slow or
-stalled follower never slows it. A follower also ends runs by itself: when
-no supervisor runs, it consumes the attempt's receipt (or classifies an
-exited process) through the same reconciliation code.
+Following
+---------
+:func:`follow_log` yields :class:`LogChunk` s (byte offset + bytes) from any
+offset; with ``follow=True`` it goes on until the run is terminal and the file
+is drained. Nothing exists while nobody follows (ADR-0007 gate 8): a follower
+is a generator the caller drives — no thread, timer, buffer or open file
+between two ``next()`` calls, and none at all for a plain read. The task
+writes to its file, so a slow or stalled follower never slows it. A follower
+also ends runs by itself: when no supervisor runs, it settles the attempt
+(receipt, else process identity) through the same reconciliation code, so
+``ql logs RUN --follow`` returns when the run ends. No byte past the log's
+quota is ever yielded (see :mod:`ql_core.logs`).
+
+Wake-ups
+--------
+A :class:`WakeupSource` (registered by a plugin through
+``ql_register_wakeup_sources``; the built-in one is ``watchfiles``) tells core
+that something changed below a few paths. Core uses it in two bounded places:
+
+- :func:`start_supervisor_wakeups`: one daemon thread watching
+  ``<data_dir>/receipts`` recursively; a new receipt wakes the supervisor's
+  next round at once instead of at the end of its interval;
+- a follower that has to wait watches *its own* log file and its receipt's
+  shard directory (non-recursively) while it follows — and only then.
+
+A wake-up only makes something happen earlier. The periodic scan and the
+database index stay the truth (ADR-0007 §3.5): missed events, a missing
+plugin or a failing watcher only cost latency. Profiles with
+``file_watcher = "never"`` (edge, cluster-control) never start a watcher,
+even when the plugin is configured, unless the environment says
+``QL_FILE_WATCHER=force``; ``QL_FILE_WATCHER=off`` disables wake-ups anywhere.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
-from .logs import LOG_CHUNK_BYTES, read_log_chunk
+from .ids import UUID7_PATTERN, shard_of
+from .logs import LOG_CHUNK_BYTES, enforce_log_quota, finalize_log, log_facts, read_log_chunk
+from .paths import log_path, receipts_root
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["LogChunk", "follow_log"]
+__all__ = [
+    "LogChunk",
+    "follow_log",
+    "ChangeKind",
+    "OnChange",
+    "WakeupSource",
+    "WakeupWatch",
+    "wakeup_sources",
+    "wakeup_policy",
+    "start_supervisor_wakeups",
+    "FILE_WATCHER_ENV",
+]
 
-#: How often a follower at the end of the log looks again.
+#: How often a follower at the end of the log looks again (no wake-up source).
 FOLLOW_POLL_S = 0.1
-#: How often it checks the run's state (and tries to complete it).
+#: How often it checks the run's state (and tries to complete it), enforces the quota.
 FOLLOW_STATE_S = 0.5
+#: Debounce of the receipts watch: changes are batched for at most this long.
+RECEIPT_DEBOUNCE_MS = 200
+#: The watch's polling step: a single change is reported after one to two steps.
+WATCH_STEP_MS = 50
+#: Debounce of a follower's watch of its log (a busy log wakes it at most ~every step).
+LOG_DEBOUNCE_MS = 100
+#: Environment switch: "force" starts wake-ups even where the profile says never; "off" disables them.
+FILE_WATCHER_ENV = "QL_FILE_WATCHER"
 
 
 @dataclass(frozen=True, slots=True)
 class LogChunk:
+    """``data`` read at byte ``offset``; ``end`` is the offset to resume from.
+
+    An empty ``data`` is a heartbeat (only with ``heartbeat_s``): nothing new yet.
+    """
+
     offset: int
     data: bytes
 
@@ -36,41 +92,275 @@ class LogChunk:
         return self.offset + len(self.data)
 
 
+# -- wake-up sources ----------------------------------------------------------------
+
+ChangeKind = Literal["added", "modified", "deleted"]
+#: Called from the watcher's thread with a debounced batch of ``(kind, absolute path)``.
+OnChange = Callable[[set[tuple[str, str]]], None]
+
+
+@runtime_checkable
+class WakeupWatch(Protocol):
+    """A running watch: one daemon thread, stopped explicitly."""
+
+    @property
+    def alive(self) -> bool:
+        """True while the watch thread runs."""
+
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """Stop watching; wait at most ``timeout_s`` for the thread. True if it has ended."""
+
+
+@runtime_checkable
+class WakeupSource(Protocol):
+    """Best-effort change notifications for a few paths (never a source of truth)."""
+
+    name: str
+
+    def watch(self, paths: Sequence[Path], on_change: OnChange, *, recursive: bool,
+              debounce_ms: int, step_ms: int, thread_name: str) -> WakeupWatch:
+        """Start a daemon thread that calls ``on_change`` after changes below ``paths``.
+
+        ``recursive=False`` watches directories' direct entries (and files
+        themselves). Changes are batched: a batch ends when nothing new arrived
+        for ``step_ms`` or after ``debounce_ms``. ``on_change`` runs in the
+        watch thread; its exceptions are logged, never propagated. Raises
+        ``OSError`` (e.g. a path is missing, the inotify limit is reached) or
+        :class:`~ql_core.errors.PluginError` when the watch cannot start; if it
+        fails later, the thread logs it and ends.
+        """
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    from .log import logger
+
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message)
+
+
+def wakeup_policy(rt: Runtime) -> str:
+    """Why wake-ups are (not) available: "on", "none" (no source configured), "off", "refused"."""
+    if not rt.plugins.wakeup_sources.names():
+        return "none"
+    switch = os.environ.get(FILE_WATCHER_ENV, "").strip().lower()
+    if switch == "off":
+        return "off"
+    if rt.profile.file_watcher == "never" and switch != "force":
+        return "refused"
+    return "on"
+
+
+def wakeup_sources(rt: Runtime) -> list[WakeupSource]:
+    """The configured wake-up sources this profile allows; [] means periodic scans only."""
+    policy = wakeup_policy(rt)
+    if policy == "refused":
+        _warn_once("refused", f"wake-up sources {rt.plugins.wakeup_sources.names()} not started: profile "
+                              f"{rt.profile.name!r} has file_watcher = never (use profile standalone, or set "
+                              f"{FILE_WATCHER_ENV}=force); periodic scans only")
+    if policy != "on":
+        return []
+    sources: list[WakeupSource] = []
+    for name in rt.plugins.wakeup_sources.names():
+        try:
+            sources.append(rt.plugins.wakeup_sources.create(name, rt.context))
+        except Exception as exc:  # noqa: BLE001 - optional: degrade to periodic scans
+            _warn_once(f"create:{name}", f"wake-up source {name!r} unavailable: {exc}; periodic scans only")
+    return sources
+
+
+def _start_watch(rt: Runtime, paths: Sequence[Path], on_change: OnChange, **options: Any) -> WakeupWatch | None:
+    for source in wakeup_sources(rt):
+        try:
+            return source.watch(paths, on_change, **options)
+        except Exception as exc:  # noqa: BLE001 - best effort
+            _warn_once(f"watch:{source.name}:{options.get('thread_name')}",
+                       f"wake-up source {source.name!r} could not watch ({type(exc).__name__}: {exc}); "
+                       f"periodic scans only")
+    return None
+
+
+_RECEIPT_NAME = re.compile(rf"({UUID7_PATTERN.pattern})\.json")
+
+
+def _is_receipt(root: Path, kind: str, path: str) -> bool:
+    """A final receipt ``<root>/<xx>/<attempt_id>.json`` appeared (not a temp file, not quarantine)."""
+    if kind == "deleted":
+        return False
+    p = Path(path)
+    match = _RECEIPT_NAME.fullmatch(p.name)
+    return (match is not None and p.parent.parent == root and p.parent.name == shard_of(match.group(1)))
+
+
+def start_supervisor_wakeups(rt: Runtime, supervisor: Any) -> WakeupWatch | None:
+    """Wake ``supervisor`` (its ``wake()``) when a receipt appears; None if no source may run.
+
+    The caller owns the returned watch: ``stop()`` it before stopping the
+    supervisor. One daemon thread (plus the source's own native watcher),
+    watching only ``<data_dir>/receipts`` recursively; batches are debounced
+    (``RECEIPT_DEBOUNCE_MS``), so the supervisor is woken at most once per batch.
+    """
+    if rt.receipts is None:
+        return None
+    root = receipts_root(rt.config.data_dir)
+
+    def on_change(changes: set[tuple[str, str]]) -> None:
+        if any(_is_receipt(root, kind, path) for kind, path in changes):
+            supervisor.wake()
+
+    return _start_watch(rt, [root], on_change, recursive=True, debounce_ms=RECEIPT_DEBOUNCE_MS,
+                        step_ms=WATCH_STEP_MS, thread_name="ql-wakeup-receipts")
+
+
+class _FollowWaiter:
+    """Where a follower waits between reads: its own watch if one could start, else a plain sleep.
+
+    Created at a follower's first wait, closed when the follower ends.
+    """
+
+    def __init__(self, rt: Runtime, log_id: str, attempt_id: str) -> None:
+        self._event = threading.Event()
+        self._receipt_seen = False
+        self.watch: WakeupWatch | None = None
+        if not rt.plugins.wakeup_sources.names():
+            return  # nothing configured: not even a policy look
+        log_file = log_path(rt.config.data_dir, log_id)
+        shard_dir = receipts_root(rt.config.data_dir) / shard_of(attempt_id)
+        receipt = str(shard_dir / f"{attempt_id}.json")
+        wanted = str(log_file)
+        paths = [p for p in (log_file, shard_dir) if p.exists()]
+        if not paths:
+            return
+
+        def on_change(changes: set[tuple[str, str]]) -> None:
+            hit = False
+            for kind, path in changes:
+                if path == receipt and kind != "deleted":
+                    self._receipt_seen = hit = True
+                elif path == wanted:
+                    hit = True
+            if hit:
+                self._event.set()
+
+        self.watch = _start_watch(rt, paths, on_change, recursive=False, debounce_ms=LOG_DEBOUNCE_MS,
+                                  step_ms=WATCH_STEP_MS, thread_name=f"ql-follow-{log_id[-12:]}")
+
+    @property
+    def watched(self) -> bool:
+        return self.watch is not None and self.watch.alive
+
+    def take_receipt(self) -> bool:
+        """Did the attempt's receipt appear since the last call?"""
+        seen, self._receipt_seen = self._receipt_seen, False
+        return seen
+
+    def wait(self, timeout_s: float) -> None:
+        if timeout_s > 0:
+            self._event.wait(timeout_s)
+        self._event.clear()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+            self.watch = None
+
+
+# -- following ------------------------------------------------------------------------
+
+
 def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = False,
-               chunk_bytes: int = LOG_CHUNK_BYTES, poll_s: float = FOLLOW_POLL_S) -> Iterator[LogChunk]:
-    """Yield the log of ``run_id`` from ``offset``; with ``follow``, until the run is terminal and drained."""
+               chunk_bytes: int = LOG_CHUNK_BYTES, poll_s: float = FOLLOW_POLL_S,
+               heartbeat_s: float | None = None) -> Iterator[LogChunk]:
+    """Yield the log of ``run_id`` from byte ``offset``; with ``follow``, until the run is terminal and drained.
+
+    - Chunks are contiguous: each starts at the previous one's ``end``; resume
+      a broken stream with ``offset=last.end`` and nothing is lost or repeated.
+    - An offset past the current end waits (``follow``) or yields nothing.
+    - Never yields a byte at or past the log's quota (``log_max_bytes``).
+    - With ``heartbeat_s``, an empty chunk is yielded after that long without
+      data (lets a web host send keep-alives and notice a gone client).
+    - While following a run that has not ended, it settles the attempt every
+      ``FOLLOW_STATE_S`` (receipt, else identity — as a supervisor round would)
+      and enforces the quota; when it sees the end it finalizes the log.
+    A deleted log (retention) yields nothing. Raises ``NotFoundError`` for an
+    unknown run (at the first ``next()``).
+    """
+    if offset < 0:
+        raise ValueError("offset must be >= 0")
     view = rt.status(run_id)
-    if view.log_artifact_id is None:
+    if view.log_artifact_id is None or not view.attempts:
         return
     log_id = view.log_artifact_id
-    next_state_look = 0.0
+    attempt_id = view.attempts[-1]["attempt_id"]
+    facts = log_facts(rt, log_id)
+    if facts is not None and facts.deleted:
+        return
+    max_bytes = facts.max_bytes if facts is not None else None
+    data_dir = rt.config.data_dir
     terminal = view.terminal
-    while True:
-        data = read_log_chunk(rt.config.data_dir, log_id, offset, chunk_bytes)
-        if data:
-            yield LogChunk(offset, data)
-            offset += len(data)
-            continue
-        if not follow or terminal:
-            return
-        if time.monotonic() >= next_state_look:
-            next_state_look = time.monotonic() + FOLLOW_STATE_S
-            terminal = _settle(rt, run_id)
-            if terminal:
-                continue  # drain what was written before the end
-        wake = getattr(rt, "log_wakeup", None)
-        if wake is not None:
-            wake(log_id, poll_s)
-        else:
-            time.sleep(poll_s)
+    next_state_look = 0.0
+    last_yield = time.monotonic()
+    waiter: _FollowWaiter | None = None
+    try:
+        while True:
+            data = read_log_chunk(data_dir, log_id, offset, chunk_bytes, max_bytes=max_bytes)
+            if data:
+                yield LogChunk(offset, data)
+                offset += len(data)
+                last_yield = time.monotonic()
+                continue
+            if not follow or terminal:
+                return
+            now = time.monotonic()
+            receipt_seen = waiter is not None and waiter.take_receipt()
+            if receipt_seen or now >= next_state_look:
+                next_state_look = now + FOLLOW_STATE_S
+                terminal = _settle(rt, run_id, attempt_id)
+                if terminal:
+                    _quietly(finalize_log, rt, log_id)
+                    continue  # drain what was written before the end
+                if facts is not None and _quietly(enforce_log_quota, rt, facts):
+                    facts = replace(facts, truncated=True)
+            if heartbeat_s is not None and now - last_yield >= heartbeat_s:
+                yield LogChunk(offset, b"")
+                last_yield = time.monotonic()
+                continue
+            if waiter is None:
+                waiter = _FollowWaiter(rt, log_id, attempt_id)
+            timeout = next_state_look - now
+            if not waiter.watched:
+                timeout = min(timeout, poll_s)
+            if heartbeat_s is not None:
+                timeout = min(timeout, heartbeat_s - (now - last_yield))
+            waiter.wait(timeout)
+    finally:
+        if waiter is not None:
+            waiter.close()
 
 
-def _settle(rt: Runtime, run_id: str) -> bool:
+def _settle(rt: Runtime, run_id: str, attempt_id: str) -> bool:
     """Is the run over? If not, try to end it from its receipt or its exited process."""
     view = rt.status(run_id)
     if view.terminal:
         return True
-    if rt.consumer is not None and view.attempts:
-        rt.recover_attempt(view.attempts[-1]["attempt_id"])
+    if rt.consumer is not None:
+        rt.recover_attempt(attempt_id)
         return rt.status(run_id).terminal
     return False
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
+    """Log maintenance done by a follower never breaks the follow (the next round retries)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        from .log import logger
+
+        logger.warning("follower: {} failed: {}", getattr(fn, "__name__", "?"), type(exc).__name__)
+        return None

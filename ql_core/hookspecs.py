@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
+    from .follow import WakeupSource
     from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RegisterExecutor",
     "RegisterReceiptStore",
     "RegisterJournalBackend",
+    "RegisterWakeupSource",
 ]
 
 PROJECT_NAME = "ql"
@@ -42,6 +44,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 RegisterExecutor = Callable[[str, "Callable[[RuntimeContext], Executor]"], None]
 RegisterReceiptStore = Callable[[str, "Callable[[RuntimeContext], ReceiptStore]"], None]
 RegisterJournalBackend = Callable[[str, "Callable[[RuntimeContext], JournalBackend]"], None]
+RegisterWakeupSource = Callable[[str, "Callable[[RuntimeContext], WakeupSource]"], None]
 
 
 class QlHookSpecs:
@@ -71,6 +74,24 @@ class QlHookSpecs:
         A journal backend records which attempts may have a pending receipt
         (ADR-0007 §2.5); ``edge-sqlite`` keeps it in the run database so that it is
         written in the same transaction as the run. Returns nothing.
+        """
+
+    @hookspec
+    def ql_register_wakeup_sources(self, register: RegisterWakeupSource) -> None:
+        """Called once when the plugin host starts; register best-effort wake-up sources.
+
+        ``register(name, factory)``; the factory returns a
+        :class:`~ql_core.follow.WakeupSource`, which watches a few paths and calls
+        back (from its own daemon thread) when something below them changed. Core
+        uses it to wake the supervisor when a receipt appears under
+        ``<data_dir>/receipts`` and to wake a log follower when its log grows. A
+        wake-up only makes something happen *earlier*: the periodic scan and the
+        database index stay the source of truth (ADR-0007 §3.5), so a source that
+        is missing, refused by the profile (``file_watcher = "never"``) or failing
+        only makes ql slower. The factory may raise
+        :class:`~ql_core.errors.PluginError` (e.g. an optional dependency is not
+        installed); core logs it once and carries on without wake-ups. The
+        built-in ``watchfiles`` plugin registers ``watchfiles``. Returns nothing.
         """
 
     @hookspec

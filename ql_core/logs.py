@@ -3,20 +3,77 @@
 The task's stdout and stderr *are* the artifact's ``O_APPEND`` descriptor, so
 the host holds no pipe: a host restart cannot cut the log, and a slow reader
 can never slow the task. Reading is on demand from a byte offset.
+
+Quota (``log_max_bytes``, per attempt; see ``docs/logs.md``)
+-----------------------------------------------------------
+Nothing sits between the task and its file, so the quota is enforced *after
+the fact*, by whoever looks at the log: a supervisor round (through
+:class:`LogKeeper`), a follower (every state look), and the end of the run
+(:func:`finalize_log`). Enforcing means ``ftruncate(fd, quota)`` when the file
+is longer. Because every write of the task goes through an ``O_APPEND``
+descriptor, it lands at the *current* end of the file: bytes ``[0, quota)``
+are written once and never touched again, and whatever the task writes after
+a cut lands at ``quota`` and is cut again next time. Readers never read past
+``quota``. The precise guarantee:
+
+- every reader, at any time, sees a prefix of the first ``quota`` bytes the
+  task wrote — never a byte that will later be cut;
+- on disk, the file holds at most ``quota`` + what the task wrote since the
+  last enforcement of *this* log;
+- once the run is terminal and :func:`finalize_log` ran (the fast path, a
+  follower at the end, or the next round), the file holds exactly
+  ``min(total written, quota)`` bytes — the first ones. The first cut sets
+  ``truncated`` and appends one ``log.truncated`` event at once; the final
+  ``size_bytes`` is recorded by the next retention pass (batched, so a task's
+  life gains no commit unless its log overflowed).
+
+The task is never blocked, signalled or slowed, and other files it writes are
+not limited (which is why ``RLIMIT_FSIZE`` is not used).
+
+Retention (:func:`enforce_log_retention`) deletes logs of *terminal* attempts
+of this node by age (``log_retention_s``) and by total size
+(``log_total_max_bytes``), a bounded number per call; the log of an active or
+blocked attempt is never deleted.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import UnsafePathError
-from .paths import FILE_MODE, ensure_private_dir, log_path, logs_root
+from .paths import FILE_MODE, ensure_private_dir, log_path, log_relative_path, logs_root
 
-__all__ = ["open_log_artifact", "read_log_chunk", "LOG_CHUNK_BYTES"]
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = [
+    "LOG_CHUNK_BYTES",
+    "QUOTA_REASON",
+    "LogFacts",
+    "LogKeeper",
+    "open_log_artifact",
+    "read_log_chunk",
+    "log_size",
+    "log_facts",
+    "enforce_log_quota",
+    "enforce_log_quotas",
+    "finalize_log",
+    "Finalized",
+    "enforce_log_retention",
+]
 
 #: Largest chunk one read returns (bounded memory per follower).
 LOG_CHUNK_BYTES = 64 * 1024
+#: ``reason`` of the ``log.truncated`` event.
+QUOTA_REASON = "LOG_MAX_BYTES"
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
@@ -27,20 +84,434 @@ def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
     try:
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: a symlink sits where the log belongs
+        if exc.errno == errno.ELOOP:  # a symlink sits where the log belongs
             raise UnsafePathError(f"log artifact {log_artifact_id} is a symlink; refusing to follow it") from None
         raise
 
 
+class _LogDir:
+    """The log's shard directory, opened component by component without following symlinks.
+
+    Every later operation is relative to this descriptor (``dir_fd``), so a
+    symlink planted as ``logs`` or ``logs/<xx>`` can never redirect a read, a
+    truncation or an unlink outside the data dir. ``fd`` is None when a
+    component does not exist.
+    """
+
+    def __init__(self, data_dir: Path, log_artifact_id: str) -> None:
+        shard, self.name = log_relative_path(log_artifact_id).split("/")
+        self.fd: int | None = None
+        root = -1
+        try:
+            root = os.open(logs_root(data_dir), _DIR_FLAGS)
+            self.fd = os.open(shard, _DIR_FLAGS, dir_fd=root)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafePathError(f"the log directory of {log_artifact_id} is not a real directory "
+                                      f"(symlink?); refusing to use it") from None
+            raise
+        finally:
+            if root >= 0:
+                os.close(root)
+
+    def open(self, flags: int) -> int | None:
+        """Open the log file itself (``O_NOFOLLOW``); None if it does not exist."""
+        if self.fd is None:
+            return None
+        try:
+            return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePathError(f"log artifact {self.name} is a symlink; refusing to follow it") from None
+            raise
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> _LogDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def read_log_chunk(data_dir: Path, log_artifact_id: str, offset: int,
-                   limit: int = LOG_CHUNK_BYTES) -> bytes:
-    """Up to ``limit`` bytes of the log from ``offset`` (b"" at the end or if it does not exist)."""
-    path = log_path(data_dir, log_artifact_id)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+                   limit: int = LOG_CHUNK_BYTES, *, max_bytes: int | None = None) -> bytes:
+    """Up to ``limit`` bytes of the log from ``offset`` (b"" at the end or if it does not exist).
+
+    With ``max_bytes`` (the artifact's quota) nothing at or past that offset is
+    returned: bytes beyond the quota are about to be cut and no reader sees them.
+    """
+    if offset < 0:
+        raise ValueError("offset must be >= 0")
+    if max_bytes is not None:
+        limit = min(limit, max_bytes - offset)
+    if limit <= 0:
         return b""
-    try:
-        return os.pread(fd, limit, offset)
-    finally:
-        os.close(fd)
+    with _LogDir(data_dir, log_artifact_id) as d:
+        fd = d.open(os.O_RDONLY)
+        if fd is None:
+            return b""
+        try:
+            return os.pread(fd, limit, offset)
+        finally:
+            os.close(fd)
+
+
+def log_size(data_dir: Path, log_artifact_id: str) -> int | None:
+    """Current size of the log file on disk (None if it does not exist)."""
+    with _LogDir(data_dir, log_artifact_id) as d:
+        fd = d.open(os.O_RDONLY)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+
+def _cut_to(data_dir: Path, log_artifact_id: str, max_bytes: int) -> tuple[int | None, bool]:
+    """``ftruncate`` the log to ``max_bytes`` if it is longer: (size seen before, was it cut)."""
+    with _LogDir(data_dir, log_artifact_id) as d:
+        fd = d.open(os.O_WRONLY)
+        if fd is None:
+            return None, False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePathError(f"log artifact {log_artifact_id} is not a regular file")
+            if st.st_size <= max_bytes:
+                return st.st_size, False
+            # The task's appends land at the new end (O_APPEND): [0, max_bytes) is never rewritten.
+            os.ftruncate(fd, max_bytes)
+            return st.st_size, True
+        finally:
+            os.close(fd)
+
+
+def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
+    """Remove the log file (never following a symlink); True if it is gone now."""
+    with _LogDir(data_dir, log_artifact_id) as d:
+        if d.fd is None:
+            return True
+        try:
+            st = os.stat(d.name, dir_fd=d.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        if stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(f"log artifact {log_artifact_id} is a directory; not removing it")
+        try:
+            os.unlink(d.name, dir_fd=d.fd)  # a symlink itself is removed, its target never
+        except FileNotFoundError:
+            pass
+        return True
+
+
+# -- facts from the database ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    """What the database knows about one log artifact."""
+
+    id: str
+    run_id: str
+    attempt_id: str
+    max_bytes: int
+    size_bytes: int | None
+    truncated: bool
+    created_at_ms: int
+    deleted_at_ms: int | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at_ms is not None
+
+
+def _facts(row: Any) -> LogFacts:
+    return LogFacts(id=row.id, run_id=row.run_id, attempt_id=row.attempt_id, max_bytes=row.max_bytes,
+                    size_bytes=row.size_bytes, truncated=bool(row.truncated), created_at_ms=row.created_at_ms,
+                    deleted_at_ms=row.deleted_at_ms)
+
+
+def log_facts(rt: Runtime, log_artifact_id: str) -> LogFacts | None:
+    """The artifact's row (quota, recorded size, truncation, deletion), or None."""
+    from .db.engine import session_scope
+    from .db.models import LogArtifact
+
+    with session_scope(rt.engine, write=False) as session:
+        row = session.get(LogArtifact, log_artifact_id)
+        return _facts(row) if row is not None else None
+
+
+def _record_truncation(rt: Runtime, facts: LogFacts) -> bool:
+    """Set ``truncated`` once and append one ``log.truncated`` event; True if this call did it."""
+    from sqlalchemy import update
+
+    from .clock import now_ms
+    from .db.models import LogArtifact
+    from .transitions import EventSpec, change_run, load_run, with_retries
+
+    def work(session: Any) -> list[Any]:
+        changed = session.execute(
+            update(LogArtifact).where(LogArtifact.id == facts.id, LogArtifact.truncated == False)  # noqa: E712
+            .values(truncated=True).execution_options(synchronize_session=False)).rowcount
+        if changed != 1:
+            return []
+        run = load_run(session, facts.run_id)
+        if run is None:
+            return []
+        return change_run(session, run, {}, [EventSpec("log.truncated", attempt_id=facts.attempt_id,
+                                                       reason=QUOTA_REASON)], now_ms())
+
+    events = with_retries(rt.engine, work, retries=rt.profile.completion_retries)
+    for event in events:
+        rt.plugins.notify_event(event)
+    return bool(events)
+
+
+def enforce_log_quota(rt: Runtime, facts: LogFacts) -> bool:
+    """Cut this log back to its quota if it is longer; record the first cut. True if it was cut."""
+    if facts.deleted:
+        return False
+    _size, cut = _cut_to(rt.config.data_dir, facts.id, facts.max_bytes)
+    if cut and not facts.truncated:
+        _record_truncation(rt, facts)
+    return cut
+
+
+@dataclass(frozen=True, slots=True)
+class Finalized:
+    """What :func:`finalize_log` did: ``outcome`` and the final size (when it looked at the file)."""
+
+    outcome: str
+    facts: LogFacts | None = None
+    size_bytes: int | None = None
+
+
+def _finalize(rt: Runtime, log_artifact_id: str) -> Finalized:
+    """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
+    from .db.engine import session_scope
+    from .db.models import LogArtifact, RunAttempt
+    from .states import ATTEMPT_FINAL
+
+    with session_scope(rt.engine, write=False) as session:
+        row = session.get(LogArtifact, log_artifact_id)
+        if row is None or row.deleted_at_ms is not None:
+            return Finalized("missing")
+        facts = _facts(row)
+        attempt = session.get(RunAttempt, facts.attempt_id)
+        if attempt is None:
+            return Finalized("missing")
+        if attempt.runtime_owner != rt.node_id:
+            return Finalized("foreign")  # another node's file: not ours to touch
+        if attempt.status not in ATTEMPT_FINAL:
+            return Finalized("active")
+    size, cut = _cut_to(rt.config.data_dir, facts.id, facts.max_bytes)
+    if cut and not facts.truncated:
+        _record_truncation(rt, facts)
+    return Finalized("truncated" if cut else "finalized", facts, min(size or 0, facts.max_bytes))
+
+
+def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = False) -> str:
+    """After the attempt ended: cut the log to its quota (the first cut is recorded at once).
+
+    ``size_bytes`` is written only with ``record_size``; otherwise the next
+    retention pass records it, batched — so the fast path adds no commit to a
+    task's life unless the log actually overflowed. Idempotent. Returns
+    ``"truncated"`` (it was cut now), ``"finalized"``, ``"active"`` (the attempt
+    has not ended: nothing done), ``"foreign"`` (another node's) or ``"missing"``.
+    """
+    done = _finalize(rt, log_artifact_id)
+    if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
+        _record_sizes(rt, {done.facts.id: done.size_bytes or 0})
+    return done.outcome
+
+
+def _record_sizes(rt: Runtime, sizes: dict[str, int]) -> None:
+    """One transaction for many logs' final sizes."""
+    from sqlalchemy import update
+
+    from .db.engine import session_scope
+    from .db.models import LogArtifact
+
+    if not sizes:
+        return
+    with session_scope(rt.engine) as session:
+        for log_id, size in sizes.items():
+            session.execute(update(LogArtifact).where(LogArtifact.id == log_id)
+                            .values(size_bytes=size).execution_options(synchronize_session=False))
+
+
+# -- bounded maintenance passes (a supervisor round calls these) ---------------------------
+
+
+def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Counter[str], str]:
+    """Check up to ``limit`` logs of this node's running (or blocked) attempts, from ``cursor``.
+
+    Returns the counts (``log_quota_checked``, ``log_truncated``) and the next
+    cursor ("" once the pass wrapped around).
+    """
+    from sqlmodel import col, select
+
+    from .db.engine import session_scope
+    from .db.models import LogArtifact, RunAttempt
+    from .states import RECOVERABLE_ATTEMPT
+
+    counts: Counter[str] = Counter()
+    with session_scope(rt.engine, write=False) as session:
+        rows = [_facts(r) for r in session.exec(
+            select(LogArtifact).join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            .where(col(RunAttempt.runtime_owner) == rt.node_id,
+                   col(RunAttempt.status).in_(sorted(RECOVERABLE_ATTEMPT)),
+                   col(LogArtifact.deleted_at_ms).is_(None), col(LogArtifact.id) > cursor)
+            .order_by(col(LogArtifact.id)).limit(limit))]
+    for facts in rows:
+        counts["log_quota_checked"] += 1
+        try:
+            if enforce_log_quota(rt, facts):
+                counts["log_truncated"] += 1
+        except (OSError, UnsafePathError) as exc:
+            counts["log_errors"] += 1
+            _warn(f"log quota of {facts.id} not enforced this round: {type(exc).__name__}")
+    next_cursor = rows[-1].id if len(rows) == limit else ""
+    return counts, next_cursor
+
+
+def _terminal_logs(rt: Runtime, where: list[Any], order: list[Any], limit: int) -> list[LogFacts]:
+    from sqlmodel import col, select
+
+    from .db.engine import session_scope
+    from .db.models import LogArtifact, RunAttempt
+    from .states import ATTEMPT_FINAL
+
+    with session_scope(rt.engine, write=False) as session:
+        return [_facts(r) for r in session.exec(
+            select(LogArtifact).join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            .where(col(RunAttempt.runtime_owner) == rt.node_id, col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)),
+                   col(LogArtifact.deleted_at_ms).is_(None), *where)
+            .order_by(*order).limit(limit))]
+
+
+def _delete(rt: Runtime, facts: LogFacts, now: int) -> None:
+    """Unlink first, then record: a crash in between leaves a row whose file is already gone."""
+    from sqlalchemy import update
+
+    from .db.engine import session_scope
+    from .db.models import LogArtifact
+
+    _unlink(rt.config.data_dir, facts.id)
+    with session_scope(rt.engine) as session:
+        session.execute(update(LogArtifact).where(LogArtifact.id == facts.id)
+                        .values(deleted_at_ms=now, size_bytes=facts.size_bytes if facts.size_bytes is not None
+                                else 0).execution_options(synchronize_session=False))
+
+
+def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
+    """One bounded retention pass over this node's logs of *terminal* attempts.
+
+    Three steps, each touching at most ``limit`` logs, oldest first:
+    1. finalize logs of ended attempts not finalized yet (cut to quota, record size);
+    2. delete logs older than ``log_retention_s``;
+    3. while the recorded total (``SUM(size_bytes)`` of undeleted, finalized
+       logs) exceeds ``log_total_max_bytes``, delete the oldest.
+    Logs of running, starting or blocked attempts are never deleted (and not
+    counted in the total: each is bounded by its own quota). Returns counts:
+    ``log_finalized``, ``log_truncated``, ``log_expired``, ``log_evicted``,
+    ``log_errors``.
+    """
+    from sqlalchemy import func
+    from sqlmodel import col, select
+
+    from .clock import now_ms
+    from .db.engine import session_scope
+    from .db.models import LogArtifact, RunAttempt
+    from .states import ATTEMPT_FINAL
+
+    counts: Counter[str] = Counter()
+    if limit <= 0:
+        return counts
+    oldest = [col(LogArtifact.created_at_ms), col(LogArtifact.id)]
+
+    # 1. finalize: cut each to its quota, then record all their sizes in one transaction
+    sizes: dict[str, int] = {}
+    for facts in _terminal_logs(rt, [col(LogArtifact.size_bytes).is_(None)], oldest, limit):
+        try:
+            done = _finalize(rt, facts.id)
+        except (OSError, UnsafePathError) as exc:
+            counts["log_errors"] += 1
+            _warn(f"log {facts.id} not finalized this round: {type(exc).__name__}")
+            continue
+        if done.size_bytes is not None:
+            sizes[facts.id] = done.size_bytes
+        counts["log_finalized"] += done.outcome in ("finalized", "truncated")
+        counts["log_truncated"] += done.outcome == "truncated"
+    _record_sizes(rt, sizes)
+
+    # 2. age
+    now = now_ms()
+    cutoff = now - int(rt.profile.log_retention_s * 1000)
+    for facts in _terminal_logs(rt, [col(LogArtifact.created_at_ms) < cutoff], oldest, limit):
+        try:
+            _delete(rt, facts, now)
+            counts["log_expired"] += 1
+        except (OSError, UnsafePathError) as exc:
+            counts["log_errors"] += 1
+            _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
+
+    # 3. total size
+    with session_scope(rt.engine, write=False) as session:
+        total = session.exec(
+            select(func.coalesce(func.sum(LogArtifact.size_bytes), 0))
+            .join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            .where(col(RunAttempt.runtime_owner) == rt.node_id, col(LogArtifact.deleted_at_ms).is_(None),
+                   col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)))).one()
+    excess = int(total) - rt.profile.log_total_max_bytes
+    if excess > 0:
+        for facts in _terminal_logs(rt, [col(LogArtifact.size_bytes).is_not(None)], oldest, limit):
+            if excess <= 0:
+                break
+            try:
+                _delete(rt, facts, now)
+            except (OSError, UnsafePathError) as exc:
+                counts["log_errors"] += 1
+                _warn(f"log {facts.id} not evicted this round: {type(exc).__name__}")
+                continue
+            counts["log_evicted"] += 1
+            excess -= facts.size_bytes or 0
+    return counts
+
+
+class LogKeeper:
+    """Log quota and retention for a periodic round; holds the quota pass's cursor.
+
+    Wiring (in the reconciler's round, after the receipts)::
+
+        counts = self.log_keeper.round(limit)     # limit = page_size * pages_per_round
+        report.counts.update(counts)
+
+    ``round`` never raises for a database or file-system problem of one log; it
+    counts it (``log_errors``) and the next round retries.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.cursor = ""
+
+    def round(self, limit: int) -> Counter[str]:
+        counts, self.cursor = enforce_log_quotas(self.rt, limit, cursor=self.cursor)
+        counts.update(enforce_log_retention(self.rt, limit))
+        return counts
+
+
+def _warn(message: str) -> None:
+    from .log import logger
+
+    logger.warning(message)
+

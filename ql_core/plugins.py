@@ -20,6 +20,7 @@ from .errors import PluginError
 from .hookspecs import PROJECT_NAME, QlHookSpecs
 
 if TYPE_CHECKING:
+    from .follow import WakeupSource
     from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
 
 __all__ = [
@@ -116,6 +117,7 @@ class PluginHost:
     executors: Registry[Executor] = field(default_factory=lambda: Registry("executor"))
     receipt_stores: Registry[ReceiptStore] = field(default_factory=lambda: Registry("receipt store"))
     journal_backends: Registry[JournalBackend] = field(default_factory=lambda: Registry("journal backend"))
+    wakeup_sources: Registry[WakeupSource] = field(default_factory=lambda: Registry("wake-up source"))
 
     def _collect(self) -> None:
         """Run each registration hook plugin by plugin, so duplicates name their owner."""
@@ -126,6 +128,7 @@ class PluginHost:
                 (self.executors, "ql_register_executors"),
                 (self.receipt_stores, "ql_register_receipt_stores"),
                 (self.journal_backends, "ql_register_journal_backends"),
+                (self.wakeup_sources, "ql_register_wakeup_sources"),
             ):
                 registry._current_plugin = name
                 caller = self.pm.subset_hook_caller(hook_name, remove_plugins=[

@@ -152,8 +152,11 @@ class Runtime:
     # -- submit: persist before spawn ----------------------------------------------
     def submit(self, command: Sequence[str], *, shell: bool = False, name: str | None = None,
                timeout_s: float | None = None, cwd: str | None = None,
-               env: dict[str, str] | None = None) -> Submission:
-        """Persist the run, then spawn it. Nothing is spawned unless the create commit succeeded."""
+               env: dict[str, str] | None = None, log_max_bytes: int | None = None) -> Submission:
+        """Persist the run, then spawn it. Nothing is spawned unless the create commit succeeded.
+
+        ``log_max_bytes`` overrides the profile's per-attempt log quota for this run.
+        """
         executor = self._require_executor()
         if not command or (shell and len(command) != 1):
             raise UsageError("give a command: `ql run -- CMD [ARG...]` (with --shell: exactly one string)")
@@ -161,10 +164,18 @@ class Runtime:
             raise UsageError("a command argument or environment value contains a NUL byte; remove it")
         if timeout_s is not None and not (0 < timeout_s <= 366 * 24 * 3600):
             raise UsageError("--timeout must be a positive number of seconds (at most a year)")
-        sub = self._create(name=name, timeout_s=timeout_s)
+        if log_max_bytes is not None:
+            from .profiles import LIMIT_RANGES
+
+            _kind, low, high = LIMIT_RANGES["log_max_bytes"]
+            if (isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int)
+                    or not low <= log_max_bytes <= high):
+                raise UsageError(f"log_max_bytes must be an integer between {low:g} and {high:g}")
+        sub = self._create(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
         return self._spawn(executor, sub, tuple(command), shell=shell, cwd=cwd, env=env)
 
-    def _create(self, *, name: str | None, timeout_s: float | None) -> Submission:
+    def _create(self, *, name: str | None, timeout_s: float | None,
+                log_max_bytes: int | None = None) -> Submission:
         from sqlalchemy.exc import SQLAlchemyError
 
         from .completion import hash_token
@@ -185,8 +196,8 @@ class Runtime:
                                    callback_token_hash=hash_token(token), callback_sequence=0,
                                    deadline_at_ms=deadline, created_at_ms=now))
             session.add(LogArtifact(id=log_id, run_id=run_id, attempt_id=attempt_id,
-                                    relative_path=log_relative_path(log_id), max_bytes=self.profile.log_max_bytes,
-                                    created_at_ms=now))
+                                    relative_path=log_relative_path(log_id),
+                                    max_bytes=log_max_bytes or self.profile.log_max_bytes, created_at_ms=now))
             session.add(RunEvent(run_id=run_id, seq=1, type="run.created", attempt_id=attempt_id, at_ms=now))
             self.journal.register(session, run_id=run_id, attempt_id=attempt_id,
                                   receipt_ref=self.receipts.relative_ref(attempt_id), now_ms=now)
@@ -314,6 +325,7 @@ class Runtime:
         if on_tick is not None:
             on_tick()
         self.complete_from_wait(sub, returncode)
+        self._finalize_log(sub.log_artifact_id)
         return self.status(sub.run_id)
 
     def _has_intent(self, run_id: str) -> bool:
@@ -340,10 +352,9 @@ class Runtime:
                               finished_at_ms=max(now_ms_ceil(), sub.started_at_ms), exit_code=exit_code & 0xFF)
         result = self.completion.complete(observation, executor_type=EXECUTOR_TYPE)
         if consumed.outcome is ConsumeOutcome.MISSING:
-            from .db.engine import session_scope
-
-            with session_scope(self.engine) as session:
-                self.journal.resolve(session, sub.attempt_id)
+            # No receipt will ever come (the launcher is gone): the row rides out with the next create
+            # commit or retention — no extra commit here.
+            self.journal.note_consumed(sub.attempt_id)
         return result
 
     # -- queries --------------------------------------------------------------------
@@ -424,6 +435,24 @@ class Runtime:
         from .supervisor import Supervisor
 
         return Supervisor(self, interval_s=interval_s)
+
+    # -- logs and wake-ups (issue 7; see ql_core.follow / ql_core.logs) ----------------------
+    def start_wakeups(self, supervisor: Any) -> Any:
+        """Start the configured wake-up source for ``supervisor`` (a new receipt wakes its round).
+
+        Returns the running watch (call its ``stop()`` before stopping the
+        supervisor), or None when no source is configured or the profile refuses one.
+        """
+        from .follow import start_supervisor_wakeups
+
+        return start_supervisor_wakeups(self, supervisor)
+
+    def _finalize_log(self, log_artifact_id: str) -> None:
+        """After the fast path's terminal commit: cut the log to its quota, record its size (best effort)."""
+        from .follow import _quietly
+        from .logs import finalize_log
+
+        _quietly(finalize_log, self, log_artifact_id)
 
     def log_path(self, run_id: str) -> Path:
         view = self.status(run_id)

@@ -36,6 +36,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not command:
         raise UsageError("nothing to run: ql run [options] -- CMD [ARG...]")
     rt = runtime_from_args(args)
+    interrupts = {"n": 0, "cancelled": False}
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        interrupts["n"] += 1
+
+    # Installed before submit: a Ctrl-C while the task starts must cancel it, not orphan it.
+    previous = signal.signal(signal.SIGINT, on_sigint) if not args.detach else None
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd)
     if args.detach:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"},
@@ -43,13 +50,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     if out.json_mode:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"})
-
-    interrupts = {"n": 0, "cancelled": False}
-
-    def on_sigint(_signum: int, _frame: object) -> None:
-        interrupts["n"] += 1
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
     streamer = _LogStreamer(rt, sub.log_artifact_id) if not out.json_mode else None
 
     def on_tick() -> None:
@@ -81,22 +81,29 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 class _LogStreamer:
-    """Copies new bytes of the task's log to our stdout; never blocks the task (it writes a file)."""
+    """Copies new bytes of the task's log to our stdout; never blocks the task (it writes a file).
+
+    Reads stop at the artifact's quota: bytes past it are about to be cut, so nobody sees them.
+    """
 
     def __init__(self, rt: object, log_artifact_id: str) -> None:
-        self._rt = rt
+        from ql_core.logs import log_facts
+
+        self._data_dir = rt.config.data_dir  # type: ignore[attr-defined]
         self._log_id = log_artifact_id
+        facts = log_facts(rt, log_artifact_id)  # type: ignore[arg-type]
+        self._max_bytes = facts.max_bytes if facts is not None else None
         self._offset = 0
 
     def pump(self, *, drain: bool = False) -> None:
-        from ql_core.logs import read_log_chunk
+        from ql_core.logs import LOG_CHUNK_BYTES, read_log_chunk
 
         while True:
-            chunk = read_log_chunk(self._rt.config.data_dir, self._log_id, self._offset)  # type: ignore[attr-defined]
+            chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
             if not chunk:
                 return
             self._offset += len(chunk)
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
-            if not drain and len(chunk) < 65536:
+            if not drain and len(chunk) < LOG_CHUNK_BYTES:
                 return

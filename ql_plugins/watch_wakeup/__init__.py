@@ -1,0 +1,1 @@
+"""watchfiles: best-effort early wake-ups from file-system events (optional extra ``ql[watch]``)."""

@@ -1,0 +1,131 @@
+"""Log retention by age and total size: bounded per call, never an active attempt's log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from logs_support import PY
+
+from tests.conftest import run_ql
+
+
+def backdate(rt, run_ids: list[str], ms: int) -> None:
+    from sqlalchemy import text
+
+    with rt.engine.begin() as conn:
+        for run_id in run_ids:
+            conn.execute(text("UPDATE ql_log_artifact SET created_at_ms = created_at_ms - :ms WHERE run_id = :r"),
+                         {"ms": ms, "r": run_id})
+
+
+def finished(rt, argv: list[str]) -> str:
+    sub = rt.submit(argv)
+    rt.wait(sub)
+    return sub.run_id
+
+
+def facts_of(rt, run_id: str):
+    from ql_core.logs import log_facts
+
+    return log_facts(rt, rt.status(run_id).log_artifact_id)
+
+
+def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_runtime) -> None:
+    from sqlalchemy import text
+
+    from ql_core.logs import enforce_log_retention
+
+    rt = make_runtime(limits={"log_retention_s": 3600})
+    ended = [finished(rt, ["sh", "-c", f"echo run {i}"]) for i in range(3)]
+    blocked = finished(rt, ["sh", "-c", "echo blocked"])
+    with rt.engine.begin() as conn:  # as if its identity had become unverifiable
+        conn.execute(text("UPDATE ql_run_attempt SET status = 'blocked' WHERE run_id = :r"), {"r": blocked})
+    active = rt.submit(["sh", "-c", "echo active; sleep 30"])
+    fresh = finished(rt, ["sh", "-c", "echo fresh"])
+    try:
+        backdate(rt, ended + [blocked, active.run_id], 2 * 3600 * 1000)
+        counts = enforce_log_retention(rt, 16)
+        assert counts["log_expired"] == 3, counts
+        for run_id in ended:
+            assert not rt.log_path(run_id).exists()
+            facts = facts_of(rt, run_id)
+            assert facts.deleted and facts.size_bytes == len("run 0\n")
+        for run_id in (blocked, active.run_id, fresh):
+            assert rt.log_path(run_id).exists() and not facts_of(rt, run_id).deleted
+        assert enforce_log_retention(rt, 16)["log_expired"] == 0  # idempotent
+    finally:
+        rt.cancel(active.run_id)
+        rt.wait(active)
+
+
+def test_each_call_deletes_at_most_limit_logs(make_runtime) -> None:
+    from ql_core.logs import enforce_log_retention
+
+    rt = make_runtime(limits={"log_retention_s": 3600})
+    runs = [finished(rt, ["true"]) for _ in range(5)]
+    backdate(rt, runs, 2 * 3600 * 1000)
+    assert [enforce_log_retention(rt, 2)["log_expired"] for _ in range(4)] == [2, 2, 1, 0]
+
+
+def test_the_total_size_cap_evicts_the_oldest_first(make_runtime) -> None:
+    from ql_core.logs import enforce_log_retention
+
+    rt = make_runtime(limits={"log_total_max_bytes": 1024 * 1024})
+    write = [PY, "-c", "import os\nos.write(1, b'z' * 400 * 1024)\n"]
+    runs = [finished(rt, write) for _ in range(4)]  # 1.6 MiB in total
+    busy = rt.submit([PY, "-c", "import os, time\nos.write(1, b'q' * 900 * 1024); time.sleep(30)\n"])
+    try:
+        counts = enforce_log_retention(rt, 16)
+        assert counts["log_evicted"] == 2, counts
+        assert [facts_of(rt, r).deleted for r in runs] == [True, True, False, False]
+        assert rt.log_path(busy.run_id).exists()  # active: neither counted nor deleted
+        assert enforce_log_retention(rt, 16)["log_evicted"] == 0
+    finally:
+        rt.cancel(busy.run_id)
+        rt.wait(busy)
+
+
+def test_logs_of_ended_runs_are_finalized_by_the_pass(make_runtime) -> None:
+    """A run ended without anyone finalizing its log (e.g. settled by another process)."""
+    from ql_core.logs import enforce_log_retention
+
+    rt = make_runtime()
+    sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
+    sub.process.wait()
+    rt.recover_attempt(sub.attempt_id)  # the round's path: receipt -> terminal, no finalization
+    assert rt.status(sub.run_id).terminal and facts_of(rt, sub.run_id).size_bytes is None
+    counts = enforce_log_retention(rt, 16)
+    assert counts["log_finalized"] == 1 and counts["log_truncated"] == 1
+    facts = facts_of(rt, sub.run_id)
+    assert (facts.size_bytes, facts.truncated) == (2048, True)
+    assert rt.log_path(sub.run_id).stat().st_size == 2048
+
+
+def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
+    from ql_core.logs import enforce_log_retention
+
+    rt = make_runtime(limits={"log_retention_s": 3600})
+    run_id = finished(rt, ["sh", "-c", "echo mine"])
+    log = rt.log_path(run_id)
+    outside = tmp_path / "outside"
+    shutil.move(str(log.parent), outside)
+    os.symlink(outside, log.parent)
+    backdate(rt, [run_id], 2 * 3600 * 1000)
+    counts = enforce_log_retention(rt, 16)
+    assert counts["log_errors"] == 2 and counts["log_expired"] == 0  # finalize and expire both refused
+    assert (outside / log.name).read_bytes() == b"mine\n"
+    assert not facts_of(rt, run_id).deleted
+
+
+def test_log_keeper_round_and_the_cli_note_for_a_deleted_log(make_runtime, ql_env, tmp_path) -> None:
+    from ql_core.logs import LogKeeper
+
+    rt = make_runtime(limits={"log_retention_s": 3600})
+    run_id = finished(rt, ["sh", "-c", "echo gone"])
+    backdate(rt, [run_id], 2 * 3600 * 1000)
+    counts = LogKeeper(rt).round(8)
+    assert counts["log_expired"] == 1
+    out = run_ql(["logs", run_id], dict(ql_env, QL_CONFIG=str(tmp_path / "ql.toml")))
+    assert out.returncode == 0 and out.stdout == ""
+    assert "deleted by retention" in out.stderr
