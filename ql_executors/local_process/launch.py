@@ -22,13 +22,13 @@ the pipe buffer, and the launcher's ``read`` ends at the newline even if the hos
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Literal
 
 from ql_core.ids import is_uuid7
+from ql_core.receipts.codec import MAX_SAFE_INTEGER, TOKEN_PATTERN
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -41,11 +41,7 @@ __all__ = [
 
 LaunchMode = Literal["argv", "shell"]
 
-#: Callback tokens the launcher accepts (DESIGN §6): 32-128 characters of ``[A-Za-z0-9_-]``.
-TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,128}")
-
-#: Largest sequence or time the receipt codec accepts (2**53 - 1), and so the launcher too.
-MAX_SAFE_INTEGER = 2**53 - 1
+# The launcher accepts exactly what the receipt codec accepts: one definition of each.
 
 # Moves the token pipe from stdin to fd 3, makes stdin /dev/null, then execs the launcher in place.
 _TRAMPOLINE = 'exec 3<&0 0</dev/null; exec "$@"'
