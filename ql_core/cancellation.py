@@ -9,6 +9,18 @@
    TERM first, KILL after ``cancel_grace_s``. Outcomes: signalled, already
    exited, blocked (identity mismatch/unsupported: never retried), or retry
    later with capped exponential backoff.
+
+Every dispatch time (due, lease expiry, TERM sent, KILL due) is read from the
+database clock, so nodes with skewed clocks agree; the record's version is the
+fencing token — an outcome is written only by the holder of that version.
+A record is only ever selected by the node that owns its attempt.
+What "identity" means is the executor's: for local processes a handle whose
+pid is gone or carries another start time names a process that *exited*
+(pid reuse), so nothing is sent and the outcome is ``already_exited``; a handle
+that is not a group leader's, whose process sits in another group, or that
+cannot be verified at all is ``blocked``. A ``starting`` attempt whose host has
+not committed the handle yet is retried (backoff) for the spawn grace, then
+blocked.
 """
 
 from __future__ import annotations
@@ -36,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["CancelRequest", "Canceller", "DISPATCH_ACTIVE"]
 
 DISPATCH_ACTIVE = ("pending", "term_sent")
+#: Same window as the reconciler's: a ``starting`` attempt without a handle may be mid-spawn.
+_SPAWN_GRACE_MS = 30_000
 
 
 class CancelRequest(enum.StrEnum):
@@ -74,8 +88,10 @@ class Canceller:
                                  [EventSpec("run.cancel_requested", attempt_id=run.current_attempt_id,
                                             reason=reason)], now)
             if run.current_attempt_id is not None and session.get(CancellationDispatch, run_id) is None:
+                # Due at once by the clock that decides dispatch (the database's, as the lease).
+                due = min(now, db_now_ms(session))
                 session.add(CancellationDispatch(run_id=run_id, attempt_id=run.current_attempt_id, reason=reason,
-                                                 state="pending", next_attempt_at_ms=now, created_at_ms=now,
+                                                 state="pending", next_attempt_at_ms=due, created_at_ms=now,
                                                  updated_at_ms=now))
             return CancelRequest.REQUESTED, events
 
@@ -89,32 +105,44 @@ class Canceller:
 
     # -- dispatch --------------------------------------------------------------------
     def dispatch_due(self, limit: int) -> dict[str, int]:
-        """Work through at most ``limit`` due dispatch records; returns outcome counts."""
-        from sqlmodel import select
+        """Work through at most ``limit`` due dispatch records of *this node's* attempts; outcome counts.
 
-        from .db.models import CancellationDispatch
+        Records bound to another node's attempt are not even selected: on a shared
+        database they would otherwise fill every page and starve our own.
+        """
+        from sqlmodel import col, select
+
         from .db.engine import session_scope
+        from .db.models import CancellationDispatch, RunAttempt
 
         counts: dict[str, int] = {}
         with session_scope(self.engine, write=False) as session:
             now = db_now_ms(session)
             due = list(session.exec(
                 select(CancellationDispatch.run_id)
-                .where(CancellationDispatch.state.in_(DISPATCH_ACTIVE),  # type: ignore[attr-defined]
-                       CancellationDispatch.next_attempt_at_ms <= now)
-                .order_by(CancellationDispatch.next_attempt_at_ms, CancellationDispatch.run_id).limit(limit)))
+                .join(RunAttempt, col(RunAttempt.id) == col(CancellationDispatch.attempt_id))
+                .where(col(CancellationDispatch.state).in_(DISPATCH_ACTIVE),
+                       col(CancellationDispatch.next_attempt_at_ms) <= now,
+                       col(RunAttempt.runtime_owner) == self.node_id)
+                .order_by(col(CancellationDispatch.next_attempt_at_ms), col(CancellationDispatch.run_id))
+                .limit(limit)))
         for run_id in due:
             outcome = self.dispatch_one(run_id)
             if outcome:
                 counts[outcome] = counts.get(outcome, 0) + 1
         return counts
 
-    def _claim(self, run_id: str) -> CancellationDispatch | None:
+    def _claim(self, run_id: str) -> tuple[CancellationDispatch, int] | None:
+        """Take the record's lease (version compare-and-set; expiry from the database clock).
+
+        Returns the record (at its new version, our fencing token) and the database's now,
+        or None when the record is not due, not active, or someone else holds a live lease.
+        """
         from sqlalchemy import or_, update
         from sqlmodel import select
 
-        from .db.models import CancellationDispatch
         from .db.engine import session_scope
+        from .db.models import CancellationDispatch
 
         with session_scope(self.engine) as session:
             record = session.exec(select(CancellationDispatch).where(
@@ -136,66 +164,80 @@ class Canceller:
             if result.rowcount != 1:
                 return None
             record.version += 1
-            return record
+            return record, now
 
-    def _finish(self, record: CancellationDispatch, **values: object) -> None:
-        """Write the outcome and release the lease — only if we still hold it."""
+    def _finish(self, record: CancellationDispatch, now: int, **values: object) -> bool:
+        """Write the outcome and release the lease — only if we still hold it (same version)."""
         from sqlalchemy import update
 
-        from .db.models import CancellationDispatch
         from .db.engine import session_scope
+        from .db.models import CancellationDispatch
 
         with session_scope(self.engine) as session:
-            session.execute(
+            result = session.execute(
                 update(CancellationDispatch)
                 .where(CancellationDispatch.run_id == record.run_id, CancellationDispatch.version == record.version,
                        CancellationDispatch.lease_owner == self.node_id)
                 .values(version=record.version + 1, lease_owner=None, lease_expires_at_ms=None,
-                        updated_at_ms=now_ms(), **values)
+                        updated_at_ms=now, **values)
                 .execution_options(synchronize_session=False))
+            return result.rowcount == 1
+
+    def _retry(self, record: CancellationDispatch, now: int) -> str:
+        tries = record.tries + 1
+        backoff = min(self.profile.cancel_backoff_cap_s, float(2 ** min(tries, 30)))
+        self._finish(record, now, tries=tries, next_attempt_at_ms=now + int(backoff * 1000))
+        return "retry"
 
     def dispatch_one(self, run_id: str) -> str | None:
-        """Claim, verify and signal one run's dispatch record. Returns the outcome name or None."""
-        from .db.models import RunAttempt
-        from .db.engine import session_scope
+        """Claim, verify and signal one run's dispatch record. Returns the outcome name or None.
 
-        record = self._claim(run_id)
-        if record is None:
+        Outcomes: ``signalled`` (TERM sent; KILL is due after ``cancel_grace_s``), ``killed``,
+        ``already_exited`` (nothing sent), ``blocked`` (identity mismatched or unverifiable:
+        nothing sent, never retried), ``retry`` (a transient failure, or the attempt has no
+        handle *yet*: bounded exponential backoff). None: not claimed (not due, leased by
+        someone else, or another node's attempt).
+        """
+        from .db.engine import session_scope
+        from .db.models import RunAttempt
+
+        claimed = self._claim(run_id)
+        if claimed is None:
             return None
+        record, now = claimed
         with session_scope(self.engine, write=False) as session:
             attempt = session.get(RunAttempt, record.attempt_id)
-        if attempt is None or attempt.status in RUN_TERMINAL or self.executor is None \
-                or attempt.runtime_owner != self.node_id:
-            if attempt is not None and attempt.status not in RUN_TERMINAL and attempt.runtime_owner != self.node_id:
-                self._finish(record)  # another node's task: leave it to its owner
-                return None
-            self._finish(record, state="done", outcome="already_exited")
+        if attempt is not None and attempt.status not in RUN_TERMINAL and attempt.runtime_owner != self.node_id:
+            self._finish(record, now)  # another node's task: leave it to its owner
+            return None
+        if attempt is None or attempt.status in RUN_TERMINAL or self.executor is None:
+            self._finish(record, now, state="done", outcome="already_exited")
             return "already_exited"
         handle = _handle_of(attempt)
-        now = now_ms()
+        if handle is None and attempt.status == "starting" and now - attempt.created_at_ms < _SPAWN_GRACE_MS:
+            # Its host is between spawn and the handle commit: signal once the handle exists.
+            return self._retry(record, now)
+        grace_ms = int(self.profile.cancel_grace_s * 1000)
         kill = record.state == "term_sent"
-        if kill and record.term_sent_at_ms is not None and now < record.term_sent_at_ms + self.profile.cancel_grace_s * 1000:
-            self._finish(record, next_attempt_at_ms=record.term_sent_at_ms + int(self.profile.cancel_grace_s * 1000))
+        if kill and record.term_sent_at_ms is not None and now < record.term_sent_at_ms + grace_ms:
+            self._finish(record, now, next_attempt_at_ms=record.term_sent_at_ms + grace_ms)
             return None
         try:
             outcome = self.executor.signal(handle, signal.SIGKILL if kill else signal.SIGTERM)
         except OSError:
-            tries = record.tries + 1
-            backoff = min(self.profile.cancel_backoff_cap_s, 2 ** tries)
-            self._finish(record, tries=tries, next_attempt_at_ms=now + int(backoff * 1000))
-            return "retry"
+            return self._retry(record, now)
         crashpoint("cancel.after_signal")
         if outcome is SignalOutcome.SIGNALLED and not kill:
-            self._finish(record, state="term_sent", outcome="signalled", term_sent_at_ms=now,
-                         next_attempt_at_ms=now + int(self.profile.cancel_grace_s * 1000))
+            self._finish(record, now, state="term_sent", outcome="signalled", term_sent_at_ms=now,
+                         next_attempt_at_ms=now + grace_ms)
             return "signalled"
         if outcome is SignalOutcome.SIGNALLED:
-            self._finish(record, state="done", outcome="killed", kill_sent_at_ms=now)
+            self._finish(record, now, state="done", outcome="killed", kill_sent_at_ms=now)
             return "killed"
         if outcome is SignalOutcome.ALREADY_EXITED:
-            self._finish(record, state="done", outcome="already_exited" if not kill else "signalled")
+            self._finish(record, now, state="done", outcome="already_exited" if not kill else "signalled")
             return "already_exited"
-        self._finish(record, state="blocked", outcome="blocked")
+        self._finish(record, now, state="blocked", outcome="blocked")
         return "blocked"
 
 

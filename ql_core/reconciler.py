@@ -1,6 +1,8 @@
 """The reconciler: after any crash, find every attempt's true end in bounded rounds (ADR-0007 §2.6).
 
-One round, in this fixed order, every step capped by the profile:
+One round, in this fixed order, every step capped by the profile
+(``page_size × pages_per_round`` items per step):
+
 1. passed deadlines → commit ``run.cancel_requested(reason=timeout)`` (before any signal);
 2. due cancellation dispatch records → lease, verify, TERM/KILL;
 3. this runtime's active attempts, paged from the *database* with a stable
@@ -8,23 +10,40 @@ One round, in this fixed order, every step capped by the profile:
    a receipt → the consumer; no receipt → the durable identity:
    running → keep; exited → wait the publish grace once, look again, still
    missing → ``lost`` (``RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT``), or the
-   intent's state when a committed cancel/timeout was dispatched;
-   unverifiable → ``blocked`` (never a signal). Missing journal rows of active
-   attempts are back-registered;
+   intent's state when a committed cancel/timeout was dispatched (TERM sent);
+   unverifiable → ``blocked`` (never a signal). A ``starting`` attempt without
+   a handle is left to its host for the spawn grace; after it, an attempt whose
+   log artifact was never created provably never spawned (the host creates the
+   log before every spawn and died first) → ``lost`` (``RECOVERY_NOT_SPAWNED``),
+   otherwise → ``blocked`` (``RECOVERY_NO_DURABLE_HANDLE``: a launcher may
+   exist that nothing can verify; its receipt still completes the attempt).
+   Missing journal rows of active attempts are back-registered;
 4. the journal, paged the same way: receipts of attempts that already ended
    are replayed (``already_terminal``, then cleaned), blocked attempts get
    their late receipts, and retention purges terminal rows whose receipt is
-   gone and quarantined files, after the profile's windows.
-A page that comes back full but does not move the cursor forward stops the
-round (fail closed) instead of looping.
+   gone and quarantined files, after the profile's windows;
+5. log artifacts (:class:`ql_core.logs.LogKeeper`): quota of running logs,
+   retention of ended ones by age and total size only — consuming a receipt
+   never deletes a log.
+
+A page that does not move the cursor forward stops the round with
+:class:`CursorStuckError` (fail closed) instead of looping. A failure while
+settling one attempt is counted (``errors``) and the round goes on with the
+next: one poisoned row never starves the others.
+
+:meth:`Reconciler.full_pass` runs rounds until *each* cursor has wrapped once
+since the pass began (a phase that wrapped is not repeated), so a pass over
+``A`` active attempts and ``J`` journal rows takes
+``max(A, J) / (page_size × pages_per_round) + 1`` rounds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .clock import now_ms
 from .consumer import ConsumeOutcome
@@ -35,7 +54,7 @@ from .states import ATTEMPT_ACTIVE, RUN_TERMINAL
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS"]
+__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS", "LOST_REASON"]
 
 #: A ``starting`` attempt without a handle may belong to a host that is spawning it right now.
 SPAWN_GRACE_MS = 30_000
@@ -43,10 +62,14 @@ SPAWN_GRACE_MS = 30_000
 REPORT_KEYS = ("applied", "already_terminal", "quarantined", "still_running", "lost", "blocked",
                "timed_out", "cancelled")
 LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+#: A ``starting`` attempt past the spawn grace whose log artifact was never created: the host died
+#: between the create commit and the spawn (the log is created before every spawn, ADR-0007 §2.3).
+NOT_SPAWNED_REASON = "RECOVERY_NOT_SPAWNED"
+_NOT_SPAWNED = "not_spawned"
 
 
 class CursorStuckError(RuntimeError):
-    """A full page did not advance the cursor: stop rather than loop (fail closed)."""
+    """A page did not advance the cursor: stop rather than loop (fail closed)."""
 
 
 @dataclass
@@ -68,6 +91,18 @@ class RoundReport:
             k: v for k, v in sorted(self.counts.items()) if k not in REPORT_KEYS}
 
 
+@dataclass
+class _JournalItem:
+    """One journal page row with the status of its attempt (None: the attempt is unknown)."""
+
+    attempt_id: str
+    state: str
+    updated_at_ms: int
+    terminal_seen_at_ms: int | None
+    status: str | None
+    owner: str | None
+
+
 class Reconciler:
     """Bounded recovery rounds for one runtime. Stateless apart from its two cursors."""
 
@@ -76,30 +111,82 @@ class Reconciler:
         self.profile = runtime.profile
         self.attempt_cursor = ""
         self.journal_cursor = ""
+        #: How long a ``starting`` attempt without a handle is left to its host (ms).
+        self.spawn_grace_ms = SPAWN_GRACE_MS
+        self._log_keeper = _log_keeper(runtime)
+        self._anchor_depth = 0
+
+    @property
+    def limit(self) -> int:
+        """Hard cap of the items one step of one round may touch."""
+        return self.profile.page_size * self.profile.pages_per_round
 
     # -- one round -------------------------------------------------------------------
-    def round(self) -> RoundReport:
+    def round(self, *, attempts: bool = True, journal: bool = True) -> RoundReport:
+        """One bounded round. ``attempts``/``journal`` False skip that paged step (used by a pass)."""
+        with self._anchored():
+            return self._round(attempts=attempts, journal=journal)
+
+    @contextlib.contextmanager
+    def _anchored(self) -> Iterator[None]:
+        """Hold one idle SQLite connection open for the duration of a round (or a pass).
+
+        Sessions use a connection each (NullPool); when the *last* connection to a
+        WAL database closes, SQLite checkpoints the WAL, deletes it and syncs — on
+        every session of the round. An idle anchor (autocommit, no transaction,
+        no lock) keeps the WAL open across the round's transactions; the normal
+        auto-checkpoint still bounds it. It roughly halves a write-heavy round.
+        """
+        if self._anchor_depth or self.rt.engine.dialect.name != "sqlite":
+            self._anchor_depth += 1
+            try:
+                yield
+            finally:
+                self._anchor_depth -= 1
+            return
+        try:
+            anchor = self.rt.engine.raw_connection()
+            anchor.cursor().execute("SELECT 1").fetchall()
+        except Exception:  # noqa: BLE001 - only an optimisation
+            anchor = None
+        self._anchor_depth += 1
+        try:
+            yield
+        finally:
+            self._anchor_depth -= 1
+            if anchor is not None:
+                anchor.close()
+
+    def _round(self, *, attempts: bool, journal: bool) -> RoundReport:
         report = RoundReport()
-        limit = self.profile.page_size * self.profile.pages_per_round
-        self._deadlines(report, limit)
-        for outcome, n in self.rt.canceller.dispatch_due(limit).items():
+        self._deadlines(report, self.limit)
+        for outcome, n in self.rt.canceller.dispatch_due(self.limit).items():
             report.counts[f"dispatch_{outcome}"] += n
         if self.rt.consumer is not None:
-            self._active_attempts(report)
-            self._journal(report)
+            if attempts:
+                self._active_attempts(report)
+            if journal:
+                self._journal(report)
+            self._logs(report)
         report.attempt_cursor, report.journal_cursor = self.attempt_cursor, self.journal_cursor
         return report
 
     def full_pass(self, *, max_rounds: int = 100_000) -> tuple[RoundReport, int]:
-        """Rounds until both cursors wrap (every attempt and journal row seen once); bounded."""
+        """Rounds until each cursor wrapped once (every attempt and journal row seen); bounded."""
         total = RoundReport()
         self.attempt_cursor = self.journal_cursor = ""
-        for rounds in range(1, max_rounds + 1):
-            one = self.round()
-            total.merge(one)
-            if not self.attempt_cursor and not self.journal_cursor:
-                return total, rounds
-        return total, max_rounds
+        attempts_left = journal_left = True
+        rounds = 0
+        with self._anchored():
+            for rounds in range(1, max_rounds + 1):
+                one = self.round(attempts=attempts_left, journal=journal_left)
+                total.merge(one)
+                attempts_left = attempts_left and self.attempt_cursor != ""
+                journal_left = journal_left and self.journal_cursor != ""
+                if not attempts_left and not journal_left:
+                    break
+        total.attempt_cursor, total.journal_cursor = self.attempt_cursor, self.journal_cursor
+        return total, rounds
 
     # -- step 1: deadlines ---------------------------------------------------------
     def _deadlines(self, report: RoundReport, limit: int) -> None:
@@ -111,52 +198,88 @@ class Reconciler:
         now = now_ms()
         with session_scope(self.rt.engine, write=False) as session:
             due = list(session.exec(
-                select(Run.id).join(RunAttempt, col(RunAttempt.id) == col(Run.current_attempt_id))
-                .where(col(RunAttempt.runtime_owner) == self.rt.node_id,
+                # Joined on the run's primary key (ql_run has no index on current_attempt_id).
+                select(Run.id).join(RunAttempt, col(RunAttempt.run_id) == col(Run.id))
+                .where(col(Run.current_attempt_id) == col(RunAttempt.id),
+                       col(RunAttempt.runtime_owner) == self.rt.node_id,
                        col(RunAttempt.status).in_(sorted(ATTEMPT_ACTIVE | {"blocked"})),
-                       col(Run.deadline_at_ms) <= now, col(Run.cancel_reason).is_(None))
-                .order_by(col(Run.deadline_at_ms)).limit(limit)))
+                       # the attempt's copy of the deadline: indexed (status, deadline_at_ms)
+                       col(RunAttempt.deadline_at_ms) <= now, col(Run.cancel_reason).is_(None))
+                .order_by(col(RunAttempt.deadline_at_ms), col(Run.id)).limit(limit)))
         for run_id in due:
-            if str(self.rt.canceller.request(run_id, "timeout")) == "requested":
-                report.counts["timeouts_requested"] += 1
+            try:
+                if str(self.rt.canceller.request(run_id, "timeout")) == "requested":
+                    report.counts["timeouts_requested"] += 1
+            except Exception as exc:  # noqa: BLE001 - the next round retries this deadline
+                report.counts["errors"] += 1
+                logger.warning("timeout intent of run {} deferred: {}", run_id, type(exc).__name__)
 
-    # -- step 3: active attempts -----------------------------------------------------
-    def _page(self, model: Any, key: Any, where: list[Any], cursor: str, limit: int) -> list[Any]:
+    # -- paging ------------------------------------------------------------------------
+    def _fetch_attempts(self, cursor: str, limit: int) -> list[Any]:
+        """One page of this runtime's active attempts with id > ``cursor``, in id order."""
         from sqlmodel import col, select
 
         from .db.engine import session_scope
+        from .db.models import RunAttempt
 
         with session_scope(self.rt.engine, write=False) as session:
-            return list(session.exec(select(model).where(*where, col(key) > cursor)
-                                     .order_by(col(key)).limit(limit)))
+            return list(session.exec(
+                select(RunAttempt)
+                .where(col(RunAttempt.runtime_owner) == self.rt.node_id,
+                       col(RunAttempt.status).in_(sorted(ATTEMPT_ACTIVE)), col(RunAttempt.id) > cursor)
+                .order_by(col(RunAttempt.id)).limit(limit)))
 
-    def _pages(self, model: Any, key: str, where: list[Any], cursor_attr: str) -> Any:
-        """Yield rows page by page (capped), moving the named cursor; wraps to "" at the end."""
+    def _fetch_journal(self, cursor: str, limit: int) -> list[_JournalItem]:
+        """One page of journal rows with attempt_id > ``cursor``, with their attempts' status and owner.
+
+        Two index-driven reads: the page by the journal's primary key (the journal only holds
+        rows that may still have a receipt, so it stays small), then those attempts by theirs.
+        A join would let the planner walk every attempt this node ever ran for each page.
+        """
+        from sqlmodel import col, select
+
+        from .db.engine import session_scope
+        from .db.models import CompletionReceiptJournal as J
+        from .db.models import RunAttempt
+
+        with session_scope(self.rt.engine, write=False) as session:
+            rows = list(session.exec(
+                select(J.attempt_id, J.state, J.updated_at_ms, J.terminal_seen_at_ms)
+                .where(col(J.attempt_id) > cursor).order_by(col(J.attempt_id)).limit(limit)))
+            ids = [row[0] for row in rows]
+            attempts = {a_id: (status, owner) for a_id, status, owner in session.exec(
+                select(RunAttempt.id, RunAttempt.status, RunAttempt.runtime_owner)
+                .where(col(RunAttempt.id).in_(ids)))} if ids else {}
+        return [_JournalItem(*row, *attempts.get(row[0], (None, None))) for row in rows]
+
+    def _pages(self, fetch: Any, cursor_attr: str) -> Iterator[Any]:
+        """Yield rows page by page (at most ``pages_per_round`` pages), moving the named cursor.
+
+        The cursor wraps to "" when a page comes back short (the end was reached).
+        """
         page_size, pages = self.profile.page_size, self.profile.pages_per_round
         for _ in range(pages):
             cursor = getattr(self, cursor_attr)
-            rows = self._page(model, getattr(model, key), where, cursor, page_size)
+            rows = fetch(cursor, page_size)
             if not rows:
                 setattr(self, cursor_attr, "")
                 return
-            last = getattr(rows[-1], key)
-            if last <= cursor:
+            if len(rows) > page_size:
+                raise CursorStuckError(f"{cursor_attr}: a page returned {len(rows)} rows, cap {page_size}")
+            last = _key(rows[-1])
+            if last <= cursor or any(_key(a) >= _key(b) for a, b in zip(rows, rows[1:])):
+                # Not strictly past the cursor, or not strictly ordered: paging would loop or skip.
                 raise CursorStuckError(f"{cursor_attr} did not advance past {cursor!r}")
-            yield from rows
             setattr(self, cursor_attr, last if len(rows) == page_size else "")
+            yield rows
             if len(rows) < page_size:
                 return
 
+    # -- step 3: active attempts -----------------------------------------------------
     def _active_attempts(self, report: RoundReport) -> None:
-        from sqlmodel import col
-
-        from .db.models import RunAttempt
-
-        where = [col(RunAttempt.runtime_owner) == self.rt.node_id,
-                 col(RunAttempt.status).in_(sorted(ATTEMPT_ACTIVE))]
-        attempts = list(self._pages(RunAttempt, "id", where, "attempt_cursor"))
-        report.attempts_touched += len(attempts)
-        self._settle(attempts, report)
+        for page in self._pages(self._fetch_attempts, "attempt_cursor"):
+            report.attempts_touched += len(page)
+            self._settle(page, report)
 
     def check_attempt(self, attempt_id: str) -> RoundReport:
         """The same recovery steps for one attempt (a follower uses this when no supervisor runs)."""
@@ -176,37 +299,83 @@ class Reconciler:
         return report
 
     def _settle(self, attempts: list[Any], report: RoundReport) -> None:
+        self._ensure_journal(attempts, report)
         exited: list[Any] = []
         for attempt in attempts:
-            self._ensure_journal(attempt, report)
-            if self._consume(attempt.id, report):
-                continue
-            state = self._identity(attempt)
-            if state is IdentityState.RUNNING:
-                report.counts["still_running"] += 1
-            elif state is IdentityState.EXITED:
-                exited.append(attempt)
-            elif state is IdentityState.UNVERIFIABLE:
-                reason = "RECOVERY_NO_DURABLE_HANDLE" if attempt.pid is None else "RECOVERY_IDENTITY_UNVERIFIABLE"
-                if self.rt.completion.mark_blocked(attempt.id, reason).status == "blocked":
-                    report.counts["blocked"] += 1
-            else:
-                report.counts["still_starting"] += 1
-        if exited:
-            # One bounded grace for the whole batch: a launcher may be between exit and link().
-            time.sleep(self.profile.publish_grace_ms / 1000)
-            for attempt in exited:
+            try:
+                if self._consume(attempt.id, report):
+                    continue
+                state = self._identity(attempt)
+                if state == _NOT_SPAWNED:
+                    result = self.rt.completion.end_without_receipt(attempt.id, status="lost",
+                                                                    reason=NOT_SPAWNED_REASON)
+                    report.counts["lost" if str(result.outcome) == "applied" else "already_terminal"] += 1
+                elif state is IdentityState.RUNNING:
+                    report.counts["still_running"] += 1
+                elif state is IdentityState.EXITED:
+                    exited.append(attempt)
+                elif state is IdentityState.UNVERIFIABLE:
+                    reason = ("RECOVERY_NO_DURABLE_HANDLE" if attempt.pid is None
+                              else "RECOVERY_IDENTITY_UNVERIFIABLE")
+                    if self.rt.completion.mark_blocked(attempt.id, reason).status == "blocked":
+                        report.counts["blocked"] += 1
+                else:
+                    report.counts["still_starting"] += 1
+            except Exception as exc:  # noqa: BLE001 - one bad attempt must not starve the others
+                report.counts["errors"] += 1
+                logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
+        if not exited:
+            return
+        # One bounded grace for the whole batch: a launcher may be between exit and link().
+        time.sleep(self.profile.publish_grace_ms / 1000)
+        missing = []
+        for attempt in exited:
+            try:
                 if not self._consume(attempt.id, report):
-                    self._end_without_receipt(attempt, report)
+                    missing.append(attempt)
+            except Exception as exc:  # noqa: BLE001
+                report.counts["errors"] += 1
+                logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
+        if missing:
+            self._end_without_receipt(missing, report)
 
-    def _identity(self, attempt: Any) -> IdentityState | None:
+    def _identity(self, attempt: Any) -> IdentityState | str | None:
+        """The attempt's durable identity; None while a handle may still be coming.
+
+        Without a handle, past the spawn grace: if the attempt never got its log
+        artifact, no process was ever started (``_NOT_SPAWNED``); otherwise a
+        launcher may exist that nothing can verify or signal (``UNVERIFIABLE``),
+        and only its receipt can still end the attempt.
+        """
         if attempt.pid is None:
-            if now_ms() - attempt.created_at_ms < SPAWN_GRACE_MS:
+            if now_ms() - attempt.created_at_ms < self.spawn_grace_ms:
                 return None  # its host may be between spawn and the handle commit
+            if attempt.status == "starting" and self._never_spawned(attempt):
+                return _NOT_SPAWNED
             return IdentityState.UNVERIFIABLE
         assert self.rt.executor is not None
         return self.rt.executor.inspect({"boot_id": attempt.boot_id, "pid": attempt.pid, "pgid": attempt.pgid,
                                          "start_time": attempt.process_start_time})
+
+    def _never_spawned(self, attempt: Any) -> bool:
+        """True only when the attempt's log artifact provably never existed (so no launcher did)."""
+        import os
+
+        from .db.engine import session_scope
+        from .db.models import LogArtifact
+        from .paths import log_path
+
+        with session_scope(self.rt.engine, write=False) as session:
+            row = session.get(LogArtifact, attempt.log_artifact_id)
+        if row is None or row.deleted_at_ms is not None:
+            return False  # no record, or deleted on purpose: absence proves nothing
+        try:
+            os.lstat(log_path(self.rt.config.data_dir, attempt.log_artifact_id))
+        except FileNotFoundError:
+            return True
+        except (OSError, ValueError):
+            return False
+        return False
 
     def _consume(self, attempt_id: str, report: RoundReport) -> bool:
         """True when the receipt settled the attempt (or must be retried): no identity check then."""
@@ -225,88 +394,172 @@ class Reconciler:
             report.counts[result.status] += 1
         return True
 
-    def _end_without_receipt(self, attempt: Any, report: RoundReport) -> None:
+    def _end_without_receipt(self, attempts: list[Any], report: RoundReport) -> None:
+        """Exited, grace over, still no receipt: lost — or the intent's state if we signalled it."""
+        from sqlmodel import col, select
+
         from .db.engine import session_scope
         from .db.models import CancellationDispatch, Run
 
+        run_ids = [a.run_id for a in attempts]
         with session_scope(self.rt.engine, write=False) as session:
-            run = session.get(Run, attempt.run_id)
-            dispatch = session.get(CancellationDispatch, attempt.run_id)
-        signalled = (dispatch is not None and dispatch.attempt_id == attempt.id
-                     and dispatch.term_sent_at_ms is not None)
-        if run is not None and run.cancel_reason is not None and signalled:
-            status = "timed_out" if run.cancel_reason == "timeout" else "cancelled"
-            reason = run.cancel_reason
-        else:
-            status, reason = "lost", LOST_REASON
-        result = self.rt.completion.end_without_receipt(attempt.id, status=status, reason=reason)
-        if str(result.outcome) == "applied":
-            report.counts[status] += 1
-            logger.info("attempt {} ended {} ({})", attempt.id, status, reason)
-        else:
-            report.counts["already_terminal"] += 1
+            reasons = dict(session.exec(select(Run.id, Run.cancel_reason).where(col(Run.id).in_(run_ids))).all())
+            signalled = {
+                (run_id, attempt_id) for run_id, attempt_id in session.exec(
+                    select(CancellationDispatch.run_id, CancellationDispatch.attempt_id)
+                    .where(col(CancellationDispatch.run_id).in_(run_ids),
+                           col(CancellationDispatch.term_sent_at_ms).is_not(None)))}
+        for attempt in attempts:
+            cancel_reason = reasons.get(attempt.run_id)
+            if cancel_reason is not None and (attempt.run_id, attempt.id) in signalled:
+                status = "timed_out" if cancel_reason == "timeout" else "cancelled"
+                reason = cancel_reason
+            else:
+                status, reason = "lost", LOST_REASON
+            try:
+                result = self.rt.completion.end_without_receipt(attempt.id, status=status, reason=reason)
+            except Exception as exc:  # noqa: BLE001
+                report.counts["errors"] += 1
+                logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
+                continue
+            if str(result.outcome) == "applied":
+                report.counts[status] += 1
+                logger.info("attempt {} ended {} ({})", attempt.id, status, reason)
+            else:
+                report.counts["already_terminal"] += 1
 
-    def _ensure_journal(self, attempt: Any, report: RoundReport) -> None:
+    def _ensure_journal(self, attempts: list[Any], report: RoundReport) -> None:
         """Attempts from before the journal existed get their row (idempotent back-registration)."""
-        from .db.engine import session_scope
+        from sqlmodel import col, select
 
+        from .db.engine import session_scope
+        from .db.models import CompletionReceiptJournal
+
+        ids = [a.id for a in attempts]
         with session_scope(self.rt.engine, write=False) as session:
-            if self.rt.journal.get(session, attempt.id) is not None:
-                return
+            have = set(session.exec(select(CompletionReceiptJournal.attempt_id)
+                                    .where(col(CompletionReceiptJournal.attempt_id).in_(ids))).all())
+        missing = [a for a in attempts if a.id not in have]
+        if not missing:
+            return
         with session_scope(self.rt.engine) as session:
-            if self.rt.journal.register(session, run_id=attempt.run_id, attempt_id=attempt.id,
-                                        receipt_ref=self.rt.receipts.relative_ref(attempt.id), now_ms=now_ms()):
-                report.counts["journal_registered"] += 1
+            for attempt in missing:
+                if self.rt.journal.register(session, run_id=attempt.run_id, attempt_id=attempt.id,
+                                            receipt_ref=self.rt.receipts.relative_ref(attempt.id), now_ms=now_ms()):
+                    report.counts["journal_registered"] += 1
+
+    # -- step 5: log quota and retention (age and size only; never because of a receipt) --------
+    def _logs(self, report: RoundReport) -> None:
+        if self._log_keeper is None:
+            return
+        try:
+            report.counts.update(self._log_keeper.round(self.limit))
+        except Exception as exc:  # noqa: BLE001 - logs are never a reason to fail recovery
+            report.counts["log_errors"] += 1
+            logger.warning("log maintenance deferred: {}", type(exc).__name__)
 
     # -- step 4: the journal -------------------------------------------------------------
     def _journal(self, report: RoundReport) -> None:
-        from .db.engine import session_scope
-        from .db.models import CompletionReceiptJournal, RunAttempt
-
         now = now_ms()
-        for row in self._pages(CompletionReceiptJournal, "attempt_id", [], "journal_cursor"):
-            report.journal_touched += 1
-            with session_scope(self.rt.engine, write=False) as session:
-                attempt = session.get(RunAttempt, row.attempt_id)
-            status = attempt.status if attempt is not None else None
-            if status in ATTEMPT_ACTIVE:
-                continue  # step 3 owns active attempts
-            if row.state == "quarantined":
-                self._expire_quarantine(row, status, now, report)
-                continue
-            # Terminal (or blocked, or unknown) attempt: a receipt left behind is replayed and cleaned.
-            outcome = self.rt.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
-            if outcome.outcome is not ConsumeOutcome.MISSING:
-                report.counts[str(outcome.outcome)] += 1
-                continue
-            if status == "blocked":
-                continue
-            self._expire_missing(row, now, report)
+        for page in self._pages(self._fetch_journal, "journal_cursor"):
+            # Only this node's rows: on a shared database another node's rows index receipts in a
+            # directory this node cannot see — judging them "missing" would purge live rows. (Rows
+            # of unknown attempts have no owner and are left alone too.)
+            mine = [row for row in page if row.owner == self.rt.node_id]
+            report.journal_touched += len(mine)
+            expired_or_unseen: list[_JournalItem] = []
+            for row in mine:
+                try:
+                    outcome, kept_in_place = None, False
+                    if row.status not in ATTEMPT_ACTIVE:  # step 3 owns active attempts' receipts
+                        # Ended (or blocked) attempt: a receipt left behind is replayed and cleaned.
+                        result = self.rt.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
+                        outcome, kept_in_place = result.outcome, getattr(result, "kept_in_place", False)
+                        if outcome is not ConsumeOutcome.MISSING:
+                            report.counts[str(outcome)] += 1
+                    if row.state == "quarantined":
+                        # Whatever the attempt's state, the quarantined copy is kept exactly its window.
+                        # Not this round: a retry, or a copy quarantined just now (its clock restarted).
+                        # A rejected file kept in place (the slot is taken) leaves the earlier copy's
+                        # clock running: that copy still goes on time.
+                        fresh = outcome is ConsumeOutcome.QUARANTINED and not kept_in_place
+                        if outcome is not ConsumeOutcome.RETRY and not fresh:
+                            self._expire_quarantine(row, now, report)
+                        continue
+                except Exception as exc:  # noqa: BLE001
+                    report.counts["errors"] += 1
+                    logger.warning("journal row {} not handled this round: {}", row.attempt_id,
+                                   type(exc).__name__)
+                    continue
+                if outcome is ConsumeOutcome.MISSING and row.status != "blocked":
+                    # Ended and its receipt seen missing: the retention clock runs (blocked: it may still come).
+                    expired_or_unseen.append(row)
+            if expired_or_unseen:
+                self._expire_missing(expired_or_unseen, now, report)
 
-    def _expire_missing(self, row: Any, now: int, report: RoundReport) -> None:
+    def _expire_missing(self, rows: list[_JournalItem], now: int, report: RoundReport) -> None:
+        """Terminal rows whose receipt this round saw missing: start their clock, purge after the window."""
         from .db.engine import session_scope
 
         window = int(self.profile.terminal_journal_retention_s * 1000)
+        unseen = [r for r in rows if r.terminal_seen_at_ms is None]
+        expired = [r for r in rows if r.terminal_seen_at_ms is not None and now - r.terminal_seen_at_ms >= window]
+        if not unseen and not expired:
+            return  # every clock still running: no transaction at all
         with session_scope(self.rt.engine) as session:
-            if row.terminal_seen_at_ms is None:
+            for row in unseen:
                 self.rt.journal.mark_terminal_seen(session, row.attempt_id, now)
-            elif now - row.terminal_seen_at_ms >= window:
+            for row in expired:
                 if self.rt.journal.resolve(session, row.attempt_id):
                     report.counts["journal_purged"] += 1
 
-    def _expire_quarantine(self, row: Any, status: str | None, now: int, report: RoundReport) -> None:
+    def _expire_quarantine(self, row: _JournalItem, now: int, report: RoundReport) -> bool:
+        """After ``quarantine_retention_s``: delete the quarantined copy, whatever the attempt's state.
+
+        The row of an ended (or unknown) attempt is deleted with it (True); an active or
+        blocked attempt's row goes back to ``pending`` — its valid receipt may still come.
+        The window always counts from the quarantine (``updated_at_ms``).
+        """
+        from sqlalchemy import update
+
         from .db.engine import session_scope
         from .db.models import CompletionReceiptJournal
 
         if now - row.updated_at_ms < int(self.profile.quarantine_retention_s * 1000):
-            return
+            return False
         assert self.rt.receipts is not None
         if self.rt.receipts.purge_quarantined(row.attempt_id):
             report.counts["quarantine_purged"] += 1
+        ended = row.status in RUN_TERMINAL or row.status is None
+        if ended and self.rt.receipts.read(row.attempt_id).status != "missing":
+            # A rejected file waited in place for the slot: keep the row, so the next round moves
+            # it into the freed slot on its own clock — never an unindexed file left behind.
+            return True
         with session_scope(self.rt.engine) as session:
-            if status in RUN_TERMINAL or status is None:
+            if ended:
                 self.rt.journal.resolve(session, row.attempt_id)
             else:
-                live = session.get(CompletionReceiptJournal, row.attempt_id)
-                if live is not None:
-                    live.state, live.updated_at_ms = "pending", now
+                # Active or blocked attempt: back to pending, its valid receipt may still come.
+                session.execute(update(CompletionReceiptJournal)
+                                .where(CompletionReceiptJournal.attempt_id == row.attempt_id,
+                                       CompletionReceiptJournal.state == "quarantined",
+                                       CompletionReceiptJournal.updated_at_ms == row.updated_at_ms)
+                                .values(state="pending", updated_at_ms=now)
+                                .execution_options(synchronize_session=False))
+        row.state = "pending"
+        return ended
+
+
+def _log_keeper(runtime: Runtime) -> Any:
+    """The log quota/retention keeper of a runtime that runs local processes (None otherwise)."""
+    if runtime.executor is None:
+        return None
+    try:
+        from .logs import LogKeeper
+    except ImportError:  # an older ql_core.logs without bounded maintenance
+        return None
+    return LogKeeper(runtime)
+
+
+def _key(row: Any) -> str:
+    return row.attempt_id if isinstance(row, _JournalItem) else row.id

@@ -2,11 +2,13 @@
 
 - explicit :meth:`Supervisor.start` / :meth:`Supervisor.stop`;
 - a daemon thread: it never keeps the interpreter alive;
-- no overlap: the next round is scheduled only after the previous one ended;
+- no overlap: the next round is scheduled only after the previous one ended,
+  and :meth:`Supervisor.run_round` (the caller's thread) shares one lock with
+  the loop, so two rounds never run at once;
 - each round is bounded by the profile (pages × page size) and resumes from
   the reconciler's cursors;
 - :meth:`stop` asks the loop to finish its current round and waits at most
-  ``stop_drain_s``;
+  ``stop_drain_s``; it reports whether the loop really ended;
 - :meth:`wake` starts the next round early (a best-effort wake-up source such
   as watchfiles calls it); it never replaces the periodic round.
 """
@@ -34,25 +36,38 @@ class Supervisor:
         self.rt = runtime
         self.reconciler = Reconciler(runtime)
         self.interval_s = runtime.profile.scan_interval_s if interval_s is None else interval_s
+        if not self.interval_s > 0:
+            raise ValueError("the supervisor's interval must be positive")
         self.on_round = on_round
-        self._stop = threading.Event()
         self._wake = threading.Event()
+        self._lifecycle = threading.Lock()
+        #: The stop flag of the *current* loop thread (each start() gets a fresh one, so a
+        #: loop still draining after a timed-out stop() can never be revived by accident).
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._in_round = threading.Lock()
         self.rounds = 0
         self.failures = 0
+        self.last_error: str | None = None
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """True while a loop thread is alive and has not been asked to stop."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop.is_set()
 
     def start(self) -> None:
         """Start the loop (idempotent). The first round runs at once: it is the startup reconciliation."""
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ql-supervisor", daemon=True)
-        self._thread.start()
+        with self._lifecycle:
+            if self.running:
+                return
+            # A previous loop that is still finishing its round keeps its own (set) stop flag
+            # and exits after that round; rounds never overlap thanks to the round lock.
+            self._stop = threading.Event()
+            self._wake.clear()
+            self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="ql-supervisor",
+                                            daemon=True)
+            self._thread.start()
 
     def wake(self) -> None:
         """Run the next round now instead of at the end of the interval."""
@@ -60,37 +75,44 @@ class Supervisor:
 
     def stop(self, drain_s: float | None = None) -> bool:
         """Stop after the current round; wait at most ``drain_s``. True if the loop has ended."""
-        self._stop.set()
-        self._wake.set()
-        thread = self._thread
+        with self._lifecycle:
+            self._stop.set()
+            self._wake.set()
+            thread = self._thread
         if thread is None:
             return True
-        thread.join(self.rt.profile.stop_drain_s if drain_s is None else drain_s)
+        if thread is not threading.current_thread():
+            thread.join(self.rt.profile.stop_drain_s if drain_s is None else max(0.0, drain_s))
         return not thread.is_alive()
 
     def run_round(self) -> RoundReport:
         """One round now, in the caller's thread, never concurrently with the loop's."""
         with self._in_round:
             report = self.reconciler.round()
-        self.rounds += 1
+            self.rounds += 1
         if self.on_round is not None:
             self.on_round(report)
         return report
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             started = time.monotonic()
+            # A wake() that arrives during the round below is kept and shortens the next wait.
+            self._wake.clear()
             try:
                 self.run_round()
             except CursorStuckError as exc:
                 self.failures += 1
+                self.last_error = type(exc).__name__
                 logger.error("supervisor round stopped (fail closed): {}", exc)
                 self.reconciler.attempt_cursor = self.reconciler.journal_cursor = ""
             except Exception as exc:  # noqa: BLE001 - a bad round must not kill the loop
                 self.failures += 1
+                self.last_error = type(exc).__name__
                 logger.warning("supervisor round failed: {}", type(exc).__name__)
+            if stop.is_set():
+                break
             # Next round only after this one ended; the wait is interruptible by stop()/wake().
             remaining = self.interval_s - (time.monotonic() - started)
             if remaining > 0:
                 self._wake.wait(remaining)
-            self._wake.clear()

@@ -16,6 +16,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import runtime_from_args
 
-    result = runtime_from_args(args).cancel(args.run_id, "user")
+    rt = runtime_from_args(args)
+    try:
+        result = rt.cancel(args.run_id, "user")
+    finally:
+        rt.close()
     out.emit({"run_id": args.run_id, "status": str(result)}, f"run {args.run_id}: {result}")
     return 0

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if watcher is not None:
         watcher.stop()
     drained = supervisor.stop()
+    if drained:
+        rt.close()  # (a loop still draining keeps the engine; the process exits right after anyway)
     out.emit({"status": "stopped", "drained": drained, "rounds": supervisor.rounds},
              f"ql: stopped after {supervisor.rounds} rounds" + ("" if drained else " (drain timed out)"))
     return 0 if drained else 1

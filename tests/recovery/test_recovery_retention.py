@@ -1,0 +1,187 @@
+"""Retention (ADR-0007 §5, DESIGN.md §4): journal rows and quarantined receipts, bounded, on their clocks.
+
+- a terminal journal row whose receipt is gone is purged only after ``terminal_journal_retention_s``;
+- a quarantined receipt is deleted only after ``quarantine_retention_s`` (counted from the quarantine);
+- both are bounded per round; rows of active or blocked attempts are never purged;
+- a log file is never deleted because its receipt was consumed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from recovery_support import (
+    attempt_row,
+    dead_handle,
+    event_types,
+    insert_attempts,
+    journal_row,
+    ql_json,
+    statuses,
+    unverifiable_handle,
+    wait_until,
+)
+
+from ql_core.db.models import CompletionReceiptJournal as Journal
+from ql_core.reconciler import Reconciler
+
+LIMITS = dict(page_size=2, pages_per_round=2, publish_grace_ms=0, terminal_journal_retention_s=1.0,
+              quarantine_retention_s=1.5)
+
+
+def _rows(rt, ids) -> list[str]:  # type: ignore[no-untyped-def]
+    return [i for i in ids if journal_row(rt, i) is not None]
+
+
+def test_terminal_rows_without_receipt_purged_only_after_the_window(rt_factory, sleeper_handle: dict) -> None:
+    rt = rt_factory(**LIMITS)
+    ended = insert_attempts(rt, 10, handle=dead_handle())
+    blocked = insert_attempts(rt, 2, handle=unverifiable_handle())
+    active = insert_attempts(rt, 2, handle=sleeper_handle)
+    Reconciler(rt).full_pass()
+    assert set(statuses(rt, ended.run_ids).values()) == {"lost"}
+    ended_at = max(attempt_row(rt, a).finished_at_ms for a in ended.attempt_ids)
+    assert all(journal_row(rt, a).terminal_seen_at_ms is not None for a in ended.attempt_ids)
+
+    # Inside the window (the same rows, seen by a runtime whose window is an hour): nothing is purged.
+    patient = rt_factory(**(LIMITS | {"terminal_journal_retention_s": 3600.0}))
+    report, _ = Reconciler(patient).full_pass()
+    assert report.counts["journal_purged"] == 0
+    assert len(_rows(rt, ended.attempt_ids)) == 10
+
+    wait_until(lambda: time.time() * 1000 - ended_at > 1100, timeout=5, message="the retention window")
+    rec = Reconciler(rt)
+    first = rec.round()
+    assert 0 < first.counts["journal_purged"] <= 4  # bounded by pages × page size
+    rec.full_pass()
+    assert _rows(rt, ended.attempt_ids) == []
+    # Blocked and active attempts keep their rows: their receipts may still come.
+    assert _rows(rt, blocked.attempt_ids) == blocked.attempt_ids
+    assert _rows(rt, active.attempt_ids) == active.attempt_ids
+
+
+def test_leftover_receipt_of_an_ended_attempt_is_replayed_not_purged(rt_factory) -> None:
+    from recovery_support import publish_receipt
+
+    rt = rt_factory(**LIMITS)
+    ended = insert_attempts(rt, 1, handle=dead_handle())
+    Reconciler(rt).full_pass()
+    attempt_id, run_id = ended.attempt_ids[0], ended.run_ids[0]
+    assert rt.status(run_id).status == "lost"
+    # A true receipt turns up late (after `lost` was committed): recorded, never changes the outcome.
+    publish_receipt(rt, ended, attempt_id, exit_code=0)
+    time.sleep(1.1)
+    report, _ = Reconciler(rt).full_pass()
+    assert report.counts["already_terminal"] == 1 and report.counts["journal_purged"] == 0
+    assert not rt.receipts.exists(attempt_id)
+    assert rt.status(run_id).status == "lost"
+    assert event_types(rt, run_id).count("attempt.late_callback_ignored") == 1
+    # Its row goes by retention, after the receipt was seen missing.
+    Reconciler(rt).full_pass()
+    assert journal_row(rt, attempt_id) is None
+
+
+def _quarantine_bad_receipts(rt, inserted) -> None:  # type: ignore[no-untyped-def]
+    from recovery_support import publish_receipt
+
+    for attempt_id in inserted.attempt_ids:
+        good = inserted.tokens[attempt_id]
+        inserted.tokens[attempt_id] = "x" * 43  # a wrong token: a deterministic rejection
+        publish_receipt(rt, inserted, attempt_id, exit_code=0)
+        inserted.tokens[attempt_id] = good
+
+
+def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleeper_handle: dict) -> None:
+    from recovery_support import publish_receipt
+
+    rt = rt_factory(**LIMITS)
+    inserted = insert_attempts(rt, 6, handle=sleeper_handle)
+    _quarantine_bad_receipts(rt, inserted)
+    report, _ = Reconciler(rt).full_pass()
+    assert report.counts["quarantined"] == 6
+    quarantined_at = max(journal_row(rt, a).updated_at_ms for a in inserted.attempt_ids)
+    assert all(journal_row(rt, a).state == "quarantined" for a in inserted.attempt_ids)
+    assert all(rt.receipts.quarantined_exists(a) for a in inserted.attempt_ids)
+    assert set(statuses(rt, inserted.run_ids).values()) == {"running"}  # a bad receipt proves nothing
+
+    # Two of them finish for real: their valid receipts win; their quarantined copies stay on the clock.
+    for attempt_id in inserted.attempt_ids[:2]:
+        publish_receipt(rt, inserted, attempt_id, exit_code=0)
+    patient = rt_factory(**(LIMITS | {"quarantine_retention_s": 3600.0}))
+    report, _ = Reconciler(patient).full_pass()
+    assert report.counts["applied"] == 2
+    assert [rt.status(r).status for r in inserted.run_ids[:2]] == ["succeeded", "succeeded"]
+    # Inside the window nothing is purged, whether the attempt ended or not.
+    assert report.counts["quarantine_purged"] == 0
+    assert all(rt.receipts.quarantined_exists(a) for a in inserted.attempt_ids)
+    assert all(journal_row(rt, a).state == "quarantined" for a in inserted.attempt_ids)
+
+    wait_until(lambda: time.time() * 1000 - quarantined_at > 1600, timeout=5, message="the quarantine window")
+    rec = Reconciler(rt)
+    first = rec.round()
+    assert 0 < first.counts["quarantine_purged"] <= 4  # bounded per round
+    rec.full_pass()
+    assert not any(rt.receipts.quarantined_exists(a) for a in inserted.attempt_ids)
+    # Ended attempts: the row went with the copy. Active ones: back to pending, still indexed.
+    assert _rows(rt, inserted.attempt_ids[:2]) == []
+    assert all(journal_row(rt, a).state == "pending" for a in inserted.attempt_ids[2:])
+    # And a valid receipt still completes such an attempt afterwards.
+    publish_receipt(rt, inserted, inserted.attempt_ids[2], exit_code=4)
+    Reconciler(rt).full_pass()
+    assert (rt.status(inserted.run_ids[2]).status, rt.status(inserted.run_ids[2]).exit_code) == ("failed", 4)
+
+
+def test_logs_survive_receipt_consumption_and_retention(data_dir: Path, ql_env: dict[str, str], tmp_path: Path,
+                                                        rt_factory) -> None:
+    from recovery_support import write_config
+
+    config = write_config(tmp_path / "ql.toml", terminal_journal_retention_s=0.0, quarantine_retention_s=0.0)
+    live = ql_json(["run", "--", "sh", "-c", "echo live-path"], ql_env, config=config)[-1]
+    (detached,) = ql_json(["run", "--detach", "--", "sh", "-c", "echo recovered-path"], ql_env, config=config)
+    rt = rt_factory(terminal_journal_retention_s=0.0, quarantine_retention_s=0.0)
+    wait_until(lambda: rt.receipts.exists(detached["attempt_id"]), timeout=10, message="the receipt")
+    for _ in range(3):
+        ql_json(["reconcile"], ql_env, config=config)
+    assert rt.status(live["run_id"]).status == "succeeded"
+    assert rt.status(detached["run_id"]).status == "succeeded"
+    assert not rt.receipts.exists(detached["attempt_id"])  # consumed and deleted after its commit
+    # Every receipt consumed, every retention window (0 s) over: both logs are still there.
+    assert rt.log_path(live["run_id"]).read_bytes() == b"live-path\n"
+    assert rt.log_path(detached["run_id"]).read_bytes() == b"recovered-path\n"
+    from ql_core.db.models import LogArtifact
+    from recovery_support import count_rows
+
+    assert count_rows(rt, LogArtifact, LogArtifact.deleted_at_ms.is_not(None)) == 0  # type: ignore[union-attr]
+    assert count_rows(rt, Journal) == 0
+
+
+def test_another_node_never_ages_or_purges_our_journal_rows(tmp_path: Path) -> None:
+    """Two nodes, one shared run database: a node's journal pass only ever judges its own rows.
+
+    (Node B's receipts live in B's data dir; A cannot see them, so A must not call them missing.)
+    """
+    from recovery_support import open_runtime, publish_receipt
+
+    dir_a, dir_b = tmp_path / "node-a", tmp_path / "node-b"
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    rt_b = open_runtime(dir_b, database_url=url, **LIMITS)
+    rt_a = open_runtime(dir_a, database_url=url, **(LIMITS | {"terminal_journal_retention_s": 0.0,
+                                                              "quarantine_retention_s": 0.0}))
+    try:
+        assert rt_a.node_id != rt_b.node_id
+        ended = insert_attempts(rt_b, 3, handle=dead_handle())
+        Reconciler(rt_b).full_pass()
+        assert set(statuses(rt_b, ended.run_ids).values()) == {"lost"}
+        # B left a late receipt behind (B crashed before cleaning it).
+        publish_receipt(rt_b, ended, ended.attempt_ids[0], exit_code=0)
+        report, _ = Reconciler(rt_a).full_pass()
+        assert report.journal_touched == 0 and report.counts["journal_purged"] == 0
+        assert _rows(rt_b, ended.attempt_ids) == ended.attempt_ids
+        # B's own pass replays its receipt and keeps its rows on B's clock.
+        again, _ = Reconciler(rt_b).full_pass()
+        assert again.counts["already_terminal"] == 1
+        assert not rt_b.receipts.exists(ended.attempt_ids[0])
+    finally:
+        rt_a.close()
+        rt_b.close()
