@@ -367,7 +367,7 @@ def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Co
     counts: Counter[str] = Counter()
     with session_scope(rt.engine, write=False) as session:
         rows = [_facts(r) for r in session.exec(
-            select(LogArtifact).join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            select(LogArtifact).join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
             .where(col(RunAttempt.runtime_owner) == rt.node_id,
                    col(RunAttempt.status).in_(sorted(RECOVERABLE_ATTEMPT)),
                    col(LogArtifact.deleted_at_ms).is_(None), col(LogArtifact.id) > cursor)
@@ -393,7 +393,7 @@ def _terminal_logs(rt: Runtime, where: list[Any], order: list[Any], limit: int) 
 
     with session_scope(rt.engine, write=False) as session:
         return [_facts(r) for r in session.exec(
-            select(LogArtifact).join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            select(LogArtifact).join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
             .where(col(RunAttempt.runtime_owner) == rt.node_id, col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)),
                    col(LogArtifact.deleted_at_ms).is_(None), *where)
             .order_by(*order).limit(limit))]
@@ -469,7 +469,7 @@ def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
     with session_scope(rt.engine, write=False) as session:
         total = session.exec(
             select(func.coalesce(func.sum(LogArtifact.size_bytes), 0))
-            .join(RunAttempt, col(RunAttempt.id) == col(LogArtifact.attempt_id))
+            .join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
             .where(col(RunAttempt.runtime_owner) == rt.node_id, col(LogArtifact.deleted_at_ms).is_(None),
                    col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)))).one()
     excess = int(total) - rt.profile.log_total_max_bytes

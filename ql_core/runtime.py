@@ -45,6 +45,8 @@ __all__ = ["Runtime", "Submission", "RunView", "EXECUTOR_TYPE"]
 EXECUTOR_TYPE = "local_process"
 #: How often a waiting host looks at its child, the clock and its cancel dispatch.
 WAIT_TICK_S = 0.05
+#: The launcher's exit status when it could not learn the command's (launcher.sh): no receipt follows.
+LAUNCHER_LOST_STATUS = 125
 #: How often a waiting host re-reads the run for a cancel intent or a passed deadline.
 INTENT_POLL_S = 1.0
 
@@ -316,7 +318,7 @@ class Runtime:
                     self.canceller.request(sub.run_id, "timeout")
                     intent = True
                 if intent:
-                    self.canceller.dispatch_due(limit=1)
+                    self.canceller.dispatch_one(sub.run_id)
             try:
                 returncode = sub.process.wait(timeout=poll_s)
                 break
@@ -345,11 +347,17 @@ class Runtime:
         consumed = self.consumer.consume(sub.attempt_id)
         if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
             return None
-        exit_code = returncode if returncode >= 0 else 128 - returncode
+        if returncode < 0 or returncode == LAUNCHER_LOST_STATUS:
+            # The launcher itself died of a signal, or told us it lost the command's status: its
+            # own exit says nothing about the command's. Without a receipt, recovery decides
+            # (lost, or the intent's state when our dispatcher signalled it) — never a guess.
+            self.recover_attempt(sub.attempt_id)
+            return None
+        exit_code = returncode
         observation = Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
                               callback_sequence=sub.callback_sequence, token=sub.token,
                               started_at_ms=sub.started_at_ms,
-                              finished_at_ms=max(now_ms_ceil(), sub.started_at_ms), exit_code=exit_code & 0xFF)
+                              finished_at_ms=max(now_ms_ceil(), sub.started_at_ms), exit_code=exit_code)
         result = self.completion.complete(observation, executor_type=EXECUTOR_TYPE)
         if consumed.outcome is ConsumeOutcome.MISSING:
             # No receipt will ever come (the launcher is gone): the row rides out with the next create

@@ -34,10 +34,9 @@ from ql_core.supervisor import Supervisor
 
 ITERATIONS = 15
 TASKS_PER_HOST = 6
-#: Kill task groups only while no host is alive. A host that is alive reaps the killed launcher and
-#: records 128+9 as if it were the command's exit (a forged `failed`, see the strict-xfail test
-#: test_gate5_with_a_waiting_host_a_killed_task_is_lost_not_failed). Set True once runtime.py is fixed.
-KILL_WHILE_HOST_ALIVE = False
+#: Kill task groups while hosts are alive too: a waiting host that reaps a killed launcher must
+#: leave the verdict to recovery (lost), never record 128+9 as the command's exit.
+KILL_WHILE_HOST_ALIVE = True
 HOST = Path(__file__).with_name("recovery_host.py")
 
 

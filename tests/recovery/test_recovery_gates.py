@@ -225,10 +225,6 @@ def test_reconcile_cli_reports_incomplete_pass(data_dir: Path, ql_env: dict[str,
     assert ql(["reconcile", "--max-rounds", "0"], ql_env, check=False).returncode == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ql_core/runtime.py Runtime.complete_from_wait: a launcher killed by signal N (returncode -N) is "
-    "turned into a live observation with exit code 128+N, i.e. a forged `failed` — the launcher's own "
-    "death says nothing about the command's exit. Without a receipt it must end `lost`."))
 def test_gate5_with_a_waiting_host_a_killed_task_is_lost_not_failed(data_dir: Path, ql_env: dict[str, str],
                                                                      groups: list[int]) -> None:
     import json
