@@ -474,7 +474,8 @@ def _journal_name(plugins: PluginHost) -> str:
         from .errors import PluginError
 
         raise PluginError("no receipt-journal backend is registered; enable the 'edge-sqlite' plugin "
-                          "(it is part of the edge and standalone profiles)")
+                          "(part of the edge and standalone profiles); cluster profiles need the "
+                          "'cluster-fenced' plugin, which this version does not ship yet")
     return names[0]
 
 
