@@ -27,9 +27,10 @@ from .clock import now_ms, now_ms_ceil
 from .config import Config
 from .crashpoints import crashpoint
 from .errors import NotFoundError, PersistBeforeSpawnError, QlError, UsageError
-from .ids import new_id, shard_of
+from .ids import new_id
 from .interfaces import RuntimeContext, SpawnRequest
-from .paths import ensure_data_dir, ensure_private_dir, log_relative_path, read_or_create_node_id, receipts_root
+from . import paths
+from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
 from .states import RUN_TERMINAL
 
 if TYPE_CHECKING:
@@ -221,11 +222,11 @@ class Runtime:
                cwd: str | None, env: dict[str, str] | None) -> Submission:
         from .logs import open_log_artifact
 
-        shard_dir = ensure_private_dir(receipts_root(self.config.data_dir) / shard_of(sub.attempt_id))
+        shard_dir = Path(self.receipts.ensure_shard_dir(sub.attempt_id))
         request = SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
                                callback_sequence=sub.callback_sequence, token=sub.token,
                                started_at_ms=sub.started_at_ms, command=command, shell=shell,
-                               log_path=self.config.data_dir / "logs" / log_relative_path(sub.log_artifact_id),
+                               log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
                                receipt_shard_dir=shard_dir, cwd=cwd, env=env)
         try:
             log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
@@ -465,7 +466,7 @@ class Runtime:
     def log_path(self, run_id: str) -> Path:
         view = self.status(run_id)
         assert view.log_artifact_id is not None
-        return self.config.data_dir / "logs" / log_relative_path(view.log_artifact_id)
+        return paths.log_path(self.config.data_dir, view.log_artifact_id)
 
 
 def _journal_name(plugins: PluginHost) -> str:

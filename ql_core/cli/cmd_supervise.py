@@ -33,7 +33,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             out.emit({"status": "round", **r.as_dict()}, " ".join(f"{k}={v}" for k, v in busy.items()))
 
     supervisor = Supervisor(rt, interval_s=args.interval, on_round=report)
-    watcher = rt.start_wakeups(supervisor) if hasattr(rt, "start_wakeups") else None
+    watcher = rt.start_wakeups(supervisor)
     supervisor.start()
     out.text(f"ql: supervising {rt.config.data_dir} every {supervisor.interval_s:g}s (profile "
              f"{rt.profile.name}); SIGTERM or Ctrl-C stops")

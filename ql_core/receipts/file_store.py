@@ -341,6 +341,18 @@ class FileReceiptStore:
         _require_uuid7(attempt_id)
         return f"{shard_of(attempt_id)}/{_receipt_name(attempt_id)}"
 
+    def ensure_shard_dir(self, attempt_id: str) -> str:
+        """Create (0700) and verify the attempt's shard directory; return its absolute path.
+
+        For a publisher outside this process (the POSIX launcher), which cannot
+        walk directory fds itself: the shard gets the same checks as every
+        publish here (real directory, ours, private, under the canonical root).
+        """
+        _require_uuid7(attempt_id)
+        with self._shard(attempt_id, create=True):
+            pass
+        return os.path.join(self._root, shard_of(attempt_id))
+
     # ------------------------------------------------------ directory access
 
     def _open_and_identify_root(self, *, created: bool) -> tuple[int, int]:
