@@ -179,8 +179,6 @@ class Runtime:
 
     def _create(self, *, name: str | None, timeout_s: float | None,
                 log_max_bytes: int | None = None) -> Submission:
-        from sqlalchemy.exc import SQLAlchemyError
-
         from .completion import hash_token
         from .db.models import LogArtifact, Run, RunAttempt, RunEvent
         from .transitions import with_retries
@@ -208,7 +206,7 @@ class Runtime:
 
         try:
             with_retries(self.engine, work, retries=self.profile.completion_retries)
-        except (SQLAlchemyError, QlError, Exception) as exc:
+        except Exception as exc:  # any failure of the create commit means: do not spawn
             raise PersistBeforeSpawnError(
                 f"could not persist the run before spawning it, so nothing was started "
                 f"({type(exc).__name__}); check the database ({self.config.data_dir}) and retry") from exc
