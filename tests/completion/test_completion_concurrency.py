@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ from ql_core.config import load_config
 from ql_core.runtime import Runtime
 data_dir, stop = Path(sys.argv[1]), Path(sys.argv[2])
 rt = Runtime.open(load_config(data_dir=data_dir, environ={}, cwd=data_dir))
+(stop.parent / f"ready-{__import__('os').getpid()}").touch()
 rounds = 0
 while not stop.exists():
     rt.reconcile()
@@ -85,6 +87,10 @@ def test_live_waiters_race_background_reconcilers(runtime: Any, submit: Any, dat
     loops = [subprocess.Popen([sys.executable, "-c", RECONCILE_LOOP, str(data_dir), str(stop)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     try:
+        # Race for real: the waiters start only once every reconcile loop is up.
+        deadline = time.monotonic() + DEADLINE_S
+        while len(list(tmp_path.glob("ready-*"))) < len(loops) and time.monotonic() < deadline:
+            time.sleep(0.02)
         subs = [submit(["sh", "-c", f"exit {i % 5}"]) for i in range(20)]
         views = [runtime.wait(sub) for sub in subs]
     finally:
