@@ -39,7 +39,6 @@ since the pass began (a phase that wrapped is not repeated), so a pass over
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -114,7 +113,6 @@ class Reconciler:
         #: How long a ``starting`` attempt without a handle is left to its host (ms).
         self.spawn_grace_ms = SPAWN_GRACE_MS
         self._log_keeper = _log_keeper(runtime)
-        self._anchor_depth = 0
 
     @property
     def limit(self) -> int:
@@ -124,38 +122,7 @@ class Reconciler:
     # -- one round -------------------------------------------------------------------
     def round(self, *, attempts: bool = True, journal: bool = True) -> RoundReport:
         """One bounded round. ``attempts``/``journal`` False skip that paged step (used by a pass)."""
-        with self._anchored():
-            return self._round(attempts=attempts, journal=journal)
-
-    @contextlib.contextmanager
-    def _anchored(self) -> Iterator[None]:
-        """Hold one idle SQLite connection open for the duration of a round (or a pass).
-
-        Sessions use a connection each (NullPool); when the *last* connection to a
-        WAL database closes, SQLite checkpoints the WAL, deletes it and syncs — on
-        every session of the round. An idle anchor (autocommit, no transaction,
-        no lock) keeps the WAL open across the round's transactions; the normal
-        auto-checkpoint still bounds it. It roughly halves a write-heavy round.
-        """
-        if self._anchor_depth or self.rt.engine.dialect.name != "sqlite":
-            self._anchor_depth += 1
-            try:
-                yield
-            finally:
-                self._anchor_depth -= 1
-            return
-        try:
-            anchor = self.rt.engine.raw_connection()
-            anchor.cursor().execute("SELECT 1").fetchall()
-        except Exception:  # noqa: BLE001 - only an optimisation
-            anchor = None
-        self._anchor_depth += 1
-        try:
-            yield
-        finally:
-            self._anchor_depth -= 1
-            if anchor is not None:
-                anchor.close()
+        return self._round(attempts=attempts, journal=journal)
 
     def _round(self, *, attempts: bool, journal: bool) -> RoundReport:
         report = RoundReport()
@@ -177,14 +144,13 @@ class Reconciler:
         self.attempt_cursor = self.journal_cursor = ""
         attempts_left = journal_left = True
         rounds = 0
-        with self._anchored():
-            for rounds in range(1, max_rounds + 1):
-                one = self.round(attempts=attempts_left, journal=journal_left)
-                total.merge(one)
-                attempts_left = attempts_left and self.attempt_cursor != ""
-                journal_left = journal_left and self.journal_cursor != ""
-                if not attempts_left and not journal_left:
-                    break
+        for rounds in range(1, max_rounds + 1):
+            one = self.round(attempts=attempts_left, journal=journal_left)
+            total.merge(one)
+            attempts_left = attempts_left and self.attempt_cursor != ""
+            journal_left = journal_left and self.journal_cursor != ""
+            if not attempts_left and not journal_left:
+                break
         total.attempt_cursor, total.journal_cursor = self.attempt_cursor, self.journal_cursor
         return total, rounds
 

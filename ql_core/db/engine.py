@@ -23,11 +23,14 @@ __all__ = ["create_db_engine", "session_scope", "is_busy_error"]
 
 def _sqlite_engine(url: str, busy_timeout_ms: int) -> Engine:
     from sqlalchemy import create_engine, event
-    from sqlalchemy.pool import NullPool
 
-    # NullPool: a connection per session; nothing stays open between rounds and
-    # forked children never inherit a live SQLite handle.
-    engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": busy_timeout_ms / 1000})
+    # The default QueuePool keeps connections open between transactions. With a
+    # connection per transaction (NullPool) every close of the last connection
+    # checkpoints, deletes and syncs the WAL — on every session. Pooled
+    # connections are used by one thread at a time (SQLAlchemy turns sqlite3's
+    # same-thread check off for file databases); the launcher is spawned with
+    # close_fds, so no task inherits one; Runtime.close() disposes them.
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
