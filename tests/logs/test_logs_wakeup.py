@@ -185,11 +185,16 @@ def test_a_follower_watches_its_log_only_while_it_follows(make_runtime) -> None:
     assert b"".join(c.data for c in chunks) == lines_output(20)
     assert any(name.startswith("ql-follow-") for name in during)
     wait_for(lambda: thread_names() <= before, timeout=5)
-    # an abandoned follower closes its watch too
-    sub = rt.submit(["sh", "-c", "echo x; sleep 0.5; echo y"])
+    # an abandoned follower closes its watch too. The second line waits for a go-file (not a fixed
+    # sleep), so a slow first read can never see both lines at once and end the follower early.
+    go = Path(rt.config.data_dir) / "go"
+    sub = rt.submit(["sh", "-c", f"echo x; while [ ! -e {go} ]; do sleep 0.02; done; echo y"])
     follower = follow_log(rt, sub.run_id, follow=True)
-    next(follower)
-    next(follower)  # waits on the watch for the second line
+    assert next(follower).data == b"x\n"
+    release = threading.Timer(0.3, go.touch)
+    release.start()
+    assert next(follower).data == b"y\n"  # waited on the watch for the second line
+    release.join()
     assert any(name.startswith("ql-follow-") for name in thread_names())
     follower.close()
     assert thread_names() <= before
