@@ -1,20 +1,29 @@
-"""The run database: SQLModel tables (ADR-0007 §2.1, §2.2, §2.5; DESIGN.md §2).
+"""The run database's declared schema: SQLModel tables (ADR-0007 §2.1, §2.2, §2.5).
 
 Run, RunAttempt and RunEvent are the only business truth. The receipt journal
 indexes attempts that may have a receipt file; the cancellation dispatch holds
 the lease-guarded intent to signal. Times are integer Unix milliseconds.
-Every change to this module needs a new Alembic revision (a test compares the
-metadata with the migrated schema).
+
+This module is the *declaration*: Alembic migrations are checked against it
+(a test compares it with the migrated schema) and tests use it to inspect a
+database. The hot paths do not load it: each journal backend reads and writes
+with its own prebuilt statements. The tables live on a private
+:data:`METADATA` (registry of :class:`QlTable`), never on the global
+``SQLModel.metadata`` of an application that embeds ql. Every change here
+needs a new Alembic revision.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import BigInteger, Column, Index, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, MetaData
+from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "QlTable",
+    "METADATA",
     "Run",
     "RunAttempt",
     "RunEvent",
@@ -23,15 +32,24 @@ __all__ = [
     "CancellationDispatch",
 ]
 
+class QlTable(SQLModel, registry=registry()):
+    """Base of ql's tables: its own registry, so its own :class:`~sqlalchemy.MetaData`."""
+
+
+#: ql's tables and nothing else (Alembic's ``target_metadata``).
+METADATA: MetaData = QlTable.metadata
+
+
 def _ms(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
     return Column(BigInteger, nullable=nullable, index=index)
 
 
-class Run(SQLModel, table=True):
+class Run(QlTable, table=True):
     """One submitted task. ``version`` and ``event_seq`` guard every write (compare-and-set)."""
 
     __tablename__ = "ql_run"
-    __table_args__ = (Index("ix_ql_run_created", "created_at_ms"), Index("ix_ql_run_status", "status"))
+    __table_args__ = (Index("ix_ql_run_created", "created_at_ms"), Index("ix_ql_run_status", "status"),
+                      Index("ix_ql_run_finished", "status", "finished_at_ms"))
 
     id: str = Field(primary_key=True, max_length=36)
     name: Optional[str] = Field(default=None, max_length=200)
@@ -50,7 +68,7 @@ class Run(SQLModel, table=True):
     cancel_requested_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
 
 
-class RunAttempt(SQLModel, table=True):
+class RunAttempt(QlTable, table=True):
     """One execution of a run; everything here is persisted before the process exists."""
 
     __tablename__ = "ql_run_attempt"
@@ -63,7 +81,8 @@ class RunAttempt(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=36)
     run_id: str = Field(foreign_key="ql_run.id", max_length=36)
     attempt_no: int = 1
-    executor_type: str = Field(max_length=64)
+    #: The registered name of the executor that started it; recovery, cancel and wait go to it.
+    executor: str = Field(max_length=64)
     #: The stable id of the node whose runtime may complete this attempt.
     runtime_owner: str = Field(max_length=64)
     status: str = Field(max_length=16)
@@ -78,24 +97,24 @@ class RunAttempt(SQLModel, table=True):
     created_at_ms: int = Field(sa_column=_ms())
     started_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
     finished_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    # Durable process handle (DESIGN.md §2), written by the "spawned" transaction.
-    boot_id: Optional[str] = Field(default=None, max_length=64)
-    pid: Optional[int] = None
-    pgid: Optional[int] = None
-    process_start_time: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: The executor's durable handle (opaque JSON, at most 512 bytes), written by the "spawned"
+    #: transaction. Core never parses it: only the executor named above does.
+    handle: Optional[str] = Field(default=None, max_length=512)
+    #: The submitting host's own identity (same executor's handle format), written by the create
+    #: commit: "never spawned" is proven from it (host gone and no handle), never guessed by a timer.
+    host_handle: Optional[str] = Field(default=None, max_length=512)
     #: Attempt-local optimistic version.
     version: int = 1
 
 
-class RunEvent(SQLModel, table=True):
+class RunEvent(QlTable, table=True):
     """An ordered, low-sensitivity fact about a run: ids, type, status, exit code, reason."""
 
     __tablename__ = "ql_run_event"
-    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_ql_run_event_seq"),)
 
-    id: Optional[int] = Field(default=None, primary_key=True)
-    run_id: str = Field(foreign_key="ql_run.id", max_length=36)
-    seq: int
+    run_id: str = Field(foreign_key="ql_run.id", primary_key=True, max_length=36)
+    #: 1, 2, 3, ... per run; ``(run_id, seq)`` is the key, so a second writer of the same seq fails.
+    seq: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
     type: str = Field(max_length=48)
     attempt_id: Optional[str] = Field(default=None, max_length=36)
     status: Optional[str] = Field(default=None, max_length=16)
@@ -104,7 +123,7 @@ class RunEvent(SQLModel, table=True):
     at_ms: int = Field(sa_column=_ms())
 
 
-class LogArtifact(SQLModel, table=True):
+class LogArtifact(QlTable, table=True):
     """The append-only log file of one attempt, relative to ``<data_dir>/logs``."""
 
     __tablename__ = "ql_log_artifact"
@@ -121,7 +140,7 @@ class LogArtifact(SQLModel, table=True):
     deleted_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
 
 
-class CompletionReceiptJournal(SQLModel, table=True):
+class CompletionReceiptJournal(QlTable, table=True):
     """Which attempt may have a receipt, where (relative), and its retention clock."""
 
     __tablename__ = "ql_receipt_journal"
@@ -139,7 +158,7 @@ class CompletionReceiptJournal(SQLModel, table=True):
     terminal_seen_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
 
 
-class CancellationDispatch(SQLModel, table=True):
+class CancellationDispatch(QlTable, table=True):
     """One per run: the intent to signal one attempt, claimed by a lease before any signal."""
 
     __tablename__ = "ql_cancel_dispatch"

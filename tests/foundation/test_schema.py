@@ -17,12 +17,10 @@ TABLES = {"ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_rec
 def assert_schema_matches_metadata(engine) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-    from sqlmodel import SQLModel
-
-    import ql_core.db.models  # noqa: F401
+    from ql_core.db.models import METADATA
 
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), SQLModel.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), METADATA)
     assert diff == []
 
 

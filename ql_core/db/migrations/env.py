@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from ql_core.db import models  # noqa: F401 - registers the tables on the metadata
-from sqlmodel import SQLModel
+from ql_core.db.models import METADATA
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - only through ql_core.db.migrate
@@ -13,7 +12,7 @@ if connection is None:  # pragma: no cover - only through ql_core.db.migrate
 
 context.configure(
     connection=connection,
-    target_metadata=SQLModel.metadata,
+    target_metadata=METADATA,
     render_as_batch=connection.dialect.name == "sqlite",
     compare_type=True,
 )
