@@ -1,0 +1,52 @@
+"""What every plugin factory receives (:class:`RuntimeContext`) and what observers see (:class:`RunEventInfo`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+__all__ = ["RuntimeContext", "RunEventInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeContext:
+    """Handed to every plugin factory when a runtime first needs that plugin.
+
+    ``config`` is the validated configuration; ``node_id`` this node's stable
+    id (the ``runtime_owner`` of the attempts it starts). A plugin reads its
+    own ``[plugin.<name>]`` table with :meth:`plugin_config`, validates it and
+    raises :class:`~ql_core.errors.ConfigError` with a one-line message naming
+    the key and the fix when it is wrong.
+    """
+
+    config: Config
+    node_id: str
+    #: ``read_only``: the runtime was opened for reading (``ql status``/``list``/...): a backend must
+    #: not create, migrate or write anything.
+    read_only: bool = False
+    _extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.config.data_dir
+
+    def plugin_config(self, name: str) -> dict[str, Any]:
+        """The ``[plugin.<name>]`` table of the config file (a copy; ``{}`` when absent)."""
+        return dict(self.config.plugin_settings.get(name, {}))
+
+
+@dataclass(frozen=True, slots=True)
+class RunEventInfo:
+    """A committed run event, reduced to low-sensitivity fields (never a command, env or output)."""
+
+    run_id: str
+    seq: int
+    type: str
+    attempt_id: str | None = None
+    status: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None

@@ -1,0 +1,151 @@
+"""The executor seam: how a task is started, observed and signalled.
+
+Core never looks inside a handle and never touches a process itself: every
+process detail (a launcher, its special exit statuses, pids, groups, start
+times, containers, remote jobs) belongs to the executor. Core stores the
+handle as an opaque string and gives it back to the executor that made it —
+the attempt records the executor's registered name, and recovery, cancel and
+wait always go to that executor.
+
+Contract (checked by :class:`ql_core.testing.ExecutorContract`):
+
+- :meth:`Executor.spawn` starts the task *detached from the host*: the task
+  outlives the host process, writes its stdout/stderr to ``log_fd``, and on
+  its end publishes a completion receipt (``request.token``,
+  ``request.callback_sequence``, its true exit code, 128+N when killed by
+  signal N) through the receipt store's ``request.receipt_location``. It
+  raises ``OSError``/``ValueError`` only when nothing was started.
+- ``SpawnedTask.handle`` is a JSON document of at most :data:`MAX_HANDLE_BYTES`
+  bytes that identifies the task for ever (a pid alone does not); ``None``
+  when identity could not be read — core then stops the task with
+  :meth:`Executor.abort` and marks the attempt lost.
+- :meth:`Executor.inspect` says ``running``/``exited``/``unverifiable``; it
+  never guesses: identity it cannot read is ``unverifiable``.
+- :meth:`Executor.signal` re-verifies identity immediately before signalling
+  and signals the task's whole process group (or equivalent); never a bare pid.
+- :meth:`Executor.wait` is the live fast path of the host that spawned the
+  task: it returns the exit observation, or ``None`` on timeout. An
+  observation without ``exit_code`` means "no trustworthy status" (e.g. the
+  launcher itself was killed): core then lets recovery decide — never a guess.
+
+Threading: one executor instance serves a whole runtime; ``spawn``,
+``inspect``, ``signal`` and ``host_handle`` may be called from several threads
+at once; ``wait`` and ``abort`` only by the thread that spawned the task.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "MAX_HANDLE_BYTES",
+    "IdentityState",
+    "SignalOutcome",
+    "SpawnRequest",
+    "SpawnedTask",
+    "ExitObservation",
+    "Executor",
+    "check_handle",
+]
+
+#: The largest handle core stores (UTF-8 bytes of the JSON document).
+MAX_HANDLE_BYTES = 512
+
+
+class IdentityState(enum.StrEnum):
+    """What a durable handle says about the task it names."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    UNVERIFIABLE = "unverifiable"
+
+
+class SignalOutcome(enum.StrEnum):
+    """The result of a verified signal to a task."""
+
+    SIGNALLED = "signalled"
+    ALREADY_EXITED = "already_exited"
+    BLOCKED = "blocked"
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnRequest:
+    """Everything an executor needs to start one attempt; all of it was persisted before spawn."""
+
+    run_id: str
+    attempt_id: str
+    callback_sequence: int
+    #: The plaintext callback token: only for this execution's receipt; never into argv or env.
+    token: str = field(repr=False)
+    started_at_ms: int
+    command: tuple[str, ...] = field(repr=False)
+    shell: bool
+    log_path: Path
+    #: Where the task's receipt must be published: :meth:`ReceiptStore.prepare`'s answer, opaque to core.
+    receipt_location: str
+    cwd: str | None = field(default=None, repr=False)
+    env: dict[str, str] | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class SpawnedTask:
+    """A started task: its durable handle and, while the host is its parent, the executor's live object."""
+
+    handle: str | None
+    #: Executor-private (e.g. a ``Popen``); only :meth:`Executor.wait`/:meth:`Executor.abort` use it.
+    live: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitObservation:
+    """What the spawning host saw when its task ended.
+
+    ``exit_code`` is the task's own status (0-255; 128+N for signal N), or
+    ``None`` when the executor cannot vouch for it (its launcher died, or
+    reported that it lost the status): then only a receipt or recovery decides.
+    ``finished_at_ms`` is an upper bound of the true end (read after reaping).
+    """
+
+    exit_code: int | None
+    finished_at_ms: int
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Starts tasks and later tells, from a stored handle, whether they still run."""
+
+    def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
+        """Start the task detached from the host; raise (OSError, ValueError) only if nothing started."""
+        ...
+
+    def inspect(self, handle: str | None) -> IdentityState:
+        """``running`` / ``exited`` / ``unverifiable`` for a stored handle (None: unverifiable)."""
+        ...
+
+    def signal(self, handle: str | None, signum: int) -> SignalOutcome:
+        """Re-verify identity, then signal the task's process group; None handle: ``blocked``."""
+        ...
+
+    def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
+        """Block until the spawned task ends (or ``timeout_s`` passes: None). Spawning host only."""
+        ...
+
+    def abort(self, task: SpawnedTask) -> None:
+        """Stop a task this host just spawned and reap it (its handle could not be saved)."""
+        ...
+
+    def host_handle(self) -> str | None:
+        """A handle of the *calling process itself* (same format), so recovery can prove it is gone."""
+        ...
+
+
+def check_handle(handle: str | None) -> str | None:
+    """Validate what an executor returned as a handle: None, or a str of at most 512 UTF-8 bytes."""
+    if handle is None:
+        return None
+    if not isinstance(handle, str) or len(handle.encode("utf-8")) > MAX_HANDLE_BYTES:
+        raise ValueError(f"an executor handle must be a JSON string of at most {MAX_HANDLE_BYTES} bytes")
+    return handle

@@ -1,0 +1,278 @@
+"""The journal-backend seam: the whole run store (runs, attempts, events, receipt journal, dispatch, logs).
+
+Core decides, the backend stores. Every state change goes through
+:meth:`JournalBackend.transition` (or :meth:`JournalBackend.run_transition`):
+the backend opens ONE write transaction, reads the attempt and its run (locked
+against other writers), hands a :class:`Snapshot` to core's ``decide``
+function, and applies the :class:`Transition` it returns with compare-and-set
+on the rows' versions, numbering the events from the run's ``event_seq`` —
+or writes nothing when ``decide`` returns ``None``. Core owns the state
+machine, the outcome mapping and the "finished before the intent" rule; a
+backend never decides an outcome and core never issues SQL.
+
+Errors a backend raises: :class:`ConflictError` (a compare-and-set lost) and
+:class:`StoreBusyError` (locked/busy/serialization failure) are retried by core
+a bounded number of times; :class:`StoreError` for anything else (the message
+names the fix, never a command or a token).
+
+Contract (checked by :class:`ql_core.testing.JournalBackendContract`):
+
+- the *create* commit writes the run (``queued``), its first attempt
+  (``starting``), the log artifact, the receipt-journal row (``pending``) and
+  the ``run.created`` event, all or nothing;
+- a transition's events get consecutive ``seq`` numbers after the run's
+  ``event_seq``, ``(run_id, seq)`` is unique, and ``decide`` sees the state
+  as of the transaction it runs in;
+- paging is by a stable cursor (``id > after ORDER BY id LIMIT limit``) and
+  never returns more than ``limit`` rows;
+- a journal row is never deleted while its receipt may exist: rows noted as
+  consumed (:meth:`JournalBackend.note_consumed`) are dropped inside a later
+  write the backend makes anyway, and :meth:`JournalBackend.resolve` only
+  drops what core asks for;
+- reads never write.
+
+Threading: one backend instance serves a whole runtime; every method may be
+called from several threads at once (each call is its own transaction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..records import (
+        AttemptRecord,
+        DispatchRecord,
+        EventRecord,
+        JournalEntry,
+        LogFacts,
+        NewDispatch,
+        NewRun,
+        RunRecord,
+        RunView,
+    )
+    from .context import RunEventInfo
+
+__all__ = [
+    "StoreError",
+    "StoreBusyError",
+    "ConflictError",
+    "EventSpec",
+    "Snapshot",
+    "Transition",
+    "Decide",
+    "DispatchClaim",
+    "ATTEMPT_COLUMNS",
+    "RUN_COLUMNS",
+    "DISPATCH_COLUMNS",
+    "JournalBackend",
+]
+
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    """The run store failed; the message names the fix (never a command or token)."""
+
+
+class StoreBusyError(StoreError):
+    """Locked, busy or a serialization failure: retrying the whole transaction may succeed."""
+
+
+class ConflictError(StoreError):
+    """A compare-and-set lost against another writer: retry the whole transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """An event to append: only ids, type, status, exit code and reason (low sensitivity)."""
+
+    type: str
+    attempt_id: str | None = None
+    status: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+#: Attempt columns a transition may set.
+ATTEMPT_COLUMNS = frozenset({"status", "exit_code", "reason", "callback_sequence", "started_at_ms",
+                             "finished_at_ms", "handle"})
+#: Run columns a transition may set.
+RUN_COLUMNS = frozenset({"status", "exit_code", "reason", "finished_at_ms", "cancel_reason",
+                         "cancel_requested_at_ms"})
+#: Dispatch columns :meth:`JournalBackend.finish_dispatch` may set.
+DISPATCH_COLUMNS = frozenset({"state", "outcome", "tries", "next_attempt_at_ms", "term_sent_at_ms",
+                              "kill_sent_at_ms"})
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a decision sees, read inside the write transaction that will apply it.
+
+    ``attempt`` is the one asked for (for :meth:`JournalBackend.run_transition`:
+    the run's current attempt); ``signalled`` is True when the run's
+    cancellation dispatch, bound to this attempt, has sent it a signal;
+    ``now_ms`` is the store's clock.
+    """
+
+    run: RunRecord | None
+    attempt: AttemptRecord | None
+    signalled: bool
+    has_dispatch: bool
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A decided change, applied by the backend with compare-and-set, or not at all."""
+
+    attempt: Mapping[str, object] = field(default_factory=dict)
+    run: Mapping[str, object] = field(default_factory=dict)
+    events: tuple[EventSpec, ...] = ()
+    #: The attempt ended: start its receipt-journal row's retention clock in the same transaction.
+    terminal: bool = False
+    #: Insert the run's cancellation dispatch record (only if it has none).
+    dispatch: NewDispatch | None = None
+    #: Test seam: the backend calls ``ql_core.crashpoints.crashpoint(crash_point)`` after its writes,
+    #: before the commit (a process that dies there leaves nothing of this transaction behind).
+    crash_point: str | None = None
+
+
+#: ``decide(snapshot) -> (result, transition or None)``.
+Decide = Callable[[Snapshot], "tuple[T, Transition | None]"]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchClaim:
+    """A cancellation dispatch record whose lease this node now holds (``record.version`` is the fence)."""
+
+    record: DispatchRecord
+    owner: str
+    now_ms: int
+
+
+@runtime_checkable
+class JournalBackend(Protocol):
+    """Where runs, attempts, events, the receipt journal, cancel dispatch and log facts live."""
+
+    name: str
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+    # -- create -----------------------------------------------------------------------
+    def create(self, new: NewRun) -> list[RunEventInfo]:
+        """The *create* commit (before any side effect): run, attempt, log, journal row, ``run.created``.
+
+        Calls ``crashpoint("create.before_commit")`` after its writes, before the commit.
+        """
+        ...
+
+    def note_consumed(self, attempt_id: str) -> None:
+        """Hint: the attempt's receipt was deleted after its terminal commit; drop its row in a later write."""
+        ...
+
+    # -- decided changes ----------------------------------------------------------------
+    def transition(self, attempt_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
+        """One write transaction: snapshot the attempt and its run, ``decide``, apply with CAS."""
+        ...
+
+    def run_transition(self, run_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
+        """Like :meth:`transition`, keyed by run (the snapshot's attempt is the run's current one)."""
+        ...
+
+    # -- reads ----------------------------------------------------------------------------
+    def run(self, run_id: str) -> RunRecord | None: ...
+
+    def attempt(self, attempt_id: str) -> AttemptRecord | None: ...
+
+    def view(self, run_id: str) -> RunView | None:
+        """The run with its attempts (oldest first), or None."""
+        ...
+
+    def list_views(self, *, status: str | None, limit: int) -> list[RunView]:
+        """Runs newest first (``created_at_ms`` desc, id desc), at most ``limit``."""
+        ...
+
+    def events(self, run_id: str) -> list[EventRecord] | None:
+        """The run's events in ``seq`` order; None when the run is unknown."""
+        ...
+
+    # -- recovery paging ---------------------------------------------------------------------
+    def page_active_attempts(self, owner: str, after: str, limit: int) -> list[AttemptRecord]:
+        """``starting``/``running`` attempts of ``owner`` with id > ``after``, by id."""
+        ...
+
+    def due_deadlines(self, owner: str, now_ms: int, limit: int) -> list[str]:
+        """Run ids of ``owner``'s current active/blocked attempts whose deadline passed, no intent yet."""
+        ...
+
+    def page_journal(self, after: str, limit: int) -> list[JournalEntry]:
+        """Receipt-journal rows with attempt_id > ``after``, by attempt id, with their attempts."""
+        ...
+
+    # -- the receipt journal ---------------------------------------------------------------
+    def journal_entry(self, attempt_id: str) -> JournalEntry | None: ...
+
+    def register_journal(self, entries: Mapping[str, tuple[str, str]], now_ms: int) -> int:
+        """Back-register ``attempt_id -> (run_id, receipt_ref)`` rows that are missing; count added."""
+        ...
+
+    def mark_quarantined(self, attempt_id: str, reason: str, now_ms: int) -> bool:
+        """Persist a quarantine decision before the file moves (first decision kept); False: no row."""
+        ...
+
+    def mark_terminal_seen(self, attempt_ids: list[str], now_ms: int) -> None:
+        """Start the retention clock of rows whose attempt ended and whose receipt was seen missing."""
+        ...
+
+    def resolve(self, attempt_ids: list[str]) -> int:
+        """Delete these rows (their receipt is gone and the attempt ended); count deleted."""
+        ...
+
+    def requeue_quarantined(self, attempt_id: str, seen_updated_at_ms: int, now_ms: int) -> bool:
+        """A quarantined row of a still-active attempt goes back to ``pending`` (CAS on updated_at)."""
+        ...
+
+    # -- cancellation dispatch ----------------------------------------------------------------
+    def dispatch(self, run_id: str) -> DispatchRecord | None: ...
+
+    def due_dispatches(self, owner: str, limit: int) -> list[str]:
+        """Run ids whose active dispatch record is due by the store's clock, attempts of ``owner``."""
+        ...
+
+    def claim_dispatch(self, run_id: str, owner: str, lease_ms: int) -> DispatchClaim | None:
+        """Take the record's lease (CAS on version; expiry by the store's clock) if due and free."""
+        ...
+
+    def finish_dispatch(self, claim: DispatchClaim, values: Mapping[str, object]) -> bool:
+        """Write an outcome and release the lease — only while the claim's version still holds."""
+        ...
+
+    # -- log artifacts ------------------------------------------------------------------------
+    def log_facts(self, log_id: str) -> LogFacts | None: ...
+
+    def mark_log_truncated(self, log_id: str, event: EventSpec) -> list[RunEventInfo]:
+        """Set ``truncated`` once and append ``event`` to the run; [] if it already was."""
+        ...
+
+    def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
+        """Record final sizes of many logs in one transaction."""
+        ...
+
+    def page_live_logs(self, owner: str, after: str, limit: int) -> list[LogFacts]:
+        """Undeleted logs of ``owner``'s starting/running/blocked attempts, id > ``after``, by id."""
+        ...
+
+    def ended_logs(self, owner: str, *, unsized: bool = False, created_before_ms: int | None = None,
+                   sized: bool = False, limit: int) -> list[LogFacts]:
+        """Undeleted logs of ``owner``'s ended attempts, oldest first, filtered as asked."""
+        ...
+
+    def ended_log_bytes(self, owner: str) -> int:
+        """Recorded total size of ``owner``'s undeleted logs of ended attempts."""
+        ...
+
+    def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None: ...

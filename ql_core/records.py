@@ -1,0 +1,223 @@
+"""Typed records of the run store: what a journal backend returns and what the views show.
+
+Plain frozen dataclasses, one per table row or read view, with the column
+names of the declared schema (:mod:`ql_core.db.models`). They carry no
+behaviour beyond small derived properties; decisions live in
+:mod:`ql_core.outcome` and the services. Nothing here holds a command,
+argv, environment, token or output: an attempt carries only its token's hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .states import RUN_TERMINAL
+
+__all__ = [
+    "RunRecord",
+    "AttemptRecord",
+    "EventRecord",
+    "JournalEntry",
+    "DispatchRecord",
+    "LogFacts",
+    "NewRun",
+    "NewDispatch",
+    "AttemptView",
+    "RunView",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: str
+    name: str | None
+    status: str
+    exit_code: int | None
+    reason: str | None
+    version: int
+    event_seq: int
+    current_attempt_id: str | None
+    created_at_ms: int
+    updated_at_ms: int
+    finished_at_ms: int | None
+    deadline_at_ms: int | None
+    cancel_reason: str | None
+    cancel_requested_at_ms: int | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in RUN_TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    id: str
+    run_id: str
+    attempt_no: int
+    executor: str
+    runtime_owner: str
+    status: str
+    exit_code: int | None
+    reason: str | None
+    log_artifact_id: str
+    callback_token_hash: str = field(repr=False)
+    callback_sequence: int
+    deadline_at_ms: int | None
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    handle: str | None
+    host_handle: str | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    run_id: str
+    seq: int
+    type: str
+    attempt_id: str | None
+    status: str | None
+    exit_code: int | None
+    reason: str | None
+    at_ms: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A receipt-journal row, with the status and owner of its attempt (None: attempt unknown)."""
+
+    attempt_id: str
+    run_id: str
+    state: str
+    receipt_ref: str
+    quarantine_reason: str | None
+    registered_at_ms: int
+    updated_at_ms: int
+    terminal_seen_at_ms: int | None
+    attempt_status: str | None
+    attempt_owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRecord:
+    """A run's cancellation dispatch record (one per run, bound to one attempt)."""
+
+    run_id: str
+    attempt_id: str
+    reason: str
+    state: str
+    outcome: str | None
+    lease_owner: str | None
+    lease_expires_at_ms: int | None
+    version: int
+    tries: int
+    next_attempt_at_ms: int
+    term_sent_at_ms: int | None
+    kill_sent_at_ms: int | None
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    """What the run store knows about one log artifact."""
+
+    id: str
+    run_id: str
+    attempt_id: str
+    max_bytes: int
+    size_bytes: int | None
+    truncated: bool
+    created_at_ms: int
+    deleted_at_ms: int | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at_ms is not None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """Everything the *create* commit writes (run, first attempt, log artifact, journal row, event)."""
+
+    run_id: str
+    attempt_id: str
+    log_artifact_id: str
+    name: str | None
+    executor: str
+    runtime_owner: str
+    callback_token_hash: str = field(repr=False)
+    created_at_ms: int
+    deadline_at_ms: int | None
+    log_relative_path: str
+    log_max_bytes: int
+    receipt_ref: str
+    host_handle: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewDispatch:
+    """The cancellation dispatch record a cancel intent creates (due at ``due_at_ms``)."""
+
+    attempt_id: str
+    reason: str
+    due_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """One attempt as ``ql status`` shows it: low-sensitivity facts only (no token, no handle)."""
+
+    attempt_id: str
+    attempt_no: int
+    status: str
+    exit_code: int | None
+    reason: str | None
+    executor: str
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    log_artifact_id: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as ``ql status`` shows it, with its attempts in order (oldest first)."""
+
+    run_id: str
+    name: str | None
+    status: str
+    exit_code: int | None
+    reason: str | None
+    created_at_ms: int
+    finished_at_ms: int | None
+    deadline_at_ms: int | None
+    cancel_reason: str | None
+    attempts: tuple[AttemptView, ...]
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in RUN_TERMINAL
+
+    @property
+    def current_attempt(self) -> AttemptView | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def log_artifact_id(self) -> str | None:
+        attempt = self.current_attempt
+        return attempt.log_artifact_id if attempt is not None else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "name": self.name, "status": self.status, "exit_code": self.exit_code,
+                "reason": self.reason, "created_at_ms": self.created_at_ms, "finished_at_ms": self.finished_at_ms,
+                "deadline_at_ms": self.deadline_at_ms, "cancel_reason": self.cancel_reason,
+                "attempts": [a.as_dict() for a in self.attempts]}
