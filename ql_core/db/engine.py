@@ -54,7 +54,7 @@ def _postgres_engine(url: str) -> Engine:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql[cluster]'") from None
+        raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql-runner[cluster]'") from None
     from sqlalchemy import create_engine
 
     return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)

@@ -1,1 +1,1 @@
-"""edge-sqlite: the receipt journal kept in the SQLite run database (edge and standalone)."""
+"""The ``edge-sqlite`` journal backend (see :mod:`.store`)."""

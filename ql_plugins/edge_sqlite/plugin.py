@@ -1,6 +1,7 @@
-"""The ``edge-sqlite`` plugin: registers the SQL receipt journal (same transaction as the run).
+"""The ``edge-sqlite`` plugin: the run store of the edge and standalone profiles, in one SQLite file.
 
-Kept import-light: ``ql plugins`` loads this module and must not import SQLAlchemy.
+Kept import-light: ``ql plugins`` loads this module; the store itself (and
+``sqlite3``) is imported only when a runtime builds it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from typing import TYPE_CHECKING
 from ql_core.hookspecs import RegisterJournalBackend, hookimpl
 
 if TYPE_CHECKING:
-    from ql_core.interfaces import RuntimeContext
+    from ql_core.ports import JournalBackend, RuntimeContext
 
 __all__ = ["ql_register_journal_backends"]
 
 
-def _journal(context: RuntimeContext):  # type: ignore[no-untyped-def]
-    from ql_core.journal import SqlReceiptJournal
+def _journal(context: RuntimeContext) -> JournalBackend:
+    from .store import SqliteJournal
 
-    return SqlReceiptJournal(name="edge-sqlite")
+    return SqliteJournal.from_context(context)
 
 
 @hookimpl

@@ -1,0 +1,217 @@
+"""SQLite connections for the edge-sqlite run store: stdlib ``sqlite3``, one connection per thread.
+
+Tuned for a crash-safe single node: WAL journal, ``synchronous=FULL`` (a
+committed terminal state survives power loss as well as a crash), a busy
+timeout, foreign keys, and write transactions that take the write lock up
+front (``BEGIN IMMEDIATE``) so two writers never deadlock on a lock upgrade.
+Reads run in a deferred transaction (one snapshot) and never write.
+
+The schema is created and upgraded by Alembic (``ql_core.db.migrate``), which
+is imported only when the database is behind: checking costs one SELECT.
+Concurrent first starts serialize on an ``flock`` beside the database, so 50
+processes creating the same data dir at once all succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import sqlite3
+import stat
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import unquote
+
+from ql_core.errors import ConfigError, DatabaseError
+from ql_core.ports.journal import ConflictError, StoreBusyError, StoreError
+
+__all__ = ["sqlite_path", "SqliteConnections"]
+
+_SCHEMA_VERSION_SQL = "SELECT version_num FROM alembic_version"
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a ``sqlite:///...`` URL; refuses in-memory and URI-parameter forms."""
+    if not url.startswith("sqlite:///"):
+        raise ConfigError("the edge-sqlite journal needs database_url = \"sqlite:////abs/path/ql.db\" "
+                          "(use journal = \"cluster-fenced\" for PostgreSQL)")
+    raw = unquote(url[len("sqlite:///"):])
+    if raw in ("", ":memory:") or raw.startswith(":memory:") or "?" in raw or "mode=memory" in raw:
+        raise ConfigError("database_url points at an in-memory SQLite database: runs would vanish with "
+                          "the process; give a file path, e.g. sqlite:////var/lib/myhost/ql/ql.db")
+    return Path(os.path.abspath(raw))
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+class SqliteConnections:
+    """Per-thread connections to one SQLite file, and the transactions the store runs on them."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int, read_only: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._busy_s = busy_timeout_ms / 1000
+        self._busy_ms = int(busy_timeout_ms)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._trace: Callable[[int, str], None] | None = None
+
+    # -- connections -----------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            uri = f"file:{self.path.as_posix()}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, timeout=self._busy_s, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA query_only=ON")
+        else:
+            conn = sqlite3.connect(self.path, timeout=self._busy_s, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA trusted_schema=OFF")
+        return conn
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (opened on first use; used only by this thread)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StoreError("the run store is closed")
+            try:
+                conn = self._connect()
+            except sqlite3.Error as exc:
+                raise _store_error(exc, self.path) from None
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+                if self._trace is not None:
+                    self._attach(conn, self._trace)
+        return conn
+
+    def trace(self, callback: Callable[[int, str], None] | None) -> None:
+        """Diagnostics: ``callback(connection_id, sql)`` for every statement on every connection
+        (current and future), None to stop. Only statements — parameters are never passed."""
+        with self._lock:
+            self._trace = callback
+            for conn in self._all:
+                self._attach(conn, callback)
+
+    @staticmethod
+    def _attach(conn: sqlite3.Connection, callback: Callable[[int, str], None] | None) -> None:
+        key = id(conn)
+        conn.set_trace_callback(None if callback is None else (lambda statement: callback(key, statement)))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._local = threading.local()
+
+    # -- transactions -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``): commit on success, roll back on any error."""
+        if self.read_only:
+            raise StoreError("this runtime was opened read-only; nothing may be written")
+        conn = self.connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path) from None
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _store_error(exc, self.path) from None
+            raise
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """One read snapshot (deferred ``BEGIN``); never writes."""
+        conn = self.connection()
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path) from None
+
+    # -- schema -------------------------------------------------------------------------
+    def schema_revision(self) -> str | None:
+        """The Alembic revision recorded in the database (None: empty database)."""
+        try:
+            row = self.connection().execute(_SCHEMA_VERSION_SQL).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise _store_error(exc, self.path) from None
+        except sqlite3.Error as exc:
+            raise _store_error(exc, self.path) from None
+        return None if row is None else str(row[0])
+
+    def ensure_schema(self, head: str) -> None:
+        """Bring the schema to ``head`` (Alembic, under an flock); read-only: require it."""
+        if self.schema_revision() == head:
+            return
+        if self.read_only:
+            raise DatabaseError(f"the run database {self.path} is at schema "
+                                f"{self.schema_revision() or 'none'}, this ql needs {head}: "
+                                f"run `ql db upgrade` (or any writing command) first")
+        with _migration_lock(self.path):
+            if self.schema_revision() == head:  # another process migrated while we waited
+                return
+            from ql_core.db.migrate import migrate_url
+
+            migrate_url(f"sqlite:///{self.path}")
+
+
+def _store_error(exc: sqlite3.Error, path: Path) -> StoreError:
+    if _is_busy(exc):
+        return StoreBusyError(f"the run database {path} is busy; retry")
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(f"a concurrent writer changed the same run ({type(exc).__name__})")
+    text = str(exc).lower()
+    if "malformed" in text or "not a database" in text or "corrupt" in text:
+        return StoreError(f"the run database {path} is damaged ({exc}); stop ql, move it aside, "
+                          f"restore it from a backup (see docs/recovery.md)")
+    if "unable to open" in text or "readonly" in text or "read-only" in text:
+        return StoreError(f"cannot open the run database {path} for writing ({exc}); check the data dir's "
+                          f"owner and permissions (`ql doctor`)")
+    return StoreError(f"run database error: {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _migration_lock(db_path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<db>.migrate-lock`` (a regular file we own; never a FIFO)."""
+    lock_path = db_path.with_name(db_path.name + ".migrate-lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DatabaseError(f"{lock_path} is a symlink; remove it") from None
+        raise DatabaseError(f"cannot create {lock_path} ({exc.strerror}); check the data dir") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DatabaseError(f"{lock_path} is not a regular file; remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
