@@ -14,7 +14,8 @@ Every dispatch time (due, lease expiry, TERM sent, KILL due) is read from the
 database clock, so nodes with skewed clocks agree; the record's version is the
 fencing token — an outcome is written only by the holder of that version.
 A record is only ever selected by the node that owns its attempt.
-What "identity" means is the executor's: for local processes a handle whose
+What "identity" means is the executor's (recorded on the attempt; one that is
+not installed here blocks). For the local executor a handle whose
 pid is gone or carries another start time names a process that *exited*
 (pid reuse), so nothing is sent and the outcome is ``already_exited``; a handle
 that is not a group leader's, whose process sits in another group, or that
@@ -30,19 +31,17 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .clock import now_ms
 from .crashpoints import crashpoint
-from .dbclock import db_now_ms
-from .interfaces import RunEventInfo, SignalOutcome
+from .ports.context import RunEventInfo
+from .ports.executor import SignalOutcome
+from .ports.journal import EventSpec, Snapshot, Transition
+from .records import NewDispatch
+from .retrying import retrying
 from .states import CANCEL_REASONS, RUN_TERMINAL
-from .transitions import EventSpec, change_run, load_run, with_retries
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-    from sqlmodel import Session
-
-    from .db.models import CancellationDispatch
-    from .interfaces import Executor
+    from .ports.executor import Executor
+    from .ports.journal import DispatchClaim, JournalBackend
     from .profiles import Profile
 
 __all__ = ["CancelRequest", "Canceller", "DISPATCH_ACTIVE"]
@@ -61,8 +60,9 @@ class CancelRequest(enum.StrEnum):
 
 @dataclass
 class Canceller:
-    engine: Engine
-    executor: Executor | None
+    store: JournalBackend
+    #: The executor registered under a name, or None when this runtime cannot load it.
+    executor_for: Callable[[str], Executor | None]
     node_id: str
     profile: Profile
     notify: Callable[[RunEventInfo], None] | None = None
@@ -73,29 +73,27 @@ class Canceller:
         if reason not in CANCEL_REASONS:
             raise ValueError(f"cancel reason must be one of {sorted(CANCEL_REASONS)}")
 
-        def work(session: Session) -> tuple[CancelRequest, list[RunEventInfo]]:
-            from .db.models import CancellationDispatch
-
-            run = load_run(session, run_id)
+        def decide(snap: Snapshot) -> tuple[CancelRequest, Transition | None]:
+            run = snap.run
             if run is None:
-                return CancelRequest.NOT_FOUND, []
+                return CancelRequest.NOT_FOUND, None
             if run.status in RUN_TERMINAL:
-                return CancelRequest.ALREADY_TERMINAL, []
+                return CancelRequest.ALREADY_TERMINAL, None
             if run.cancel_reason is not None:
-                return CancelRequest.ALREADY_REQUESTED, []
-            now = now_ms()
-            events = change_run(session, run, {"cancel_reason": reason, "cancel_requested_at_ms": now},
-                                 [EventSpec("run.cancel_requested", attempt_id=run.current_attempt_id,
-                                            reason=reason)], now)
-            if run.current_attempt_id is not None and session.get(CancellationDispatch, run_id) is None:
-                # Due at once by the clock that decides dispatch (the database's, as the lease).
-                due = min(now, db_now_ms(session))
-                session.add(CancellationDispatch(run_id=run_id, attempt_id=run.current_attempt_id, reason=reason,
-                                                 state="pending", next_attempt_at_ms=due, created_at_ms=now,
-                                                 updated_at_ms=now))
-            return CancelRequest.REQUESTED, events
+                return CancelRequest.ALREADY_REQUESTED, None
+            now = snap.now_ms
+            dispatch = None
+            if run.current_attempt_id is not None and not snap.has_dispatch:
+                # Due at once by the clock that decides dispatch (the store's, as the lease).
+                dispatch = NewDispatch(attempt_id=run.current_attempt_id, reason=reason, due_at_ms=now)
+            change = Transition(run={"cancel_reason": reason, "cancel_requested_at_ms": now},
+                                events=(EventSpec("run.cancel_requested", attempt_id=run.current_attempt_id,
+                                                  reason=reason),),
+                                dispatch=dispatch)
+            return CancelRequest.REQUESTED, change
 
-        result, events = with_retries(self.engine, work, retries=self.profile.completion_retries)
+        result, events = retrying(lambda: self.store.run_transition(run_id, decide),
+                                  retries=self.profile.completion_retries)
         for event in events:
             if self.notify:
                 self.notify(event)
@@ -110,83 +108,21 @@ class Canceller:
         Records bound to another node's attempt are not even selected: on a shared
         database they would otherwise fill every page and starve our own.
         """
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import CancellationDispatch, RunAttempt
-
         counts: dict[str, int] = {}
-        with session_scope(self.engine, write=False) as session:
-            now = db_now_ms(session)
-            due = list(session.exec(
-                select(CancellationDispatch.run_id)
-                .join(RunAttempt, col(RunAttempt.id) == col(CancellationDispatch.attempt_id))
-                .where(col(CancellationDispatch.state).in_(DISPATCH_ACTIVE),
-                       col(CancellationDispatch.next_attempt_at_ms) <= now,
-                       col(RunAttempt.runtime_owner) == self.node_id)
-                .order_by(col(CancellationDispatch.next_attempt_at_ms), col(CancellationDispatch.run_id))
-                .limit(limit)))
-        for run_id in due:
+        for run_id in self.store.due_dispatches(self.node_id, limit):
             outcome = self.dispatch_one(run_id)
             if outcome:
                 counts[outcome] = counts.get(outcome, 0) + 1
         return counts
 
-    def _claim(self, run_id: str) -> tuple[CancellationDispatch, int] | None:
-        """Take the record's lease (version compare-and-set; expiry from the database clock).
-
-        Returns the record (at its new version, our fencing token) and the database's now,
-        or None when the record is not due, not active, or someone else holds a live lease.
-        """
-        from sqlalchemy import or_, update
-        from sqlmodel import select
-
-        from .db.engine import session_scope
-        from .db.models import CancellationDispatch
-
-        with session_scope(self.engine) as session:
-            record = session.exec(select(CancellationDispatch).where(
-                CancellationDispatch.run_id == run_id)).first()
-            if record is None or record.state not in DISPATCH_ACTIVE:
-                return None
-            now = db_now_ms(session)
-            if record.next_attempt_at_ms > now:
-                return None
-            lease_free = or_(CancellationDispatch.lease_expires_at_ms.is_(None),  # type: ignore[union-attr]
-                             CancellationDispatch.lease_expires_at_ms < now)
-            result = session.execute(
-                update(CancellationDispatch)
-                .where(CancellationDispatch.run_id == run_id, CancellationDispatch.version == record.version,
-                       lease_free)
-                .values(lease_owner=self.node_id, version=record.version + 1,
-                        lease_expires_at_ms=now + int(self.profile.cancel_lease_s * 1000), updated_at_ms=now)
-                .execution_options(synchronize_session=False))
-            if result.rowcount != 1:
-                return None
-            record.version += 1
-            return record, now
-
-    def _finish(self, record: CancellationDispatch, now: int, **values: object) -> bool:
+    def _finish(self, claim: DispatchClaim, **values: object) -> bool:
         """Write the outcome and release the lease — only if we still hold it (same version)."""
-        from sqlalchemy import update
+        return self.store.finish_dispatch(claim, values)
 
-        from .db.engine import session_scope
-        from .db.models import CancellationDispatch
-
-        with session_scope(self.engine) as session:
-            result = session.execute(
-                update(CancellationDispatch)
-                .where(CancellationDispatch.run_id == record.run_id, CancellationDispatch.version == record.version,
-                       CancellationDispatch.lease_owner == self.node_id)
-                .values(version=record.version + 1, lease_owner=None, lease_expires_at_ms=None,
-                        updated_at_ms=now, **values)
-                .execution_options(synchronize_session=False))
-            return result.rowcount == 1
-
-    def _retry(self, record: CancellationDispatch, now: int) -> str:
-        tries = record.tries + 1
+    def _retry(self, claim: DispatchClaim) -> str:
+        tries = claim.record.tries + 1
         backoff = min(self.profile.cancel_backoff_cap_s, float(2 ** min(tries, 30)))
-        self._finish(record, now, tries=tries, next_attempt_at_ms=now + int(backoff * 1000))
+        self._finish(claim, tries=tries, next_attempt_at_ms=claim.now_ms + int(backoff * 1000))
         return "retry"
 
     def dispatch_one(self, run_id: str) -> str | None:
@@ -198,51 +134,44 @@ class Canceller:
         handle *yet*: bounded exponential backoff). None: not claimed (not due, leased by
         someone else, or another node's attempt).
         """
-        from .db.engine import session_scope
-        from .db.models import RunAttempt
-
-        claimed = self._claim(run_id)
-        if claimed is None:
+        claim = self.store.claim_dispatch(run_id, self.node_id, int(self.profile.cancel_lease_s * 1000))
+        if claim is None:
             return None
-        record, now = claimed
-        with session_scope(self.engine, write=False) as session:
-            attempt = session.get(RunAttempt, record.attempt_id)
+        record, now = claim.record, claim.now_ms
+        attempt = self.store.attempt(record.attempt_id)
         if attempt is not None and attempt.status not in RUN_TERMINAL and attempt.runtime_owner != self.node_id:
-            self._finish(record, now)  # another node's task: leave it to its owner
+            self._finish(claim)  # another node's task: leave it to its owner
             return None
-        if attempt is None or attempt.status in RUN_TERMINAL or self.executor is None:
-            self._finish(record, now, state="done", outcome="already_exited")
+        if attempt is None or attempt.status in RUN_TERMINAL:
+            self._finish(claim, state="done", outcome="already_exited")
             return "already_exited"
-        handle = _handle_of(attempt)
-        if handle is None and attempt.status == "starting" and now - attempt.created_at_ms < _SPAWN_GRACE_MS:
+        executor = self.executor_for(attempt.executor)
+        if executor is None:
+            # The executor that started it is not installed here: nothing can verify it, so nothing is sent.
+            self._finish(claim, state="blocked", outcome="blocked")
+            return "blocked"
+        if attempt.handle is None and attempt.status == "starting" and now - attempt.created_at_ms < _SPAWN_GRACE_MS:
             # Its host is between spawn and the handle commit: signal once the handle exists.
-            return self._retry(record, now)
+            return self._retry(claim)
         grace_ms = int(self.profile.cancel_grace_s * 1000)
         kill = record.state == "term_sent"
         if kill and record.term_sent_at_ms is not None and now < record.term_sent_at_ms + grace_ms:
-            self._finish(record, now, next_attempt_at_ms=record.term_sent_at_ms + grace_ms)
+            self._finish(claim, next_attempt_at_ms=record.term_sent_at_ms + grace_ms)
             return None
         try:
-            outcome = self.executor.signal(handle, signal.SIGKILL if kill else signal.SIGTERM)
+            outcome = executor.signal(attempt.handle, signal.SIGKILL if kill else signal.SIGTERM)
         except OSError:
-            return self._retry(record, now)
+            return self._retry(claim)
         crashpoint("cancel.after_signal")
         if outcome is SignalOutcome.SIGNALLED and not kill:
-            self._finish(record, now, state="term_sent", outcome="signalled", term_sent_at_ms=now,
+            self._finish(claim, state="term_sent", outcome="signalled", term_sent_at_ms=now,
                          next_attempt_at_ms=now + grace_ms)
             return "signalled"
         if outcome is SignalOutcome.SIGNALLED:
-            self._finish(record, now, state="done", outcome="killed", kill_sent_at_ms=now)
+            self._finish(claim, state="done", outcome="killed", kill_sent_at_ms=now)
             return "killed"
         if outcome is SignalOutcome.ALREADY_EXITED:
-            self._finish(record, now, state="done", outcome="already_exited" if not kill else "signalled")
+            self._finish(claim, state="done", outcome="already_exited" if not kill else "signalled")
             return "already_exited"
-        self._finish(record, now, state="blocked", outcome="blocked")
+        self._finish(claim, state="blocked", outcome="blocked")
         return "blocked"
-
-
-def _handle_of(attempt: object) -> dict[str, object] | None:
-    if getattr(attempt, "pid", None) is None:
-        return None
-    return {"boot_id": attempt.boot_id, "pid": attempt.pid, "pgid": attempt.pgid,  # type: ignore[attr-defined]
-            "start_time": attempt.process_start_time}  # type: ignore[attr-defined]

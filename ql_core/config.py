@@ -8,10 +8,17 @@ environment (``QL_DATA_DIR``, ``QL_PROFILE``, ``QL_DATABASE_URL``), the file
 profile = "standalone"            # edge | standalone | cluster-control | cluster-worker
 data_dir = "/var/lib/myhost/ql"
 plugins = ["watchfiles"]          # added to the profile's own plugins
+disable_plugins = []              # removed from the set (like QL_DISABLE_PLUGINS)
 database_url = "sqlite:////var/lib/myhost/ql/ql.db"
+executor = "local"                # the seams, each selected by its registered name
+receipt_store = "file"            # (defaults: the profile's)
+journal = "edge-sqlite"
 
 [limits]                          # any profile number, within its hard range
 page_size = 16
+
+[plugin.nice]                     # handed to that plugin's factories; the plugin validates it
+niceness = 10
 ```
 Every rejection is a :class:`~ql_core.errors.ConfigError` naming the key and
 the allowed values; nothing is silently ignored.
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,7 +38,12 @@ from .profiles import LIMIT_RANGES, PROFILES, Profile
 __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
 
 DEFAULT_CONFIG_NAME = "ql.toml"
-_TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "database_url", "limits"}
+_TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "disable_plugins", "database_url", "executor",
+                   "receipt_store", "journal", "limits", "plugin"}
+#: The seams selected by name (config key -> what it names, for messages).
+SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal": "journal backend"}
+#: Deepest nesting accepted inside a ``[plugin.<name>]`` table (a deeper one is a mistake or an attack).
+_MAX_PLUGIN_DEPTH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +53,31 @@ class Config:
     profile: Profile
     data_dir: Path
     database_url: str
+    #: Plugins to load: the profile's and the config's ``plugins``, minus ``disable_plugins`` (the
+    #: environment switches apply on load). A selected seam also loads the plugin of its name, if
+    #: one is installed (:attr:`seam_plugins`).
     plugins: tuple[str, ...]
     #: Where the settings came from (a path or "built-in edge defaults"), for messages.
     source: str
+    #: The selected executor (None: this profile runs no local processes).
+    executor: str | None = None
+    #: The selected receipt store (None: this profile runs no local processes).
+    receipt_store: str | None = None
+    journal: str = "edge-sqlite"
+    #: Plugins the config disables (``disable_plugins``).
+    disabled_plugins: tuple[str, ...] = ()
+    #: ``[plugin.<name>]`` tables, handed to that plugin's factories through the runtime context.
+    plugin_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    @property
+    def seam_plugins(self) -> tuple[str, ...]:
+        """The selected seam names not disabled: each loads the installed plugin of the same name."""
+        names = (self.executor, self.receipt_store, self.journal)
+        return tuple(n for n in dict.fromkeys(names) if n and n not in self.disabled_plugins)
 
 
 def _default_data_dir() -> Path:
@@ -87,10 +117,29 @@ def _check_str(key: str, value: object) -> str:
     return value
 
 
-def _check_plugins(value: object) -> tuple[str, ...]:
+def _check_plugins(key: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError('plugins must be a list of plugin names, e.g. plugins = ["watchfiles"]')
+        raise ConfigError(f'{key} must be a list of plugin names, e.g. {key} = ["watchfiles"]')
     return tuple(value)
+
+
+def _depth(value: object, limit: int) -> int:
+    if limit < 0:
+        return 1
+    if isinstance(value, dict):
+        return 1 + max((_depth(v, limit - 1) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v, limit - 1) for v in value), default=0)
+    return 0
+
+
+def _check_plugin_tables(value: object) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError("plugin settings must be tables: [plugin.<name>] with key = value lines")
+    for name, table in value.items():
+        if _depth(table, _MAX_PLUGIN_DEPTH) > _MAX_PLUGIN_DEPTH:
+            raise ConfigError(f"[plugin.{name}] is nested more than {_MAX_PLUGIN_DEPTH} levels deep; flatten it")
+    return {name: dict(table) for name, table in value.items()}
 
 
 def _validate(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -106,7 +155,13 @@ def _validate(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "database_url" in raw:
         out["database_url"] = _check_str("database_url", raw["database_url"])
     if "plugins" in raw:
-        out["plugins"] = _check_plugins(raw["plugins"])
+        out["plugins"] = _check_plugins("plugins", raw["plugins"])
+    if "disable_plugins" in raw:
+        out["disable_plugins"] = _check_plugins("disable_plugins", raw["disable_plugins"])
+    for key in SEAM_KEYS:
+        if key in raw:
+            out[key] = _check_str(key, raw[key])
+    out["plugin"] = _check_plugin_tables(raw.get("plugin", {}))
     limits = raw.get("limits", {})
     if not isinstance(limits, dict):
         raise ConfigError("limits must be a table: [limits]")
@@ -167,5 +222,15 @@ def load_config(
     if not (url.startswith("sqlite") or url.startswith("postgresql")):
         raise ConfigError("database_url must start with sqlite:/// or postgresql+psycopg://")
 
-    plugins = tuple(dict.fromkeys(chosen.default_plugins + settings.get("plugins", ())))
-    return Config(profile=chosen, data_dir=directory, database_url=url, plugins=plugins, source=source)
+    executor = settings.get("executor", chosen.default_executor)
+    receipt_store = settings.get("receipt_store", chosen.default_receipt_store)
+    if not chosen.runs_tasks and ("executor" in settings or "receipt_store" in settings):
+        raise ConfigError(f"profile {name!r} runs no local processes; remove executor/receipt_store from "
+                          f"{source} (or use profile standalone or cluster-worker)")
+    journal = settings.get("journal", chosen.default_journal)
+    disabled = settings.get("disable_plugins", ())
+    wanted = chosen.default_plugins + settings.get("plugins", ())
+    plugins = tuple(n for n in dict.fromkeys(wanted) if n not in disabled)
+    return Config(profile=chosen, data_dir=directory, database_url=url, plugins=plugins, source=source,
+                  executor=executor, receipt_store=receipt_store, journal=journal, disabled_plugins=tuple(disabled),
+                  plugin_settings=settings["plugin"])

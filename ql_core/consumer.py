@@ -30,15 +30,12 @@ from typing import TYPE_CHECKING
 from .clock import now_ms
 from .completion import CompletionOutcome, CompletionService
 from .crashpoints import crashpoint
-from .db.engine import session_scope
 from .log import logger
-from .receipts.file_store import QuarantineConflictError, ReceiptStoreError
+from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    from .interfaces import ReceiptStore
-    from .journal import SqlReceiptJournal
+    from .ports.journal import JournalBackend
+    from .ports.receipt_store import ReceiptStore
 
 __all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer"]
 
@@ -65,13 +62,10 @@ class ConsumeResult:
 class ReceiptConsumer:
     """Turns one attempt's receipt file into at most one terminal commit."""
 
-    def __init__(self, engine: Engine, store: ReceiptStore, journal: SqlReceiptJournal,
-                 completion: CompletionService, *, executor_type: str = "local_process") -> None:
-        self._engine = engine
+    def __init__(self, store: ReceiptStore, journal: JournalBackend, completion: CompletionService) -> None:
         self._store = store
         self._journal = journal
         self._completion = completion
-        self._executor_type = executor_type
 
     def consume(self, attempt_id: str) -> ConsumeResult:
         try:
@@ -86,7 +80,7 @@ class ReceiptConsumer:
             return self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
         assert read.receipt is not None
         try:
-            result = self._completion.complete(read.receipt, executor_type=self._executor_type)
+            result = self._completion.complete(read.receipt)
         except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep the receipt
             logger.warning("completion of attempt {} deferred: {}", attempt_id, type(exc).__name__)
             return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
@@ -106,18 +100,14 @@ class ReceiptConsumer:
             return ConsumeResult(outcome, status=status)
         crashpoint("consumer.after_delete")
         # No commit here (DESIGN.md §3.6): the row goes with a later write or by retention.
-        note = getattr(self._journal, "note_consumed", None)
-        if note is not None:
-            note(attempt_id)
+        self._journal.note_consumed(attempt_id)
         return ConsumeResult(outcome, status=status)
 
     def _quarantine(self, attempt_id: str, reason: str) -> ConsumeResult:
         try:
-            with session_scope(self._engine) as session:
-                if self._journal.get(session, attempt_id) is None:
-                    # Not ours to judge: files unknown to the journal belong to `ql audit receipts`.
-                    return ConsumeResult(ConsumeOutcome.RETRY, reason="not_in_journal")
-                self._journal.mark_quarantined(session, attempt_id, reason, now_ms())
+            if not self._journal.mark_quarantined(attempt_id, reason, now_ms()):
+                # Not ours to judge: files unknown to the journal belong to `ql audit receipts`.
+                return ConsumeResult(ConsumeOutcome.RETRY, reason="not_in_journal")
             crashpoint("consumer.quarantine.after_journal")
             try:
                 self._store.quarantine(attempt_id)

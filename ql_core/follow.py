@@ -41,11 +41,12 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .ids import UUID7_PATTERN, shard_of
 from .logs import LOG_CHUNK_BYTES, enforce_log_quota, finalize_log, log_facts, read_log_chunk
 from .paths import log_path, receipts_root
+from .ports.wakeup import OnChange, WakeupSource, WakeupWatch
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -53,10 +54,6 @@ if TYPE_CHECKING:
 __all__ = [
     "LogChunk",
     "follow_log",
-    "ChangeKind",
-    "OnChange",
-    "WakeupSource",
-    "WakeupWatch",
     "wakeup_sources",
     "wakeup_policy",
     "start_supervisor_wakeups",
@@ -93,43 +90,6 @@ class LogChunk:
 
 
 # -- wake-up sources ----------------------------------------------------------------
-
-ChangeKind = Literal["added", "modified", "deleted"]
-#: Called from the watcher's thread with a debounced batch of ``(kind, absolute path)``.
-OnChange = Callable[[set[tuple[str, str]]], None]
-
-
-@runtime_checkable
-class WakeupWatch(Protocol):
-    """A running watch: one daemon thread, stopped explicitly."""
-
-    @property
-    def alive(self) -> bool:
-        """True while the watch thread runs."""
-
-    def stop(self, timeout_s: float = 2.0) -> bool:
-        """Stop watching; wait at most ``timeout_s`` for the thread. True if it has ended."""
-
-
-@runtime_checkable
-class WakeupSource(Protocol):
-    """Best-effort change notifications for a few paths (never a source of truth)."""
-
-    name: str
-
-    def watch(self, paths: Sequence[Path], on_change: OnChange, *, recursive: bool,
-              debounce_ms: int, step_ms: int, thread_name: str) -> WakeupWatch:
-        """Start a daemon thread that calls ``on_change`` after changes below ``paths``.
-
-        ``recursive=False`` watches directories' direct entries (and files
-        themselves). Changes are batched: a batch ends when nothing new arrived
-        for ``step_ms`` or after ``debounce_ms``. ``on_change`` runs in the
-        watch thread; its exceptions are logged, never propagated. Raises
-        ``OSError`` (e.g. a path is missing, the inotify limit is reached) or
-        :class:`~ql_core.errors.PluginError` when the watch cannot start; if it
-        fails later, the thread logs it and ends.
-        """
-
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -297,7 +257,7 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
     if view.log_artifact_id is None or not view.attempts:
         return
     log_id = view.log_artifact_id
-    attempt_id = view.attempts[-1]["attempt_id"]
+    attempt_id = view.attempts[-1].attempt_id
     facts = log_facts(rt, log_id)
     if facts is not None and facts.deleted:
         return

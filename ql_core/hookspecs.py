@@ -11,7 +11,7 @@ group; it marks its implementations with :data:`hookimpl`::
 
 Registration hooks receive a ``register(name, factory)`` callable (tox's
 ``tox_register_tox_env(register)``); the factory is called with the
-:class:`~ql_core.interfaces.RuntimeContext` when the runtime first needs it.
+:class:`~ql_core.ports.RuntimeContext` when the runtime first needs it.
 Observer hooks are called after the fact they report has been committed; an
 observer that raises is logged and never changes a run.
 """
@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from .follow import WakeupSource
-    from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
+    from .ports import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
 
 __all__ = [
     "PROJECT_NAME",
@@ -54,26 +53,34 @@ class QlHookSpecs:
     def ql_register_executors(self, register: RegisterExecutor) -> None:
         """Called once when the plugin host starts; register executor factories.
 
-        ``register(executor_type, factory)``: ``executor_type`` is the value stored
-        in each attempt (e.g. ``"local_process"``); registering a type twice is an
-        error naming both plugins. Returns nothing.
+        ``register(name, factory)``: ``name`` is what ``executor = "..."`` in
+        ``ql.toml`` selects and what each attempt records (the built-in is
+        ``local``); recovery, cancel and wait of that attempt go to the executor
+        registered under the same name. ``factory(context)`` builds a
+        :class:`~ql_core.ports.Executor` the first time a runtime needs it (it
+        reads its ``[plugin.<name>]`` table with ``context.plugin_config``).
+        Registering a name twice is an error naming both plugins. Returns nothing.
         """
 
     @hookspec
     def ql_register_receipt_stores(self, register: RegisterReceiptStore) -> None:
         """Called once when the plugin host starts; register completion-receipt stores.
 
-        ``register(name, factory)``; the built-in ``file`` store keeps receipts under
-        ``<data_dir>/receipts``. Returns nothing.
+        ``register(name, factory)``: ``name`` is what ``receipt_store = "..."``
+        selects; the factory builds a :class:`~ql_core.ports.ReceiptStore`. The
+        built-in ``file`` store keeps receipts under ``<data_dir>/receipts``.
+        Returns nothing.
         """
 
     @hookspec
     def ql_register_journal_backends(self, register: RegisterJournalBackend) -> None:
-        """Called once when the plugin host starts; register receipt-journal backends.
+        """Called once when the plugin host starts; register journal backends (run stores).
 
-        A journal backend records which attempts may have a pending receipt
-        (ADR-0007 §2.5); ``edge-sqlite`` keeps it in the run database so that it is
-        written in the same transaction as the run. Returns nothing.
+        ``register(name, factory)``: ``name`` is what ``journal = "..."``
+        selects; the factory builds a :class:`~ql_core.ports.JournalBackend` —
+        where runs, attempts, events, the receipt journal, cancel dispatch and
+        log facts live, and the transaction that applies a decided change. The
+        built-in ``edge-sqlite`` keeps all of it in one SQLite file. Returns nothing.
         """
 
     @hookspec
@@ -81,7 +88,7 @@ class QlHookSpecs:
         """Called once when the plugin host starts; register best-effort wake-up sources.
 
         ``register(name, factory)``; the factory returns a
-        :class:`~ql_core.follow.WakeupSource`, which watches a few paths and calls
+        :class:`~ql_core.ports.WakeupSource`, which watches a few paths and calls
         back (from its own daemon thread) when something below them changed. Core
         uses it to wake the supervisor when a receipt appears under
         ``<data_dir>/receipts`` and to wake a log follower when its log grows. A
@@ -101,7 +108,9 @@ class QlHookSpecs:
 
         ``event`` holds only low-sensitivity fields (ids, type, sequence, status,
         exit code, reason) — never a command, environment or output. Called at
-        most once per committed event in this process; events committed by
-        another process are not replayed. Returns nothing; exceptions are logged
-        and swallowed so an observer can never change a run's outcome.
+        most once per committed event in this process, synchronously in the
+        thread that committed it (keep it quick; hand slow work to your own
+        thread); events committed by another process are not replayed. Each
+        observer is called on its own: one that raises is logged once and
+        never stops the others or changes a run's outcome. Returns nothing.
         """

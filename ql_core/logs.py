@@ -44,10 +44,11 @@ import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import UnsafePathError
 from .paths import FILE_MODE, ensure_private_dir, log_path, log_relative_path, logs_root
+from .records import LogFacts
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -213,66 +214,23 @@ def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
         return True
 
 
-# -- facts from the database ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LogFacts:
-    """What the database knows about one log artifact."""
-
-    id: str
-    run_id: str
-    attempt_id: str
-    max_bytes: int
-    size_bytes: int | None
-    truncated: bool
-    created_at_ms: int
-    deleted_at_ms: int | None
-
-    @property
-    def deleted(self) -> bool:
-        return self.deleted_at_ms is not None
-
-
-def _facts(row: Any) -> LogFacts:
-    return LogFacts(id=row.id, run_id=row.run_id, attempt_id=row.attempt_id, max_bytes=row.max_bytes,
-                    size_bytes=row.size_bytes, truncated=bool(row.truncated), created_at_ms=row.created_at_ms,
-                    deleted_at_ms=row.deleted_at_ms)
+# -- facts from the run store -----------------------------------------------------------
 
 
 def log_facts(rt: Runtime, log_artifact_id: str) -> LogFacts | None:
-    """The artifact's row (quota, recorded size, truncation, deletion), or None."""
-    from .db.engine import session_scope
-    from .db.models import LogArtifact
-
-    with session_scope(rt.engine, write=False) as session:
-        row = session.get(LogArtifact, log_artifact_id)
-        return _facts(row) if row is not None else None
+    """The artifact's facts (quota, recorded size, truncation, deletion), or None."""
+    return rt.journal.log_facts(log_artifact_id)
 
 
 def _record_truncation(rt: Runtime, facts: LogFacts) -> bool:
     """Set ``truncated`` once and append one ``log.truncated`` event; True if this call did it."""
-    from sqlalchemy import update
+    from .ports.journal import EventSpec
+    from .retrying import retrying
 
-    from .clock import now_ms
-    from .db.models import LogArtifact
-    from .transitions import EventSpec, change_run, load_run, with_retries
-
-    def work(session: Any) -> list[Any]:
-        changed = session.execute(
-            update(LogArtifact).where(LogArtifact.id == facts.id, LogArtifact.truncated == False)  # noqa: E712
-            .values(truncated=True).execution_options(synchronize_session=False)).rowcount
-        if changed != 1:
-            return []
-        run = load_run(session, facts.run_id)
-        if run is None:
-            return []
-        return change_run(session, run, {}, [EventSpec("log.truncated", attempt_id=facts.attempt_id,
-                                                       reason=QUOTA_REASON)], now_ms())
-
-    events = with_retries(rt.engine, work, retries=rt.profile.completion_retries)
-    for event in events:
-        rt.plugins.notify_event(event)
+    event = EventSpec("log.truncated", attempt_id=facts.attempt_id, reason=QUOTA_REASON)
+    events = retrying(lambda: rt.journal.mark_log_truncated(facts.id, event), retries=rt.profile.completion_retries)
+    for info in events:
+        rt.plugins.notify_event(info)
     return bool(events)
 
 
@@ -297,22 +255,18 @@ class Finalized:
 
 def _finalize(rt: Runtime, log_artifact_id: str) -> Finalized:
     """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
-    from .db.engine import session_scope
-    from .db.models import LogArtifact, RunAttempt
     from .states import ATTEMPT_FINAL
 
-    with session_scope(rt.engine, write=False) as session:
-        row = session.get(LogArtifact, log_artifact_id)
-        if row is None or row.deleted_at_ms is not None:
-            return Finalized("missing")
-        facts = _facts(row)
-        attempt = session.get(RunAttempt, facts.attempt_id)
-        if attempt is None:
-            return Finalized("missing")
-        if attempt.runtime_owner != rt.node_id:
-            return Finalized("foreign")  # another node's file: not ours to touch
-        if attempt.status not in ATTEMPT_FINAL:
-            return Finalized("active")
+    facts = rt.journal.log_facts(log_artifact_id)
+    if facts is None or facts.deleted:
+        return Finalized("missing")
+    attempt = rt.journal.attempt(facts.attempt_id)
+    if attempt is None:
+        return Finalized("missing")
+    if attempt.runtime_owner != rt.node_id:
+        return Finalized("foreign")  # another node's file: not ours to touch
+    if attempt.status not in ATTEMPT_FINAL:
+        return Finalized("active")
     size, cut = _cut_to(rt.config.data_dir, facts.id, facts.max_bytes)
     if cut and not facts.truncated:
         _record_truncation(rt, facts)
@@ -330,23 +284,8 @@ def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = False
     """
     done = _finalize(rt, log_artifact_id)
     if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
-        _record_sizes(rt, {done.facts.id: done.size_bytes or 0})
+        rt.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
     return done.outcome
-
-
-def _record_sizes(rt: Runtime, sizes: dict[str, int]) -> None:
-    """One transaction for many logs' final sizes."""
-    from sqlalchemy import update
-
-    from .db.engine import session_scope
-    from .db.models import LogArtifact
-
-    if not sizes:
-        return
-    with session_scope(rt.engine) as session:
-        for log_id, size in sizes.items():
-            session.execute(update(LogArtifact).where(LogArtifact.id == log_id)
-                            .values(size_bytes=size).execution_options(synchronize_session=False))
 
 
 # -- bounded maintenance passes (a supervisor round calls these) ---------------------------
@@ -358,20 +297,8 @@ def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Co
     Returns the counts (``log_quota_checked``, ``log_truncated``) and the next
     cursor ("" once the pass wrapped around).
     """
-    from sqlmodel import col, select
-
-    from .db.engine import session_scope
-    from .db.models import LogArtifact, RunAttempt
-    from .states import RECOVERABLE_ATTEMPT
-
     counts: Counter[str] = Counter()
-    with session_scope(rt.engine, write=False) as session:
-        rows = [_facts(r) for r in session.exec(
-            select(LogArtifact).join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
-            .where(col(RunAttempt.runtime_owner) == rt.node_id,
-                   col(RunAttempt.status).in_(sorted(RECOVERABLE_ATTEMPT)),
-                   col(LogArtifact.deleted_at_ms).is_(None), col(LogArtifact.id) > cursor)
-            .order_by(col(LogArtifact.id)).limit(limit))]
+    rows = rt.journal.page_live_logs(rt.node_id, cursor, limit)
     for facts in rows:
         counts["log_quota_checked"] += 1
         try:
@@ -384,33 +311,10 @@ def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Co
     return counts, next_cursor
 
 
-def _terminal_logs(rt: Runtime, where: list[Any], order: list[Any], limit: int) -> list[LogFacts]:
-    from sqlmodel import col, select
-
-    from .db.engine import session_scope
-    from .db.models import LogArtifact, RunAttempt
-    from .states import ATTEMPT_FINAL
-
-    with session_scope(rt.engine, write=False) as session:
-        return [_facts(r) for r in session.exec(
-            select(LogArtifact).join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
-            .where(col(RunAttempt.runtime_owner) == rt.node_id, col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)),
-                   col(LogArtifact.deleted_at_ms).is_(None), *where)
-            .order_by(*order).limit(limit))]
-
-
 def _delete(rt: Runtime, facts: LogFacts, now: int) -> None:
     """Unlink first, then record: a crash in between leaves a row whose file is already gone."""
-    from sqlalchemy import update
-
-    from .db.engine import session_scope
-    from .db.models import LogArtifact
-
     _unlink(rt.config.data_dir, facts.id)
-    with session_scope(rt.engine) as session:
-        session.execute(update(LogArtifact).where(LogArtifact.id == facts.id)
-                        .values(deleted_at_ms=now, size_bytes=facts.size_bytes if facts.size_bytes is not None
-                                else 0).execution_options(synchronize_session=False))
+    rt.journal.mark_log_deleted(facts.id, now, facts.size_bytes if facts.size_bytes is not None else 0)
 
 
 def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
@@ -426,22 +330,16 @@ def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
     ``log_finalized``, ``log_truncated``, ``log_expired``, ``log_evicted``,
     ``log_errors``.
     """
-    from sqlalchemy import func
-    from sqlmodel import col, select
-
     from .clock import now_ms
-    from .db.engine import session_scope
-    from .db.models import LogArtifact, RunAttempt
-    from .states import ATTEMPT_FINAL
 
     counts: Counter[str] = Counter()
     if limit <= 0:
         return counts
-    oldest = [col(LogArtifact.created_at_ms), col(LogArtifact.id)]
+    owner = rt.node_id
 
     # 1. finalize: cut each to its quota, then record all their sizes in one transaction
     sizes: dict[str, int] = {}
-    for facts in _terminal_logs(rt, [col(LogArtifact.size_bytes).is_(None)], oldest, limit):
+    for facts in rt.journal.ended_logs(owner, unsized=True, limit=limit):
         try:
             done = _finalize(rt, facts.id)
         except (OSError, UnsafePathError) as exc:
@@ -452,12 +350,12 @@ def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
             sizes[facts.id] = done.size_bytes
         counts["log_finalized"] += done.outcome in ("finalized", "truncated")
         counts["log_truncated"] += done.outcome == "truncated"
-    _record_sizes(rt, sizes)
+    rt.journal.record_log_sizes(sizes)
 
     # 2. age
     now = now_ms()
     cutoff = now - int(rt.profile.log_retention_s * 1000)
-    for facts in _terminal_logs(rt, [col(LogArtifact.created_at_ms) < cutoff], oldest, limit):
+    for facts in rt.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit):
         try:
             _delete(rt, facts, now)
             counts["log_expired"] += 1
@@ -466,15 +364,9 @@ def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
             _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
 
     # 3. total size
-    with session_scope(rt.engine, write=False) as session:
-        total = session.exec(
-            select(func.coalesce(func.sum(LogArtifact.size_bytes), 0))
-            .join(RunAttempt, col(RunAttempt.log_artifact_id) == col(LogArtifact.id))
-            .where(col(RunAttempt.runtime_owner) == rt.node_id, col(LogArtifact.deleted_at_ms).is_(None),
-                   col(RunAttempt.status).in_(sorted(ATTEMPT_FINAL)))).one()
-    excess = int(total) - rt.profile.log_total_max_bytes
+    excess = rt.journal.ended_log_bytes(owner) - rt.profile.log_total_max_bytes
     if excess > 0:
-        for facts in _terminal_logs(rt, [col(LogArtifact.size_bytes).is_not(None)], oldest, limit):
+        for facts in rt.journal.ended_logs(owner, sized=True, limit=limit):
             if excess <= 0:
                 break
             try:

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Typ
 
 import pluggy
 
-from .errors import PluginError
+from .errors import PluginError, QlError
 from .hookspecs import PROJECT_NAME, QlHookSpecs
 
 if TYPE_CHECKING:
-    from .follow import WakeupSource
-    from .interfaces import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext
+    from .config import Config
+    from .ports import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -31,6 +31,7 @@ __all__ = [
     "installed_plugins",
     "select_plugin_names",
     "load_plugin_host",
+    "explain_unregistered",
 ]
 
 ENTRY_POINT_GROUP = "ql.plugins"
@@ -101,8 +102,8 @@ class Registry(Generic[T]):
                               f"is the plugin that provides it installed and enabled?") from None
         try:
             return factory(context)
-        except PluginError:
-            raise
+        except QlError:
+            raise  # the plugin's own one-line error (e.g. its [plugin.<name>] table is wrong)
         except Exception as exc:
             raise PluginError(f"{self.kind} {name!r} from plugin {self._owner[name]!r} failed to start: "
                               f"{type(exc).__name__}: {exc}; reinstall that plugin's package") from exc
@@ -114,6 +115,8 @@ class PluginHost:
 
     pm: pluggy.PluginManager
     loaded: tuple[str, ...]
+    #: The environment whose QL_PLUGINS / QL_DISABLE_PLUGINS applied (for explaining a missing name).
+    environ: Mapping[str, str] = field(default_factory=dict)
     executors: Registry[Executor] = field(default_factory=lambda: Registry("executor"))
     receipt_stores: Registry[ReceiptStore] = field(default_factory=lambda: Registry("receipt store"))
     journal_backends: Registry[JournalBackend] = field(default_factory=lambda: Registry("journal backend"))
@@ -135,14 +138,24 @@ class PluginHost:
                     p for p in self.pm.get_plugins() if p is not plugin])
                 caller(register=registry.register)
 
-    def notify_event(self, event: RunEventInfo) -> None:
-        """Tell observers about a committed event; an observer's error never propagates."""
-        try:
-            self.pm.hook.ql_run_event(event=event)
-        except Exception as exc:  # noqa: BLE001 - observers must not change outcomes
-            from .log import logger
+    _failed_observers: set[str] = field(default_factory=set)
 
-            logger.warning("observer hook ql_run_event failed: {}", type(exc).__name__)
+    def notify_event(self, event: RunEventInfo) -> None:
+        """Tell each observer about a committed event, one by one.
+
+        An observer that raises is logged (once per plugin) and skipped: it
+        never stops the other observers and never changes a run.
+        """
+        for impl in self.pm.hook.ql_run_event.get_hookimpls():
+            try:
+                impl.function(event=event)
+            except Exception as exc:  # noqa: BLE001 - observers must not change outcomes
+                if impl.plugin_name not in self._failed_observers:
+                    self._failed_observers.add(impl.plugin_name)
+                    from .log import logger
+
+                    logger.warning("observer {} failed in ql_run_event: {}; it keeps being called, other "
+                                   "observers are unaffected", impl.plugin_name, type(exc).__name__)
 
 
 def _installed_hint() -> str:
@@ -150,11 +163,22 @@ def _installed_hint() -> str:
     return ", ".join(names) if names else "none"
 
 
-def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = None) -> PluginHost:
-    """Load exactly the named plugins (after the env switches) and collect their registrations."""
+def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = None, *,
+                     optional: Iterable[str] = ()) -> PluginHost:
+    """Load exactly the named plugins (after the env switches) and collect their registrations.
+
+    ``optional`` names are loaded when a plugin of that name is installed: a seam selected by
+    name (``executor = "nice"``) loads the plugin called ``nice`` without listing it in ``plugins``.
+    """
     from stevedore import NamedExtensionManager
 
-    selected = select_plugin_names(names, environ)
+    env = dict(os.environ if environ is None else environ)
+    wanted = list(names)
+    extra = [n for n in optional if n not in wanted]
+    if extra:
+        installed = {p.name for p in installed_plugins()}
+        wanted += [n for n in extra if n in installed]
+    selected = select_plugin_names(wanted, env)
     missing: list[str] = []
 
     def on_missing(names_missing: Iterable[str]) -> None:
@@ -193,6 +217,31 @@ def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = N
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"a plugin implements a hook ql does not define: {exc}; "
                           f"every hook name starts with ql_ (see ql_core.hookspecs)") from exc
-    host = PluginHost(pm=pm, loaded=tuple(ext.name for ext in manager))
+    host = PluginHost(pm=pm, loaded=tuple(ext.name for ext in manager), environ=env)
     host._collect()
     return host
+
+
+def explain_unregistered(key: str, name: str, config: Config, host: PluginHost) -> str:
+    """One line for a selected seam name no loaded plugin registered: what is there and the fix."""
+    from .config import SEAM_KEYS
+
+    env = host.environ
+    kind = SEAM_KEYS.get(key, key)
+    registry = {"executor": host.executors, "receipt_store": host.receipt_stores,
+                "journal": host.journal_backends}.get(key)
+    have = ", ".join(registry.names()) if registry is not None and registry.names() else "none"
+    installed = {p.name for p in installed_plugins()}
+    why = ""
+    if name in config.disabled_plugins:
+        why = f"; plugin {name!r} is disabled by disable_plugins in {config.source}"
+    elif name in _split(env.get("QL_DISABLE_PLUGINS")):
+        why = f"; plugin {name!r} is disabled by QL_DISABLE_PLUGINS"
+    elif _split(env.get("QL_PLUGINS")) and name not in _split(env.get("QL_PLUGINS")):
+        why = f"; QL_PLUGINS does not allow plugin {name!r}"
+    elif name not in installed:
+        why = f"; no installed plugin is called {name!r} (installed: {_installed_hint()})"
+    return (f"{kind} {name!r} is not registered by the loaded plugins "
+            f"({', '.join(host.loaded) or 'none'}){why}; registered {kind}s: {have}. "
+            f"Fix: set {key} = \"<one of those>\" in {config.source}, or install the package that "
+            f"provides {name!r} and add its plugin to plugins = [...]")

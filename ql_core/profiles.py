@@ -20,9 +20,14 @@ class Profile:
     name: str
     #: Which run database stack the profile accepts: "sqlite" or "postgresql".
     database: str
-    spawns_local_processes: bool
+    #: Does this node run tasks itself (an executor and a receipt store)?
+    runs_tasks: bool
     #: Plugins enabled when the config names none.
     default_plugins: tuple[str, ...]
+    #: The seams' default selections (config keys executor, receipt_store, journal).
+    default_executor: str | None
+    default_receipt_store: str | None
+    default_journal: str
     #: Seconds between supervisor rounds (0 = no periodic local scan).
     scan_interval_s: float
     page_size: int
@@ -87,29 +92,33 @@ _H = 3600.0
 
 PROFILES: dict[str, Profile] = {
     "edge": Profile(
-        name="edge", database="sqlite", spawns_local_processes=True,
-        default_plugins=("local", "edge-sqlite"),
+        name="edge", database="sqlite", runs_tasks=True,
+        default_plugins=("local", "file", "edge-sqlite"),
+        default_executor="local", default_receipt_store="file", default_journal="edge-sqlite",
         scan_interval_s=30.0, page_size=8, pages_per_round=2, publish_grace_ms=50,
         terminal_journal_retention_s=2 * _MIN, quarantine_retention_s=5 * _MIN,
         file_watcher="never",
     ),
     "standalone": Profile(
-        name="standalone", database="sqlite", spawns_local_processes=True,
-        default_plugins=("local", "edge-sqlite"),
+        name="standalone", database="sqlite", runs_tasks=True,
+        default_plugins=("local", "file", "edge-sqlite"),
+        default_executor="local", default_receipt_store="file", default_journal="edge-sqlite",
         scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=100,
         terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
         file_watcher="optional",
     ),
     "cluster-control": Profile(
-        name="cluster-control", database="postgresql", spawns_local_processes=False,
-        default_plugins=(),
+        name="cluster-control", database="postgresql", runs_tasks=False,
+        default_plugins=("cluster-fenced",),
+        default_executor=None, default_receipt_store=None, default_journal="cluster-fenced",
         scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=0,
         terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
         file_watcher="never",
     ),
     "cluster-worker": Profile(
-        name="cluster-worker", database="postgresql", spawns_local_processes=True,
-        default_plugins=("local",),
+        name="cluster-worker", database="postgresql", runs_tasks=True,
+        default_plugins=("local", "file", "cluster-fenced"),
+        default_executor="local", default_receipt_store="file", default_journal="cluster-fenced",
         scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=100,
         terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
         file_watcher="optional",

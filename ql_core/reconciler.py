@@ -46,21 +46,22 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .clock import now_ms
 from .consumer import ConsumeOutcome
-from .interfaces import IdentityState
 from .log import logger
+from .outcome import LOST_REASON
+from .ports.executor import IdentityState
 from .states import ATTEMPT_ACTIVE, RUN_TERMINAL
 
 if TYPE_CHECKING:
+    from .records import AttemptRecord, JournalEntry
     from .runtime import Runtime
 
-__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS", "LOST_REASON"]
+__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS"]
 
 #: A ``starting`` attempt without a handle may belong to a host that is spawning it right now.
 SPAWN_GRACE_MS = 30_000
 #: Counters every report carries (``ql reconcile`` prints them even when zero).
 REPORT_KEYS = ("applied", "already_terminal", "quarantined", "still_running", "lost", "blocked",
                "timed_out", "cancelled")
-LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 #: A ``starting`` attempt past the spawn grace whose log artifact was never created: the host died
 #: between the create commit and the spawn (the log is created before every spawn, ADR-0007 §2.3).
 NOT_SPAWNED_REASON = "RECOVERY_NOT_SPAWNED"
@@ -88,18 +89,6 @@ class RoundReport:
     def as_dict(self) -> dict[str, int]:
         return {key: self.counts.get(key, 0) for key in REPORT_KEYS} | {
             k: v for k, v in sorted(self.counts.items()) if k not in REPORT_KEYS}
-
-
-@dataclass
-class _JournalItem:
-    """One journal page row with the status of its attempt (None: the attempt is unknown)."""
-
-    attempt_id: str
-    state: str
-    updated_at_ms: int
-    terminal_seen_at_ms: int | None
-    status: str | None
-    owner: str | None
 
 
 class Reconciler:
@@ -156,23 +145,7 @@ class Reconciler:
 
     # -- step 1: deadlines ---------------------------------------------------------
     def _deadlines(self, report: RoundReport, limit: int) -> None:
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import Run, RunAttempt
-
-        now = now_ms()
-        with session_scope(self.rt.engine, write=False) as session:
-            due = list(session.exec(
-                # Joined on the run's primary key (ql_run has no index on current_attempt_id).
-                select(Run.id).join(RunAttempt, col(RunAttempt.run_id) == col(Run.id))
-                .where(col(Run.current_attempt_id) == col(RunAttempt.id),
-                       col(RunAttempt.runtime_owner) == self.rt.node_id,
-                       col(RunAttempt.status).in_(sorted(ATTEMPT_ACTIVE | {"blocked"})),
-                       # the attempt's copy of the deadline: indexed (status, deadline_at_ms)
-                       col(RunAttempt.deadline_at_ms) <= now, col(Run.cancel_reason).is_(None))
-                .order_by(col(RunAttempt.deadline_at_ms), col(Run.id)).limit(limit)))
-        for run_id in due:
+        for run_id in self.rt.journal.due_deadlines(self.rt.node_id, now_ms(), limit):
             try:
                 if str(self.rt.canceller.request(run_id, "timeout")) == "requested":
                     report.counts["timeouts_requested"] += 1
@@ -181,42 +154,13 @@ class Reconciler:
                 logger.warning("timeout intent of run {} deferred: {}", run_id, type(exc).__name__)
 
     # -- paging ------------------------------------------------------------------------
-    def _fetch_attempts(self, cursor: str, limit: int) -> list[Any]:
+    def _fetch_attempts(self, cursor: str, limit: int) -> list[AttemptRecord]:
         """One page of this runtime's active attempts with id > ``cursor``, in id order."""
-        from sqlmodel import col, select
+        return self.rt.journal.page_active_attempts(self.rt.node_id, cursor, limit)
 
-        from .db.engine import session_scope
-        from .db.models import RunAttempt
-
-        with session_scope(self.rt.engine, write=False) as session:
-            return list(session.exec(
-                select(RunAttempt)
-                .where(col(RunAttempt.runtime_owner) == self.rt.node_id,
-                       col(RunAttempt.status).in_(sorted(ATTEMPT_ACTIVE)), col(RunAttempt.id) > cursor)
-                .order_by(col(RunAttempt.id)).limit(limit)))
-
-    def _fetch_journal(self, cursor: str, limit: int) -> list[_JournalItem]:
-        """One page of journal rows with attempt_id > ``cursor``, with their attempts' status and owner.
-
-        Two index-driven reads: the page by the journal's primary key (the journal only holds
-        rows that may still have a receipt, so it stays small), then those attempts by theirs.
-        A join would let the planner walk every attempt this node ever ran for each page.
-        """
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import CompletionReceiptJournal as J
-        from .db.models import RunAttempt
-
-        with session_scope(self.rt.engine, write=False) as session:
-            rows = list(session.exec(
-                select(J.attempt_id, J.state, J.updated_at_ms, J.terminal_seen_at_ms)
-                .where(col(J.attempt_id) > cursor).order_by(col(J.attempt_id)).limit(limit)))
-            ids = [row[0] for row in rows]
-            attempts = {a_id: (status, owner) for a_id, status, owner in session.exec(
-                select(RunAttempt.id, RunAttempt.status, RunAttempt.runtime_owner)
-                .where(col(RunAttempt.id).in_(ids)))} if ids else {}
-        return [_JournalItem(*row, *attempts.get(row[0], (None, None))) for row in rows]
+    def _fetch_journal(self, cursor: str, limit: int) -> list[JournalEntry]:
+        """One page of journal rows with attempt_id > ``cursor``, with their attempts' status and owner."""
+        return self.rt.journal.page_journal(cursor, limit)
 
     def _pages(self, fetch: Any, cursor_attr: str) -> Iterator[Any]:
         """Yield rows page by page (at most ``pages_per_round`` pages), moving the named cursor.
@@ -249,12 +193,8 @@ class Reconciler:
 
     def check_attempt(self, attempt_id: str) -> RoundReport:
         """The same recovery steps for one attempt (a follower uses this when no supervisor runs)."""
-        from .db.engine import session_scope
-        from .db.models import RunAttempt
-
         report = RoundReport()
-        with session_scope(self.rt.engine, write=False) as session:
-            attempt = session.get(RunAttempt, attempt_id)
+        attempt = self.rt.journal.attempt(attempt_id)
         if attempt is None or attempt.runtime_owner != self.rt.node_id or self.rt.consumer is None:
             return report
         if attempt.status in ATTEMPT_ACTIVE:
@@ -264,9 +204,9 @@ class Reconciler:
             self._consume(attempt.id, report)
         return report
 
-    def _settle(self, attempts: list[Any], report: RoundReport) -> None:
+    def _settle(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         self._ensure_journal(attempts, report)
-        exited: list[Any] = []
+        exited: list[AttemptRecord] = []
         for attempt in attempts:
             try:
                 if self._consume(attempt.id, report):
@@ -281,7 +221,7 @@ class Reconciler:
                 elif state is IdentityState.EXITED:
                     exited.append(attempt)
                 elif state is IdentityState.UNVERIFIABLE:
-                    reason = ("RECOVERY_NO_DURABLE_HANDLE" if attempt.pid is None
+                    reason = ("RECOVERY_NO_DURABLE_HANDLE" if attempt.handle is None
                               else "RECOVERY_IDENTITY_UNVERIFIABLE")
                     if self.rt.completion.mark_blocked(attempt.id, reason).status == "blocked":
                         report.counts["blocked"] += 1
@@ -294,7 +234,7 @@ class Reconciler:
             return
         # One bounded grace for the whole batch: a launcher may be between exit and link().
         time.sleep(self.profile.publish_grace_ms / 1000)
-        missing = []
+        missing: list[AttemptRecord] = []
         for attempt in exited:
             try:
                 if not self._consume(attempt.id, report):
@@ -305,35 +245,34 @@ class Reconciler:
         if missing:
             self._end_without_receipt(missing, report)
 
-    def _identity(self, attempt: Any) -> IdentityState | str | None:
+    def _identity(self, attempt: AttemptRecord) -> IdentityState | str | None:
         """The attempt's durable identity; None while a handle may still be coming.
 
         Without a handle, past the spawn grace: if the attempt never got its log
         artifact, no process was ever started (``_NOT_SPAWNED``); otherwise a
         launcher may exist that nothing can verify or signal (``UNVERIFIABLE``),
-        and only its receipt can still end the attempt.
+        and only its receipt can still end the attempt. An attempt whose
+        executor is not installed here is ``UNVERIFIABLE`` too.
         """
-        if attempt.pid is None:
+        if attempt.handle is None:
             if now_ms() - attempt.created_at_ms < self.spawn_grace_ms:
                 return None  # its host may be between spawn and the handle commit
             if attempt.status == "starting" and self._never_spawned(attempt):
                 return _NOT_SPAWNED
             return IdentityState.UNVERIFIABLE
-        assert self.rt.executor is not None
-        return self.rt.executor.inspect({"boot_id": attempt.boot_id, "pid": attempt.pid, "pgid": attempt.pgid,
-                                         "start_time": attempt.process_start_time})
+        executor = self.rt.executor_for(attempt.executor)
+        if executor is None:
+            return IdentityState.UNVERIFIABLE
+        return executor.inspect(attempt.handle)
 
-    def _never_spawned(self, attempt: Any) -> bool:
+    def _never_spawned(self, attempt: AttemptRecord) -> bool:
         """True only when the attempt's log artifact provably never existed (so no launcher did)."""
         import os
 
-        from .db.engine import session_scope
-        from .db.models import LogArtifact
         from .paths import log_path
 
-        with session_scope(self.rt.engine, write=False) as session:
-            row = session.get(LogArtifact, attempt.log_artifact_id)
-        if row is None or row.deleted_at_ms is not None:
+        facts = self.rt.journal.log_facts(attempt.log_artifact_id)
+        if facts is None or facts.deleted:
             return False  # no record, or deleted on purpose: absence proves nothing
         try:
             os.lstat(log_path(self.rt.config.data_dir, attempt.log_artifact_id))
@@ -360,59 +299,29 @@ class Reconciler:
             report.counts[result.status] += 1
         return True
 
-    def _end_without_receipt(self, attempts: list[Any], report: RoundReport) -> None:
+    def _end_without_receipt(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         """Exited, grace over, still no receipt: lost — or the intent's state if we signalled it."""
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import CancellationDispatch, Run
-
-        run_ids = [a.run_id for a in attempts]
-        with session_scope(self.rt.engine, write=False) as session:
-            reasons = dict(session.exec(select(Run.id, Run.cancel_reason).where(col(Run.id).in_(run_ids))).all())
-            signalled = {
-                (run_id, attempt_id) for run_id, attempt_id in session.exec(
-                    select(CancellationDispatch.run_id, CancellationDispatch.attempt_id)
-                    .where(col(CancellationDispatch.run_id).in_(run_ids),
-                           col(CancellationDispatch.term_sent_at_ms).is_not(None)))}
         for attempt in attempts:
-            cancel_reason = reasons.get(attempt.run_id)
-            if cancel_reason is not None and (attempt.run_id, attempt.id) in signalled:
-                status = "timed_out" if cancel_reason == "timeout" else "cancelled"
-                reason = cancel_reason
-            else:
-                status, reason = "lost", LOST_REASON
             try:
-                result = self.rt.completion.end_without_receipt(attempt.id, status=status, reason=reason)
+                result = self.rt.completion.end_without_receipt(attempt.id, reason=LOST_REASON)
             except Exception as exc:  # noqa: BLE001
                 report.counts["errors"] += 1
                 logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
                 continue
             if str(result.outcome) == "applied":
-                report.counts[status] += 1
-                logger.info("attempt {} ended {} ({})", attempt.id, status, reason)
+                report.counts[str(result.status)] += 1
+                logger.info("attempt {} ended {}", attempt.id, result.status)
             else:
                 report.counts["already_terminal"] += 1
 
-    def _ensure_journal(self, attempts: list[Any], report: RoundReport) -> None:
+    def _ensure_journal(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         """Attempts from before the journal existed get their row (idempotent back-registration)."""
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import CompletionReceiptJournal
-
-        ids = [a.id for a in attempts]
-        with session_scope(self.rt.engine, write=False) as session:
-            have = set(session.exec(select(CompletionReceiptJournal.attempt_id)
-                                    .where(col(CompletionReceiptJournal.attempt_id).in_(ids))).all())
-        missing = [a for a in attempts if a.id not in have]
-        if not missing:
-            return
-        with session_scope(self.rt.engine) as session:
-            for attempt in missing:
-                if self.rt.journal.register(session, run_id=attempt.run_id, attempt_id=attempt.id,
-                                            receipt_ref=self.rt.receipts.relative_ref(attempt.id), now_ms=now_ms()):
-                    report.counts["journal_registered"] += 1
+        receipts = self.rt.receipts
+        assert receipts is not None
+        missing = {a.id: (a.run_id, receipts.relative_ref(a.id)) for a in attempts
+                   if self.rt.journal.journal_entry(a.id) is None}
+        if missing:
+            report.counts["journal_registered"] += self.rt.journal.register_journal(missing, now_ms())
 
     # -- step 5: log quota and retention (age and size only; never because of a receipt) --------
     def _logs(self, report: RoundReport) -> None:
@@ -431,13 +340,13 @@ class Reconciler:
             # Only this node's rows: on a shared database another node's rows index receipts in a
             # directory this node cannot see — judging them "missing" would purge live rows. (Rows
             # of unknown attempts have no owner and are left alone too.)
-            mine = [row for row in page if row.owner == self.rt.node_id]
+            mine = [row for row in page if row.attempt_owner == self.rt.node_id]
             report.journal_touched += len(mine)
-            expired_or_unseen: list[_JournalItem] = []
+            expired_or_unseen: list[JournalEntry] = []
             for row in mine:
                 try:
                     outcome, kept_in_place = None, False
-                    if row.status not in ATTEMPT_ACTIVE:  # step 3 owns active attempts' receipts
+                    if row.attempt_status not in ATTEMPT_ACTIVE:  # step 3 owns active attempts' receipts
                         # Ended (or blocked) attempt: a receipt left behind is replayed and cleaned.
                         result = self.rt.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
                         outcome, kept_in_place = result.outcome, getattr(result, "kept_in_place", False)
@@ -457,75 +366,56 @@ class Reconciler:
                     logger.warning("journal row {} not handled this round: {}", row.attempt_id,
                                    type(exc).__name__)
                     continue
-                if outcome is ConsumeOutcome.MISSING and row.status != "blocked":
+                if outcome is ConsumeOutcome.MISSING and row.attempt_status != "blocked":
                     # Ended and its receipt seen missing: the retention clock runs (blocked: it may still come).
                     expired_or_unseen.append(row)
             if expired_or_unseen:
                 self._expire_missing(expired_or_unseen, now, report)
 
-    def _expire_missing(self, rows: list[_JournalItem], now: int, report: RoundReport) -> None:
+    def _expire_missing(self, rows: list[JournalEntry], now: int, report: RoundReport) -> None:
         """Terminal rows whose receipt this round saw missing: start their clock, purge after the window."""
-        from .db.engine import session_scope
-
         window = int(self.profile.terminal_journal_retention_s * 1000)
-        unseen = [r for r in rows if r.terminal_seen_at_ms is None]
-        expired = [r for r in rows if r.terminal_seen_at_ms is not None and now - r.terminal_seen_at_ms >= window]
-        if not unseen and not expired:
-            return  # every clock still running: no transaction at all
-        with session_scope(self.rt.engine) as session:
-            for row in unseen:
-                self.rt.journal.mark_terminal_seen(session, row.attempt_id, now)
-            for row in expired:
-                if self.rt.journal.resolve(session, row.attempt_id):
-                    report.counts["journal_purged"] += 1
+        unseen = [r.attempt_id for r in rows if r.terminal_seen_at_ms is None]
+        expired = [r.attempt_id for r in rows
+                   if r.terminal_seen_at_ms is not None and now - r.terminal_seen_at_ms >= window]
+        self.rt.journal.mark_terminal_seen(unseen, now)
+        if expired:
+            report.counts["journal_purged"] += self.rt.journal.resolve(expired)
 
-    def _expire_quarantine(self, row: _JournalItem, now: int, report: RoundReport) -> bool:
+    def _expire_quarantine(self, row: JournalEntry, now: int, report: RoundReport) -> bool:
         """After ``quarantine_retention_s``: delete the quarantined copy, whatever the attempt's state.
 
         The row of an ended (or unknown) attempt is deleted with it (True); an active or
         blocked attempt's row goes back to ``pending`` — its valid receipt may still come.
         The window always counts from the quarantine (``updated_at_ms``).
         """
-        from sqlalchemy import update
-
-        from .db.engine import session_scope
-        from .db.models import CompletionReceiptJournal
-
         if now - row.updated_at_ms < int(self.profile.quarantine_retention_s * 1000):
             return False
-        assert self.rt.receipts is not None
-        if self.rt.receipts.purge_quarantined(row.attempt_id):
+        receipts = self.rt.receipts
+        assert receipts is not None
+        if receipts.purge_quarantined(row.attempt_id):
             report.counts["quarantine_purged"] += 1
-        ended = row.status in RUN_TERMINAL or row.status is None
-        if ended and self.rt.receipts.read(row.attempt_id).status != "missing":
+        ended = row.attempt_status in RUN_TERMINAL or row.attempt_status is None
+        if ended and receipts.read(row.attempt_id).status != "missing":
             # A rejected file waited in place for the slot: keep the row, so the next round moves
             # it into the freed slot on its own clock — never an unindexed file left behind.
             return True
-        with session_scope(self.rt.engine) as session:
-            if ended:
-                self.rt.journal.resolve(session, row.attempt_id)
-            else:
-                # Active or blocked attempt: back to pending, its valid receipt may still come.
-                session.execute(update(CompletionReceiptJournal)
-                                .where(CompletionReceiptJournal.attempt_id == row.attempt_id,
-                                       CompletionReceiptJournal.state == "quarantined",
-                                       CompletionReceiptJournal.updated_at_ms == row.updated_at_ms)
-                                .values(state="pending", updated_at_ms=now)
-                                .execution_options(synchronize_session=False))
-        row.state = "pending"
+        if ended:
+            self.rt.journal.resolve([row.attempt_id])
+        else:
+            # Active or blocked attempt: back to pending, its valid receipt may still come.
+            self.rt.journal.requeue_quarantined(row.attempt_id, row.updated_at_ms, now)
         return ended
 
 
 def _log_keeper(runtime: Runtime) -> Any:
     """The log quota/retention keeper of a runtime that runs local processes (None otherwise)."""
-    if runtime.executor is None:
+    if runtime.receipts is None:
         return None
-    try:
-        from .logs import LogKeeper
-    except ImportError:  # an older ql_core.logs without bounded maintenance
-        return None
+    from .logs import LogKeeper
+
     return LogKeeper(runtime)
 
 
 def _key(row: Any) -> str:
-    return row.attempt_id if isinstance(row, _JournalItem) else row.id
+    return row.id if hasattr(row, "id") else row.attempt_id

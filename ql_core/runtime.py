@@ -10,51 +10,53 @@ print(rt.wait(sub).status)          # or leave it: the task outlives this proces
 ```
 A task's life is three commits (DESIGN.md §3.6): *create* (run, attempt,
 token hash, deadline, log artifact, journal row — before any side effect),
-*spawned* (the durable process handle) and *terminal* (CompletionService).
+*spawned* (the durable handle) and *terminal* (CompletionService).
+
+The runtime wires the four seams selected in the config — executor, receipt
+store, journal backend, wake-up sources — and never looks inside them: an
+attempt records the name of the executor that started it, and recovery,
+cancel and wait always go back to that executor.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .clock import now_ms, now_ms_ceil
+from .clock import now_ms
 from .config import Config
-from .crashpoints import crashpoint
-from .errors import NotFoundError, PersistBeforeSpawnError, QlError, UsageError
+from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError, UsageError
 from .ids import new_id
-from .interfaces import RuntimeContext, SpawnRequest
 from . import paths
 from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
-from .states import RUN_TERMINAL
+from .ports.context import RuntimeContext
+from .ports.executor import SpawnRequest, check_handle
+from .records import NewRun, RunView
 
 if TYPE_CHECKING:
-    import subprocess
-
     from .cancellation import Canceller, CancelRequest
     from .completion import CompletionResult, CompletionService
     from .consumer import ReceiptConsumer
     from .plugins import PluginHost
+    from .ports.executor import Executor, ExitObservation, SpawnedTask
+    from .ports.journal import JournalBackend
+    from .ports.receipt_store import ReceiptStore
+    from .records import EventRecord
 
-__all__ = ["Runtime", "Submission", "RunView", "EXECUTOR_TYPE"]
+__all__ = ["Runtime", "Submission", "RunView"]
 
-EXECUTOR_TYPE = "local_process"
-#: How often a waiting host looks at its child, the clock and its cancel dispatch.
-WAIT_TICK_S = 0.05
-#: The launcher's exit status when it could not learn the command's (launcher.sh): no receipt follows.
-LAUNCHER_LOST_STATUS = 125
-#: How often a waiting host re-reads the run for a cancel intent or a passed deadline.
+#: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
 
 
 @dataclass
 class Submission:
-    """A started attempt. ``process`` is set while this runtime is the launcher's parent."""
+    """A started attempt. ``task`` is set while this runtime is the task's parent (the live path)."""
 
     run_id: str
     attempt_id: str
@@ -62,68 +64,56 @@ class Submission:
     callback_sequence: int
     started_at_ms: int
     deadline_at_ms: int | None
+    #: The registered name of the executor that started it.
+    executor: str
     token: str = field(repr=False)
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What ``ql status`` shows: low-sensitivity facts only."""
-
-    run_id: str
-    name: str | None
-    status: str
-    exit_code: int | None
-    reason: str | None
-    created_at_ms: int
-    finished_at_ms: int | None
-    deadline_at_ms: int | None
-    cancel_reason: str | None
-    log_artifact_id: str | None
-    attempts: tuple[dict[str, Any], ...]
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in RUN_TERMINAL
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "name": self.name, "status": self.status, "exit_code": self.exit_code,
-                "reason": self.reason, "created_at_ms": self.created_at_ms, "finished_at_ms": self.finished_at_ms,
-                "deadline_at_ms": self.deadline_at_ms, "cancel_reason": self.cancel_reason,
-                "attempts": list(self.attempts)}
+    task: SpawnedTask | None = field(default=None, repr=False)
 
 
 class Runtime:
-    """One node's ql runtime: database, plugins, executor, receipts, completion."""
+    """One node's ql runtime: plugins, run store, executor(s), receipts, completion."""
 
-    def __init__(self, config: Config, *, engine: Any, plugins: PluginHost, node_id: str) -> None:
+    def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, read_only: bool = False) -> None:
         from .cancellation import Canceller
         from .completion import CompletionService
         from .consumer import ReceiptConsumer
 
         self.config = config
         self.profile = config.profile
-        self.engine = engine
         self.plugins = plugins
         self.node_id = node_id
-        self.context = RuntimeContext(config=config, node_id=node_id)
-        self.executor = (plugins.executors.create(EXECUTOR_TYPE, self.context)
-                         if config.profile.spawns_local_processes else None)
-        self.receipts = plugins.receipt_stores.create("file", self.context) if self.executor else None
-        self.journal = plugins.journal_backends.create(_journal_name(plugins), self.context)
+        self.read_only = read_only
+        self.context = RuntimeContext(config=config, node_id=node_id, read_only=read_only)
+        self._executors: dict[str, Executor | None] = {}
+        self._executors_lock = threading.Lock()
+        # The selected seams fail at start, with a one-line error naming what is installed.
+        self.executor: Executor | None = None
+        if config.executor is not None:
+            self.executor = self._create("executor", plugins.executors, config.executor)
+            self._executors[config.executor] = self.executor
+        self.receipts: ReceiptStore | None = (
+            self._create("receipt_store", plugins.receipt_stores, config.receipt_store)
+            if config.receipt_store is not None else None)
+        self.journal: JournalBackend = self._create("journal", plugins.journal_backends, config.journal)
         self.completion: CompletionService = CompletionService(
-            engine, node_id=node_id, retries=self.profile.completion_retries, notify=plugins.notify_event)
+            self.journal, node_id=node_id, retries=self.profile.completion_retries, notify=plugins.notify_event,
+            executor_known=lambda name: self.executor_for(name) is not None)
         self.consumer: ReceiptConsumer | None = (
-            ReceiptConsumer(engine, self.receipts, self.journal, self.completion, executor_type=EXECUTOR_TYPE)
-            if self.receipts is not None else None)
-        self.canceller: Canceller = Canceller(engine, self.executor, node_id, self.profile, plugins.notify_event)
+            ReceiptConsumer(self.receipts, self.journal, self.completion) if self.receipts is not None else None)
+        self.canceller: Canceller = Canceller(self.journal, self.executor_for, node_id, self.profile,
+                                              plugins.notify_event)
+
+    def _create(self, key: str, registry: Any, name: str) -> Any:
+        from .plugins import explain_unregistered
+
+        if name not in registry.names():
+            raise PluginError(explain_unregistered(key, name, self.config, self.plugins))
+        return registry.create(name, self.context)
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
     def open(cls, config: Config, *, environ: dict[str, str] | None = None) -> Runtime:
-        """Create the data dir, migrate the schema, load the configured plugins."""
-        from .db.engine import create_db_engine
-        from .db.migrate import upgrade
+        """Create the data dir, load the configured plugins, open (and migrate) the run store."""
         from .plugins import load_plugin_host
 
         data_dir = ensure_data_dir(config.data_dir)
@@ -132,13 +122,11 @@ class Runtime:
 
             config = replace(config, data_dir=data_dir)
         node_id = read_or_create_node_id(data_dir)
-        engine = create_db_engine(config.database_url, busy_timeout_ms=config.profile.busy_timeout_ms)
-        upgrade(engine)
-        plugins = load_plugin_host(config.plugins, environ)
-        return cls(config, engine=engine, plugins=plugins, node_id=node_id)
+        plugins = load_plugin_host(config.plugins, environ, optional=config.seam_plugins)
+        return cls(config, plugins=plugins, node_id=node_id)
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.journal.close()
 
     def __enter__(self) -> Runtime:
         return self
@@ -146,11 +134,21 @@ class Runtime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _require_executor(self) -> Any:
+    def executor_for(self, name: str) -> Executor | None:
+        """The executor registered as ``name`` (built once), or None when it is not installed here."""
+        with self._executors_lock:
+            if name not in self._executors:
+                if name in self.plugins.executors.names():
+                    self._executors[name] = self.plugins.executors.create(name, self.context)
+                else:
+                    self._executors[name] = None
+            return self._executors[name]
+
+    def _require_executor(self) -> tuple[Executor, ReceiptStore]:
         if self.executor is None or self.receipts is None:
             raise UsageError(f"profile {self.profile.name!r} does not run local processes; "
                              f"submit from an edge, standalone or cluster-worker node")
-        return self.executor
+        return self.executor, self.receipts
 
     # -- submit: persist before spawn ----------------------------------------------
     def submit(self, command: Sequence[str], *, shell: bool = False, name: str | None = None,
@@ -160,7 +158,7 @@ class Runtime:
 
         ``log_max_bytes`` overrides the profile's per-attempt log quota for this run.
         """
-        executor = self._require_executor()
+        executor, _receipts = self._require_executor()
         if not command or (shell and len(command) != 1):
             raise UsageError("give a command: `ql run -- CMD [ARG...]` (with --shell: exactly one string)")
         if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()):
@@ -174,170 +172,128 @@ class Runtime:
             if (isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int)
                     or not low <= log_max_bytes <= high):
                 raise UsageError(f"log_max_bytes must be an integer between {low:g} and {high:g}")
-        sub = self._create(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
+        sub = self._create_run(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
         return self._spawn(executor, sub, tuple(command), shell=shell, cwd=cwd, env=env)
 
-    def _create(self, *, name: str | None, timeout_s: float | None,
-                log_max_bytes: int | None = None) -> Submission:
+    def _create_run(self, *, name: str | None, timeout_s: float | None,
+                    log_max_bytes: int | None = None) -> Submission:
+        """The *create* commit. Any failure here means: nothing is spawned."""
         from .completion import hash_token
-        from .db.models import LogArtifact, Run, RunAttempt, RunEvent
-        from .transitions import with_retries
+        from .retrying import retrying
 
+        executor, receipts = self._require_executor()
+        assert self.config.executor is not None
         run_id, attempt_id, log_id = new_id(), new_id(), new_id()
         token = secrets.token_urlsafe(32)  # 256 bits, 43 chars of [A-Za-z0-9_-]
         now = now_ms()
         deadline = now + int(timeout_s * 1000) if timeout_s is not None else None
-
-        def work(session: Any) -> None:
-            session.add(Run(id=run_id, name=name, status="queued", current_attempt_id=attempt_id,
-                            created_at_ms=now, updated_at_ms=now, deadline_at_ms=deadline, event_seq=1))
-            session.flush()
-            session.add(RunAttempt(id=attempt_id, run_id=run_id, executor_type=EXECUTOR_TYPE,
-                                   runtime_owner=self.node_id, status="starting", log_artifact_id=log_id,
-                                   callback_token_hash=hash_token(token), callback_sequence=0,
-                                   deadline_at_ms=deadline, created_at_ms=now))
-            session.add(LogArtifact(id=log_id, run_id=run_id, attempt_id=attempt_id,
-                                    relative_path=log_relative_path(log_id),
-                                    max_bytes=log_max_bytes or self.profile.log_max_bytes, created_at_ms=now))
-            session.add(RunEvent(run_id=run_id, seq=1, type="run.created", attempt_id=attempt_id, at_ms=now))
-            self.journal.register(session, run_id=run_id, attempt_id=attempt_id,
-                                  receipt_ref=self.receipts.relative_ref(attempt_id), now_ms=now)
-            crashpoint("create.before_commit")
-
+        new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=name,
+                     executor=self.config.executor, runtime_owner=self.node_id,
+                     callback_token_hash=hash_token(token), created_at_ms=now, deadline_at_ms=deadline,
+                     log_relative_path=log_relative_path(log_id),
+                     log_max_bytes=log_max_bytes or self.profile.log_max_bytes,
+                     receipt_ref=receipts.relative_ref(attempt_id), host_handle=executor.host_handle())
         try:
-            with_retries(self.engine, work, retries=self.profile.completion_retries)
+            events = retrying(lambda: self.journal.create(new), retries=self.profile.completion_retries)
         except Exception as exc:  # any failure of the create commit means: do not spawn
             raise PersistBeforeSpawnError(
                 f"could not persist the run before spawning it, so nothing was started "
-                f"({type(exc).__name__}); check the database ({self.config.data_dir}) and retry") from exc
-        from .interfaces import RunEventInfo
-
-        self.plugins.notify_event(RunEventInfo(run_id=run_id, seq=1, type="run.created", attempt_id=attempt_id))
+                f"({type(exc).__name__}: {exc}); check the data dir with `ql doctor` and retry") from exc
+        for event in events:
+            self.plugins.notify_event(event)
         return Submission(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, callback_sequence=1,
-                          started_at_ms=now, deadline_at_ms=deadline, token=token)
+                          started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token)
 
-    def _spawn(self, executor: Any, sub: Submission, command: tuple[str, ...], *, shell: bool,
+    def _spawn(self, executor: Executor, sub: Submission, command: tuple[str, ...], *, shell: bool,
                cwd: str | None, env: dict[str, str] | None) -> Submission:
         from .logs import open_log_artifact
 
-        shard_dir = Path(self.receipts.ensure_shard_dir(sub.attempt_id))
+        assert self.receipts is not None
+        try:
+            location = self.receipts.prepare(sub.attempt_id)
+            log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
+        except (OSError, QlError, ValueError) as exc:
+            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="LOG_ARTIFACT_UNAVAILABLE")
+            detail = getattr(exc, "strerror", None) or type(exc).__name__
+            raise QlError(f"cannot prepare the log or receipt location in {self.config.data_dir} ({detail}); "
+                          f"nothing ran and run {sub.run_id} is marked failed; run `ql doctor`") from None
         request = SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
                                callback_sequence=sub.callback_sequence, token=sub.token,
                                started_at_ms=sub.started_at_ms, command=command, shell=shell,
                                log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
-                               receipt_shard_dir=shard_dir, cwd=cwd, env=env)
-        try:
-            log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
-        except OSError as exc:
-            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="LOG_ARTIFACT_UNAVAILABLE")
-            raise QlError(f"cannot create the log file in {self.config.data_dir}/logs "
-                          f"({exc.strerror}); run `ql doctor`") from None
+                               receipt_location=location, cwd=cwd, env=env)
         try:
             task = executor.spawn(request, log_fd=log_fd)
         except Exception as exc:
             # Nothing runs: the create commit is closed with a terminal state, never left "starting".
             self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
-            detail = exc.strerror if isinstance(exc, OSError) else type(exc).__name__
-            raise QlError(f"cannot start the task ({detail}); run {sub.run_id} marked failed "
-                          f"(check --cwd and that /bin/sh exists)") from None
+            raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
+                          f"is marked failed") from None
         finally:
             os.close(log_fd)
-        sub.process = task.process
+        sub.task = task
         self._record_spawned(executor, sub, task)
         return sub
 
-    def _record_spawned(self, executor: Any, sub: Submission, task: Any) -> None:
+    def _record_spawned(self, executor: Executor, sub: Submission, task: SpawnedTask) -> None:
         """Second commit: the durable handle. Without it the task must not run (ADR-0007 §2.2)."""
-        from .transitions import EventSpec, change_attempt, change_run, load_attempt, load_run, with_retries
-
-        handle = executor.capture_handle(task)
-
-        def work(session: Any) -> list[Any]:
-            attempt = load_attempt(session, sub.attempt_id)
-            run = load_run(session, sub.run_id)
-            if attempt is None or run is None or attempt.status != "starting":
-                return []  # already ended (e.g. a fast task completed through recovery): nothing to add
-            now = now_ms()
-            change_attempt(session, attempt, {"status": "running", "started_at_ms": sub.started_at_ms,
-                                              "boot_id": handle["boot_id"], "pid": handle["pid"],
-                                              "pgid": handle["pgid"], "process_start_time": handle["start_time"]})
-            events = change_run(session, run, {"status": "running"},
-                                [EventSpec("attempt.spawned", attempt_id=attempt.id, status="running")], now)
-            crashpoint("spawn.before_handle_commit")
-            return events
-
         try:
+            handle = check_handle(task.handle)
             if handle is None:
-                raise QlError("the launcher's identity could not be read")
-            events = with_retries(self.engine, work, retries=self.profile.completion_retries)
+                raise QlError("the executor could not read the task's identity")
+            self.completion.record_spawned(sub.attempt_id, handle=handle, started_at_ms=sub.started_at_ms)
         except Exception as exc:  # noqa: BLE001 - compensate: stop the task, mark it lost
-            self._compensate(sub)
-            raise QlError(f"the task started but its process handle could not be saved "
+            executor.abort(task)
+            try:
+                self.completion.end_without_receipt(sub.attempt_id, status="lost", reason="HANDLE_NOT_SAVED")
+            except Exception:  # noqa: BLE001 - recovery will classify it
+                pass
+            raise QlError(f"the task started but its durable handle could not be saved "
                           f"({type(exc).__name__}); it was stopped and run {sub.run_id} marked lost") from None
-        for event in events:
-            self.plugins.notify_event(event)
-
-    def _compensate(self, sub: Submission) -> None:
-        process = sub.process
-        if process is not None:
-            # We are the parent and have not reaped it: its pid (= its group) cannot be reused.
-            for signum, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(process.pid, signum)
-                    process.wait(timeout=wait_s)
-                    break
-                except ProcessLookupError:
-                    break
-                except Exception:  # noqa: BLE001 - escalate to KILL
-                    continue
-        try:
-            self.completion.end_without_receipt(sub.attempt_id, status="lost", reason="HANDLE_NOT_SAVED")
-        except Exception:  # noqa: BLE001 - recovery will classify it
-            pass
 
     # -- wait: the live fast path -------------------------------------------------------
     def wait(self, sub: Submission, *, on_tick: Callable[[], None] | None = None,
-             poll_s: float = WAIT_TICK_S) -> RunView:
-        """Wait for our child, then complete through the same path recovery uses."""
-        if sub.process is None:
-            raise UsageError("this runtime is not the task's parent; use follow/status instead")
-        import subprocess
+             tick_s: float = INTENT_POLL_S) -> RunView:
+        """Block until our child ends, then complete through the same path recovery uses.
 
+        Between wake-ups (at most every ``tick_s``, and exactly at the deadline)
+        it commits a timeout intent when the deadline passed and dispatches a
+        cancel intent's signals (TERM, KILL after the grace). ``on_tick`` runs
+        at each wake-up (a CLI streams the log there).
+        """
+        if sub.task is None:
+            raise UsageError("this runtime is not the task's parent; use follow/status instead")
+        executor = self.executor_for(sub.executor)
+        assert executor is not None
         intent = False
-        next_db_look = 0.0
         while True:
             if on_tick is not None:
                 on_tick()
-            if time.monotonic() >= next_db_look:
-                # The database is looked at about once a second, not every tick.
-                next_db_look = time.monotonic() + INTENT_POLL_S
-                intent = intent or self._has_intent(sub.run_id)
-                if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
-                    # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
-                    self.canceller.request(sub.run_id, "timeout")
-                    intent = True
-                if intent:
-                    self.canceller.dispatch_one(sub.run_id)
-            try:
-                returncode = sub.process.wait(timeout=poll_s)
+            if not intent:
+                intent = self._has_intent(sub.run_id)
+            if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
+                # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
+                self.canceller.request(sub.run_id, "timeout")
+                intent = True
+            if intent:
+                self.canceller.dispatch_one(sub.run_id)
+            timeout = tick_s
+            if not intent and sub.deadline_at_ms is not None:
+                timeout = min(timeout, max(0.0, (sub.deadline_at_ms - now_ms()) / 1000))
+            observed = executor.wait(sub.task, timeout)
+            if observed is not None:
                 break
-            except subprocess.TimeoutExpired:
-                continue
         if on_tick is not None:
             on_tick()
-        self.complete_from_wait(sub, returncode)
+        self.complete_from_wait(sub, observed)
         self._finalize_log(sub.log_artifact_id)
         return self.status(sub.run_id)
 
     def _has_intent(self, run_id: str) -> bool:
-        from .db.engine import session_scope
-        from .db.models import Run
+        run = self.journal.run(run_id)
+        return run is not None and run.cancel_reason is not None
 
-        with session_scope(self.engine, write=False) as session:
-            run = session.get(Run, run_id)
-            return run is not None and run.cancel_reason is not None
-
-    def complete_from_wait(self, sub: Submission, returncode: int) -> CompletionResult | None:
+    def complete_from_wait(self, sub: Submission, observed: ExitObservation) -> CompletionResult | None:
         """Consume the receipt; if publication failed, the waited status is a trusted live observation."""
         from .consumer import ConsumeOutcome
         from .receipts.codec import Receipt
@@ -346,18 +302,18 @@ class Runtime:
         consumed = self.consumer.consume(sub.attempt_id)
         if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
             return None
-        if returncode < 0 or returncode == LAUNCHER_LOST_STATUS:
-            # The launcher itself died of a signal, or told us it lost the command's status: its
-            # own exit says nothing about the command's. Without a receipt, recovery decides
-            # (lost, or the intent's state when our dispatcher signalled it) — never a guess.
+        if observed.exit_code is None:
+            # The executor cannot vouch for the task's status (its launcher died, or lost the
+            # status): without a receipt, recovery decides (lost, or the intent's state when our
+            # dispatcher signalled it) — never a guess.
             self.recover_attempt(sub.attempt_id)
             return None
-        exit_code = returncode
         observation = Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
                               callback_sequence=sub.callback_sequence, token=sub.token,
                               started_at_ms=sub.started_at_ms,
-                              finished_at_ms=max(now_ms_ceil(), sub.started_at_ms), exit_code=exit_code)
-        result = self.completion.complete(observation, executor_type=EXECUTOR_TYPE)
+                              finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms),
+                              exit_code=observed.exit_code)
+        result = self.completion.complete(observation, executor=sub.executor)
         if consumed.outcome is ConsumeOutcome.MISSING:
             # No receipt will ever come (the launcher is gone): the row rides out with the next create
             # commit or retention — no extra commit here.
@@ -366,50 +322,19 @@ class Runtime:
 
     # -- queries --------------------------------------------------------------------
     def status(self, run_id: str) -> RunView:
-        from sqlmodel import select
+        view = self.journal.view(run_id)
+        if view is None:
+            raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
+        return view
 
-        from .db.engine import session_scope
-        from .db.models import Run, RunAttempt
-
-        with session_scope(self.engine, write=False) as session:
-            run = session.get(Run, run_id)
-            if run is None:
-                raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
-            attempts = list(session.exec(select(RunAttempt).where(RunAttempt.run_id == run_id)
-                                         .order_by(RunAttempt.attempt_no)))
-        return _view(run, attempts)
-
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        from sqlmodel import select
-
-        from .db.engine import session_scope
-        from .db.models import Run, RunEvent
-
-        with session_scope(self.engine, write=False) as session:
-            if session.get(Run, run_id) is None:
-                raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
-            rows = session.exec(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.seq))
-            return [{"run_id": e.run_id, "seq": e.seq, "type": e.type, "attempt_id": e.attempt_id,
-                     "status": e.status, "exit_code": e.exit_code, "reason": e.reason, "at_ms": e.at_ms}
-                    for e in rows]
+    def events(self, run_id: str) -> list[EventRecord]:
+        events = self.journal.events(run_id)
+        if events is None:
+            raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
+        return events
 
     def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[RunView]:
-        from sqlmodel import col, select
-
-        from .db.engine import session_scope
-        from .db.models import Run, RunAttempt
-
-        with session_scope(self.engine, write=False) as session:
-            stmt = select(Run).order_by(col(Run.created_at_ms).desc(), col(Run.id).desc()).limit(limit)
-            if status:
-                stmt = stmt.where(Run.status == status)
-            runs = list(session.exec(stmt))
-            ids = [r.id for r in runs]
-            attempts: dict[str, list[RunAttempt]] = {}
-            if ids:
-                for a in session.exec(select(RunAttempt).where(col(RunAttempt.run_id).in_(ids))):
-                    attempts.setdefault(a.run_id, []).append(a)
-        return [_view(r, attempts.get(r.id, [])) for r in runs]
+        return self.journal.list_views(status=status, limit=limit)
 
     # -- cancellation -----------------------------------------------------------------
     def cancel(self, run_id: str, reason: str = "user") -> CancelRequest:
@@ -443,7 +368,7 @@ class Runtime:
 
         return Supervisor(self, interval_s=interval_s)
 
-    # -- logs and wake-ups (issue 7; see ql_core.follow / ql_core.logs) ----------------------
+    # -- logs and wake-ups (see ql_core.follow / ql_core.logs) -------------------------------
     def start_wakeups(self, supervisor: Any) -> Any:
         """Start the configured wake-up source for ``supervisor`` (a new receipt wakes its round).
 
@@ -455,7 +380,7 @@ class Runtime:
         return start_supervisor_wakeups(self, supervisor)
 
     def _finalize_log(self, log_artifact_id: str) -> None:
-        """After the fast path's terminal commit: cut the log to its quota, record its size (best effort)."""
+        """After the fast path's terminal commit: cut the log to its quota (best effort)."""
         from .follow import _quietly
         from .logs import finalize_log
 
@@ -467,23 +392,16 @@ class Runtime:
         return paths.log_path(self.config.data_dir, view.log_artifact_id)
 
 
-def _journal_name(plugins: PluginHost) -> str:
-    names = plugins.journal_backends.names()
-    if not names:
-        from .errors import PluginError
+def _spawn_failure(exc: BaseException) -> str:
+    """A one-line cause for a failed spawn that names the fix (never the command itself)."""
+    import errno
 
-        raise PluginError("no receipt-journal backend is registered; enable the 'edge-sqlite' plugin "
-                          "(part of the edge and standalone profiles); cluster profiles need the "
-                          "'cluster-fenced' plugin, which this version does not ship yet")
-    return names[0]
-
-
-def _view(run: Any, attempts: list[Any]) -> RunView:
-    return RunView(
-        run_id=run.id, name=run.name, status=run.status, exit_code=run.exit_code, reason=run.reason,
-        created_at_ms=run.created_at_ms, finished_at_ms=run.finished_at_ms, deadline_at_ms=run.deadline_at_ms,
-        cancel_reason=run.cancel_reason,
-        log_artifact_id=attempts[-1].log_artifact_id if attempts else None,
-        attempts=tuple({"attempt_id": a.id, "status": a.status, "exit_code": a.exit_code, "reason": a.reason,
-                        "executor_type": a.executor_type, "pid": a.pid} for a in attempts),
-    )
+    if isinstance(exc, OSError):
+        if exc.errno == errno.E2BIG:
+            return "the argument list or environment is too long for the system (E2BIG); shorten it"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"{exc.strerror}: check --cwd and that /bin/sh exists"
+        if exc.errno == errno.EACCES:
+            return f"{exc.strerror}: check the permissions of --cwd"
+        return exc.strerror or type(exc).__name__
+    return type(exc).__name__

@@ -14,17 +14,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
     from ql_core.cli.common import config_from_args
-    from ql_core.db.engine import create_db_engine
-    from ql_core.db.migrate import current_revision, upgrade
+    from ql_core.db.migrate import current_revision, migrate_url
     from ql_core.paths import ensure_data_dir
 
     config = config_from_args(args)
     if config.is_sqlite:
         ensure_data_dir(config.data_dir)
-    engine = create_db_engine(config.database_url, busy_timeout_ms=config.profile.busy_timeout_ms)
-    before = current_revision(engine)
-    head = upgrade(engine)
+    engine = create_engine(config.database_url, poolclass=NullPool)
+    try:
+        before = current_revision(engine)
+    finally:
+        engine.dispose()
+    head = migrate_url(config.database_url)
     out.emit({"status": "ok", "from_revision": before, "revision": head},
              f"schema at {head}" + ("" if before == head else f" (was {before or 'empty'})"))
     return 0

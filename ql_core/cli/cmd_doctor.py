@@ -10,7 +10,8 @@ from typing import Callable
 
 from ql_core.cli.output import Output
 
-HELP = "check the data dir's file system (hard links, O_APPEND, fsync, permissions) and the schema"
+HELP = ("show the effective config and check it: plugins, the data dir's file system (hard links, O_APPEND, "
+        "fsync, permissions) and the schema")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +73,57 @@ def _check_modes(data_dir: Path) -> str:
     return "data dir, logs and receipts are 0700"
 
 
+def mask_url(url: str) -> str:
+    """``scheme://user:secret@host/db`` -> ``scheme://user:***@host/db`` (never print a password)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable database_url>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
+    """Everything in force: where it came from, the profile, every limit, the seams, the plugins."""
+    from ql_core.plugins import select_plugin_names
+
+    return {
+        "source": config.source,
+        "profile": config.profile.name,
+        "data_dir": str(config.data_dir),
+        "database_url": mask_url(config.database_url),
+        "executor": config.executor,
+        "receipt_store": config.receipt_store,
+        "journal": config.journal,
+        "plugins": list(select_plugin_names(config.plugins)),
+        "disabled_plugins": list(config.disabled_plugins),
+        "limits": {name: getattr(config.profile, name) for name in config.profile.limit_names()},
+    }
+
+
+def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
+    """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
+    from ql_core.plugins import explain_unregistered, load_plugin_host
+
+    host = load_plugin_host(config.plugins, optional=config.seam_plugins)
+    chosen = []
+    for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
+                          ("journal", host.journal_backends)):
+        name = getattr(config, key)
+        if name is None:
+            continue
+        if name not in registry.names():
+            raise AssertionError(explain_unregistered(key, name, config, host))
+        chosen.append(f"{key}={name}")
+    return f"loaded {', '.join(host.loaded) or 'none'}; selected {', '.join(chosen)}"
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     import shutil
     import tempfile
@@ -80,9 +132,20 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.paths import ensure_data_dir
 
     config = config_from_args(args)
+    shown = effective_config(config)
+    text = [f"config   {shown['source']} (profile {shown['profile']})",
+            f"data dir {shown['data_dir']}", f"database {shown['database_url']}",
+            f"seams    executor={shown['executor']} receipt_store={shown['receipt_store']} "
+            f"journal={shown['journal']}",
+            f"plugins  {', '.join(shown['plugins']) or 'none'}"
+            + (f" (disabled: {', '.join(shown['disabled_plugins'])})" if shown["disabled_plugins"] else ""),
+            "limits   " + " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                  for k, v in shown["limits"].items())]
+    out.emit({"config": shown}, "\n".join(text))
     data_dir = ensure_data_dir(config.data_dir)
     probe = Path(tempfile.mkdtemp(prefix=".doctor-", dir=data_dir))
     checks: list[tuple[str, Callable[[], str]]] = [
+        ("plugins", lambda: _check_plugins(config)),
         ("hard_links", lambda: _check_hard_links(probe)),
         ("o_append", lambda: _check_append(probe)),
         ("fsync", lambda: _check_fsync(probe)),
@@ -113,10 +176,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def _check_schema(config) -> str:  # type: ignore[no-untyped-def]
-    from ql_core.db.engine import create_db_engine
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
     from ql_core.db.migrate import current_revision, head_revision
 
-    engine = create_db_engine(config.database_url, busy_timeout_ms=config.profile.busy_timeout_ms)
+    if config.is_sqlite and not os.path.exists(config.database_url[len("sqlite:///"):]):
+        return "no database yet; the schema is created on first start or by `ql db upgrade`"
+    engine = create_engine(config.database_url, poolclass=NullPool)
     try:
         current = current_revision(engine)
     finally:

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import runtime_from_args
 
-    events = runtime_from_args(args).events(args.run_id)
+    events = [e.as_dict() for e in runtime_from_args(args).events(args.run_id)]
     if out.json_mode:
         out.emit({"run_id": args.run_id, "events": events})
         return 0

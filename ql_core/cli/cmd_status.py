@@ -20,8 +20,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     lines = [f"run {view.run_id}  {view.status}" + (f"  exit {view.exit_code}" if view.exit_code is not None else "")
              + (f"  ({view.reason})" if view.reason else "")]
     for a in view.attempts:
-        lines.append(f"  attempt {a['attempt_id']}  {a['status']}"
-                     + (f"  exit {a['exit_code']}" if a["exit_code"] is not None else "")
-                     + (f"  ({a['reason']})" if a["reason"] else ""))
+        lines.append(f"  attempt {a.attempt_id}  {a.status}"
+                     + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
+                     + (f"  ({a.reason})" if a.reason else ""))
     out.emit(view.as_dict(), "\n".join(lines))
     return 0

@@ -47,18 +47,25 @@ from many threads and processes at once (``O_EXCL`` temp names, no-replace
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import os
 import re
 import secrets
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final
 
 from ql_core.crashpoints import crashpoint
 from ql_core.ids import UUID7_PATTERN, is_uuid7, shard_of
+from ql_core.ports.receipt_store import (
+    PublishOutcome,
+    QuarantineConflictError,
+    ReadStatus,
+    ReceiptPublishError,
+    ReceiptRead,
+    ReceiptStoreError,
+    UnsafePathError,
+)
 from ql_core.receipts.codec import (
     MAX_RECEIPT_BYTES,
     Receipt,
@@ -101,55 +108,6 @@ _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: errno values meaning "this path component is a symlink or not a directory"
 #: (O_NOFOLLOW on a symlink: ELOOP on Linux, EMLINK on FreeBSD).
 _UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
-
-
-class ReceiptStoreError(Exception):
-    """A receipt store operation failed; usually transient — retry next round."""
-
-
-class UnsafePathError(ReceiptStoreError):
-    """A path under (or of) the root is a symlink, not a directory, or not ours: fail closed."""
-
-
-class ReceiptPublishError(ReceiptStoreError):
-    """Publication failed.
-
-    ``final_visible`` is False when the failure happened before the link (the
-    usual case: nothing visible, temp removed) and True when the complete
-    receipt was already linked and only the cleanup/directory fsync failed.
-    """
-
-    def __init__(self, message: str, *, final_visible: bool = False) -> None:
-        super().__init__(message)
-        self.final_visible = final_visible
-
-
-class QuarantineConflictError(ReceiptStoreError):
-    """The quarantine slot already holds a different file; nothing was overwritten or removed."""
-
-
-class PublishOutcome(enum.StrEnum):
-    """Result of :meth:`FileReceiptStore.publish`."""
-
-    PUBLISHED = "published"
-    ALREADY_EXISTS = "already_exists"
-
-
-class ReadStatus(enum.StrEnum):
-    """Result kind of :meth:`FileReceiptStore.read` (compares equal to its string value)."""
-
-    MISSING = "missing"
-    VALID = "valid"
-    INVALID = "invalid"
-
-
-@dataclass(frozen=True)
-class ReceiptRead:
-    """What is at an attempt's receipt path: nothing, a valid receipt, or a rejected file."""
-
-    status: ReadStatus
-    receipt: Receipt | None = None
-    rejection: ReceiptRejection | None = None
 
 
 _MISSING: Final = ReceiptRead(ReadStatus.MISSING)
@@ -341,7 +299,7 @@ class FileReceiptStore:
         _require_uuid7(attempt_id)
         return f"{shard_of(attempt_id)}/{_receipt_name(attempt_id)}"
 
-    def ensure_shard_dir(self, attempt_id: str) -> str:
+    def prepare(self, attempt_id: str) -> str:
         """Create (0700) and verify the attempt's shard directory; return its absolute path.
 
         For a publisher outside this process (the POSIX launcher), which cannot

@@ -1,6 +1,7 @@
-"""Contract test suites every backend and third-party plugin runs (huey's ``StorageTests`` style).
+"""Contract test suites for the four plugin seams (huey's ``StorageTests`` style).
 
-Subclass a contract in your own test module and provide its factory fixture::
+Every built-in runs them, and so must a third-party plugin. Subclass a
+contract in your own test module and provide its factory fixture::
 
     from ql_core.testing import ExecutorContract
 
@@ -9,10 +10,16 @@ Subclass a contract in your own test module and provide its factory fixture::
         def make_executor(self):
             return lambda: SlurmExecutor()
 
-pytest collects the inherited tests; each one states a promise core relies on.
+        @pytest.fixture
+        def executor_name(self):          # enables the end-to-end tests through a Runtime
+            return "slurm"
+
+pytest collects the inherited tests; each states a promise core relies on.
 """
 
 from .executor import ExecutorContract
+from .journal import JournalBackendContract
 from .receipt_store import ReceiptStoreContract
+from .wakeup import WakeupSourceContract
 
-__all__ = ["ExecutorContract", "ReceiptStoreContract"]
+__all__ = ["ExecutorContract", "JournalBackendContract", "ReceiptStoreContract", "WakeupSourceContract"]

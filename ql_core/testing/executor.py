@@ -1,95 +1,242 @@
-"""The promises an executor makes to core: detached start, durable identity, honest receipts."""
+"""The promises an executor makes to core (:mod:`ql_core.ports.executor`), as a pytest suite.
+
+Subclass :class:`ExecutorContract` and provide ``make_executor``; for the
+end-to-end tests also ``executor_name`` (the name your plugin registers) and
+``plugin_name`` (your entry point in ``ql.plugins``) — they run a real
+:class:`~ql_core.runtime.Runtime` with ``executor = "<executor_name>"``, so your
+package must be installed. Tasks are plain POSIX commands (``sh``); receipts
+are read back through a receipt store (``make_receipt_store``, by default the
+built-in ``file`` store that the local launcher publishes to) — nothing here
+assumes a path, a shard layout, a launcher or an exit status of the built-ins.
+Synchronization is by conditions (a log line, a file), never by sleeping.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
-from ql_core.ids import new_id, shard_of
-from ql_core.interfaces import Executor, IdentityState, SignalOutcome, SpawnRequest
-from ql_core.receipts.codec import Receipt, parse_receipt
+from ql_core.ids import new_id
+from ql_core.ports.executor import (
+    MAX_HANDLE_BYTES,
+    Executor,
+    ExitObservation,
+    IdentityState,
+    SignalOutcome,
+    SpawnedTask,
+    SpawnRequest,
+)
+from ql_core.ports.receipt_store import ReceiptStore
 
-__all__ = ["ExecutorContract"]
+__all__ = ["ExecutorContract", "wait_until"]
+
+#: Failure detection only: nothing waits this long when the executor works.
+DEADLINE_S = 30.0
 
 
-def _wait(predicate: Callable[[], object], timeout: float = 15.0) -> object:
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    """Poll ``predicate`` until it returns something truthy (a condition, not a fixed sleep)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.01)
+
+
+@dataclass
+class Started:
+    """One spawned task of a contract test."""
+
+    task: SpawnedTask
+    request: SpawnRequest
+    log: Path
 
 
 class ExecutorContract:
-    """Subclass and provide ``make_executor() -> Executor`` as a fixture."""
+    """Subclass and provide ``make_executor() -> Executor`` (and, for end-to-end, ``executor_name``)."""
 
     @pytest.fixture
     def make_executor(self) -> Callable[[], Executor]:  # pragma: no cover - provided by subclasses
         raise NotImplementedError("provide a make_executor fixture")
 
-    def _spawn(self, executor: Executor, tmp_path: Path, command: list[str]) -> tuple[object, SpawnRequest, Path]:
-        attempt_id = new_id()
-        shard = tmp_path / "receipts" / shard_of(attempt_id)
-        shard.mkdir(parents=True, mode=0o700)
-        log = tmp_path / "task.log"
-        request = SpawnRequest(run_id=new_id(), attempt_id=attempt_id, callback_sequence=1,
-                               token=secrets.token_urlsafe(32), started_at_ms=int(time.time() * 1000),
-                               command=tuple(command), shell=False, log_path=log, receipt_shard_dir=shard)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            task = executor.spawn(request, log_fd=fd)
-        finally:
-            os.close(fd)
-        return task, request, shard / f"{attempt_id}.json"
+    @pytest.fixture
+    def executor_name(self) -> str | None:
+        """The name your plugin registers (None skips the end-to-end tests)."""
+        return None
 
-    def test_has_an_executor_type(self, make_executor: Callable[[], Executor]) -> None:
-        executor = make_executor()
-        assert isinstance(executor.executor_type, str) and executor.executor_type
+    @pytest.fixture
+    def plugin_name(self, executor_name: str | None) -> str | None:
+        """Your entry point in ``ql.plugins`` (defaults to the executor's name)."""
+        return executor_name
 
-    def test_task_publishes_a_receipt_with_its_true_exit_code(self, make_executor, tmp_path: Path) -> None:
-        executor = make_executor()
-        task, request, final = self._spawn(executor, tmp_path, ["sh", "-c", "echo hi; exit 7"])
-        data = _wait(lambda: final.exists() and final.read_bytes())
-        receipt = parse_receipt(data)  # type: ignore[arg-type]
-        assert isinstance(receipt, Receipt), receipt
-        assert (receipt.exit_code, receipt.token, receipt.attempt_id) == (7, request.token, request.attempt_id)
+    @pytest.fixture
+    def make_receipt_store(self) -> Callable[[Path], ReceiptStore]:
+        """The store your executor's tasks publish to (default: the built-in ``file`` store)."""
+        from ql_core.receipts.file_store import FileReceiptStore
+
+        def make(root: Path) -> ReceiptStore:
+            root.mkdir(mode=0o700, exist_ok=True)
+            return FileReceiptStore(root)
+
+        return make
+
+    @pytest.fixture
+    def env(self, make_executor: Callable[[], Executor], make_receipt_store: Callable[[Path], ReceiptStore],
+            tmp_path: Path) -> Any:
+        executor, store = make_executor(), make_receipt_store(tmp_path / "receipts")
+        started: list[Started] = []
+
+        def spawn(command: list[str], *, shell: bool = False) -> Started:
+            attempt_id = new_id()
+            log = tmp_path / f"{attempt_id}.log"
+            request = SpawnRequest(run_id=new_id(), attempt_id=attempt_id, callback_sequence=1,
+                                   token=secrets.token_urlsafe(32), started_at_ms=time.time_ns() // 1_000_000,
+                                   command=tuple(command), shell=shell, log_path=log,
+                                   receipt_location=store.prepare(attempt_id))
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                task = executor.spawn(request, log_fd=fd)
+            finally:
+                os.close(fd)
+            one = Started(task, request, log)
+            started.append(one)
+            return one
+
+        yield executor, store, spawn, tmp_path
+        for one in started:  # never leave a task behind, whatever a test did
+            if executor.inspect(one.task.handle) is IdentityState.RUNNING:
+                executor.signal(one.task.handle, signal.SIGKILL)
+            executor.wait(one.task, DEADLINE_S)
+
+    # -- spawn and receipts --------------------------------------------------------------
+    def test_task_publishes_a_receipt_with_its_true_exit_code(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["sh", "-c", "echo hi; exit 7"])
+        read = wait_until(lambda: (r := store.read(one.request.attempt_id)).status == "valid" and r, "the receipt")
+        receipt = read.receipt
+        assert (receipt.exit_code, receipt.token, receipt.attempt_id, receipt.run_id) == (
+            7, one.request.token, one.request.attempt_id, one.request.run_id)
+        assert receipt.callback_sequence == one.request.callback_sequence
         assert receipt.finished_at_ms >= receipt.started_at_ms
-        assert (tmp_path / "task.log").read_bytes() == b"hi\n"
-        if getattr(task, "process", None) is not None:
-            task.process.wait()
+        assert one.log.read_bytes() == b"hi\n"
 
-    def test_identity_is_running_then_exited(self, make_executor, tmp_path: Path) -> None:
-        executor = make_executor()
-        task, _request, final = self._spawn(executor, tmp_path, ["sleep", "0.5"])
-        handle = executor.capture_handle(task)  # type: ignore[arg-type]
-        assert handle is not None
+    def test_shell_mode_runs_one_string(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["echo a; echo b >&2; exit 3"], shell=True)
+        observed = executor.wait(one.task, DEADLINE_S)
+        assert observed is not None and observed.exit_code == 3
+        assert one.log.read_bytes() == b"a\nb\n"
+
+    def test_the_token_reaches_neither_environment_nor_output(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["sh", "-c", "env; exit 0"])
+        assert executor.wait(one.task, DEADLINE_S) is not None
+        assert one.request.token.encode() not in one.log.read_bytes()
+        assert b"PATH=" in one.log.read_bytes()  # the task really printed its environment
+
+    # -- the durable handle ----------------------------------------------------------------
+    def test_handle_is_a_small_json_document(self, env: Any) -> None:
+        executor, _store, spawn, _ = env
+        one = spawn(["sh", "-c", "exit 0"])
+        assert isinstance(one.task.handle, str)
+        assert len(one.task.handle.encode("utf-8")) <= MAX_HANDLE_BYTES
+        json.loads(one.task.handle)
+
+    def test_identity_is_running_then_exited(self, env: Any) -> None:
+        executor, _store, spawn, tmp_path = env
+        go = tmp_path / "go"
+        one = spawn(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done'])
+        assert executor.inspect(one.task.handle) is IdentityState.RUNNING
+        go.touch()
+        assert executor.wait(one.task, DEADLINE_S) is not None
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "identity exited")
+
+    @pytest.mark.parametrize("handle", [None, "", "{}", "not json", "[1, 2]", '{"pid": "x"}', "x" * 600])
+    def test_a_missing_or_broken_handle_is_unverifiable_and_never_signalled(self, env: Any, handle: Any) -> None:
+        executor = env[0]
+        assert executor.inspect(handle) is IdentityState.UNVERIFIABLE
+        assert executor.signal(handle, signal.SIGTERM) is SignalOutcome.BLOCKED
+
+    def test_host_handle_names_the_calling_process(self, env: Any) -> None:
+        executor = env[0]
+        handle = executor.host_handle()
+        assert handle is not None and len(handle.encode("utf-8")) <= MAX_HANDLE_BYTES
         assert executor.inspect(handle) is IdentityState.RUNNING
-        if getattr(task, "process", None) is not None:
-            task.process.wait()
-        _wait(lambda: executor.inspect(handle) is IdentityState.EXITED)
 
-    def test_no_handle_is_unverifiable_and_never_signalled(self, make_executor) -> None:
-        executor = make_executor()
-        assert executor.inspect(None) is IdentityState.UNVERIFIABLE
-        assert executor.signal(None, signal.SIGTERM) is SignalOutcome.BLOCKED
+    # -- signals ---------------------------------------------------------------------------
+    def test_signal_reaches_the_task_and_the_receipt_says_so(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["sh", "-c", "echo ready; while :; do sleep 0.05; done"])
+        wait_until(lambda: b"ready" in one.log.read_bytes(), "the task to start")
+        assert executor.signal(one.task.handle, signal.SIGTERM) is SignalOutcome.SIGNALLED
+        read = wait_until(lambda: (r := store.read(one.request.attempt_id)).status == "valid" and r, "the receipt")
+        assert read.receipt.exit_code == 128 + signal.SIGTERM
+        executor.wait(one.task, DEADLINE_S)
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "identity exited")
+        assert executor.signal(one.task.handle, signal.SIGTERM) in (SignalOutcome.ALREADY_EXITED,
+                                                                     SignalOutcome.BLOCKED)
 
-    def test_signal_reaches_the_task_and_the_receipt_says_so(self, make_executor, tmp_path: Path) -> None:
-        executor = make_executor()
-        task, _request, final = self._spawn(executor, tmp_path, ["sleep", "30"])
-        handle = executor.capture_handle(task)  # type: ignore[arg-type]
-        time.sleep(0.2)
-        assert executor.signal(handle, signal.SIGTERM) is SignalOutcome.SIGNALLED
-        receipt = parse_receipt(_wait(lambda: final.exists() and final.read_bytes()))  # type: ignore[arg-type]
-        assert isinstance(receipt, Receipt) and receipt.exit_code == 143
-        if getattr(task, "process", None) is not None:
-            task.process.wait()
-        _wait(lambda: executor.inspect(handle) is IdentityState.EXITED)
-        assert executor.signal(handle, signal.SIGTERM) in (SignalOutcome.ALREADY_EXITED, SignalOutcome.BLOCKED)
+    # -- the live path -----------------------------------------------------------------------
+    def test_wait_returns_none_while_running_then_the_exit(self, env: Any) -> None:
+        executor, _store, spawn, tmp_path = env
+        go = tmp_path / "go"
+        one = spawn(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done; exit 5'])
+        assert executor.wait(one.task, 0.05) is None
+        go.touch()
+        observed = executor.wait(one.task, DEADLINE_S)
+        assert isinstance(observed, ExitObservation)
+        assert observed.exit_code == 5 and observed.finished_at_ms >= one.request.started_at_ms
+
+    def test_abort_stops_a_task_it_just_started(self, env: Any) -> None:
+        executor, _store, spawn, _ = env
+        one = spawn(["sh", "-c", "echo ready; while :; do sleep 0.05; done"])
+        wait_until(lambda: b"ready" in one.log.read_bytes(), "the task to start")
+        executor.abort(one.task)
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "identity exited")
+
+    # -- end to end, through a real runtime ----------------------------------------------------
+    @pytest.fixture
+    def runtime(self, executor_name: str | None, plugin_name: str | None, tmp_path: Path) -> Any:
+        if executor_name is None:
+            pytest.skip("no executor_name fixture: end-to-end tests need the installed plugin")
+        from ql_core.config import load_config
+        from ql_core.runtime import Runtime
+
+        data = tmp_path / "data"
+        toml = tmp_path / "ql.toml"
+        toml.write_text(f'executor = "{executor_name}"\nplugins = ["{plugin_name}"]\n')
+        rt = Runtime.open(load_config(config_path=toml, data_dir=data, environ={}, cwd=tmp_path))
+        yield rt
+        rt.close()
+
+    def test_the_attempt_records_the_registered_name_and_completes(self, runtime: Any, executor_name: str) -> None:
+        sub = runtime.submit(["sh", "-c", "exit 4"])
+        assert sub.executor == executor_name
+        view = runtime.wait(sub)
+        assert (view.status, view.exit_code) == ("failed", 4)
+        assert [a.executor for a in view.attempts] == [executor_name]
+
+    def test_recovery_finds_a_receipt_the_host_never_consumed(self, runtime: Any) -> None:
+        sub = runtime.submit(["sh", "-c", "exit 6"])
+        executor = runtime.executor_for(sub.executor)
+        executor.wait(sub.task, DEADLINE_S)  # the task ended; this host "died" before completing it
+        runtime.reconcile()
+        view = runtime.status(sub.run_id)
+        assert (view.status, view.exit_code) == ("failed", 6)
+
+    def test_cancel_goes_through_the_attempts_executor(self, runtime: Any) -> None:
+        sub = runtime.submit(["sh", "-c", "while :; do sleep 0.05; done"])
+        assert str(runtime.cancel(sub.run_id)) == "requested"
+        view = runtime.wait(sub)
+        assert view.status == "cancelled"

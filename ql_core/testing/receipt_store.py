@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from ql_core.ids import new_id
-from ql_core.interfaces import ReceiptStore
+from ql_core.ports.receipt_store import ReceiptStore
 from ql_core.receipts.codec import Receipt
 
 __all__ = ["ReceiptStoreContract", "sample_receipt"]
@@ -76,13 +75,34 @@ class ReceiptStoreContract:
         assert str(store.publish(good)) == "published"
         assert store.read(bad.attempt_id).receipt == good
 
-    def test_relative_ref_is_bounded_and_relative(self, store: ReceiptStore) -> None:
+    def test_relative_ref_is_bounded_relative_and_stable(self, store: ReceiptStore) -> None:
         attempt_id = new_id()
         ref = store.relative_ref(attempt_id)
-        assert not ref.startswith("/") and ".." not in ref and len(ref) <= 64
-        assert re.fullmatch(rf"[0-9a-f]{{2}}/{attempt_id}\.json", ref)
+        assert isinstance(ref, str) and ref and len(ref) <= 64
+        assert not ref.startswith("/") and ".." not in ref.split("/")
+        assert store.relative_ref(attempt_id) == ref and store.relative_ref(new_id()) != ref
+
+    def test_prepare_gives_a_location_and_is_idempotent(self, store: ReceiptStore) -> None:
+        attempt_id = new_id()
+        location = store.prepare(attempt_id)
+        assert isinstance(location, str) and location
+        assert store.prepare(attempt_id) == location
+        assert str(store.read(attempt_id).status) == "missing"  # preparing publishes nothing
+
+    def test_a_second_quarantine_never_overwrites_the_first(self, store: ReceiptStore) -> None:
+        from ql_core.ports.receipt_store import QuarantineConflictError
+
+        first = sample_receipt(token="a" * 43)
+        store.publish(first)
+        store.quarantine(first.attempt_id)
+        second = sample_receipt(token="b" * 43, attempt_id=first.attempt_id)
+        store.publish(second)
+        with pytest.raises(QuarantineConflictError):
+            store.quarantine(first.attempt_id)
+        assert store.read(first.attempt_id).receipt == second  # kept in place, nothing lost
 
     def test_ids_are_validated_before_any_path_is_built(self, store: ReceiptStore) -> None:
         for bad in ("../../etc/passwd", "", "01900000-0000-7000-8000-00000000000G"):
-            with pytest.raises(ValueError):
-                store.read(bad)
+            for operation in (store.read, store.remove, store.quarantine, store.prepare, store.relative_ref):
+                with pytest.raises(ValueError):
+                    operation(bad)

@@ -1,41 +1,32 @@
-"""The ``local`` plugin: the LocalProcess executor and the ``file`` receipt store.
+"""The ``local`` plugin: registers the ``local`` executor (one POSIX launcher per task).
 
-Import-light on purpose (``ql plugins`` imports this module): the executor and
-the store are built by factories only when a runtime needs them.
+Import-light on purpose (``ql plugins`` imports this module): the executor is
+built by its factory only when a runtime needs it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ql_core.hookspecs import RegisterExecutor, RegisterReceiptStore, hookimpl
+from ql_core.hookspecs import RegisterExecutor, hookimpl
 
 if TYPE_CHECKING:
-    from ql_core.interfaces import Executor, ReceiptStore, RuntimeContext
+    from ql_core.ports import Executor, RuntimeContext
 
-__all__ = ["ql_register_executors", "ql_register_receipt_stores"]
+__all__ = ["ql_register_executors"]
 
 
 def _executor(context: RuntimeContext) -> Executor:
+    from ql_core.errors import ConfigError
+
     from .executor import LocalProcessExecutor
 
+    settings = context.plugin_config("local")
+    if settings:
+        raise ConfigError(f"[plugin.local] has no setting {sorted(settings)[0]!r}; it takes none")
     return LocalProcessExecutor()
-
-
-def _file_store(context: RuntimeContext) -> ReceiptStore:
-    from ql_core.paths import ensure_private_dir, receipts_root
-    from ql_core.receipts.file_store import FileReceiptStore
-
-    root = receipts_root(context.data_dir)
-    ensure_private_dir(root)
-    return FileReceiptStore(root)
 
 
 @hookimpl
 def ql_register_executors(register: RegisterExecutor) -> None:
-    register("local_process", _executor)
-
-
-@hookimpl
-def ql_register_receipt_stores(register: RegisterReceiptStore) -> None:
-    register("file", _file_store)
+    register("local", _executor)
