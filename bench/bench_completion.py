@@ -3,7 +3,7 @@
 Run: ``python bench/bench_completion.py [--n N] [--dir DIR] [--json]``.
 
 1. **Completions applied per second.** N attempts are created through the
-   runtime's own create path (``Runtime._create``: run, attempt, log artifact,
+   runtime's own create path (``Runtime._create_run``: run, attempt, log artifact,
    event, journal row and token hash in one commit — no process is spawned),
    each gets its valid receipt published by the real ``FileReceiptStore``
    (fsync on), then ``ReceiptConsumer.consume`` applies them one by one: read
@@ -15,13 +15,12 @@ Run: ``python bench/bench_completion.py [--n N] [--dir DIR] [--json]``.
    N bare ``INSERT`` + ``COMMIT`` transactions on a fresh SQLite file with the
    same pragmas (WAL, ``synchronous=FULL``). The ratio says what the protocol
    costs over the cheapest durable commit SQLite can do. One more consumer batch
-   runs while an idle connection to the database is held open: the engine uses
-   ``NullPool`` (a connection per transaction), and closing the *last*
-   connection of a WAL database checkpoints it — so without another open
-   connection every transaction also pays a checkpoint. The difference between
-   the two consumer rows is that cost (see docs/completion.md).
+   runs while an idle connection to the database is held open: closing the
+   *last* connection of a WAL database checkpoints it. The difference between
+   the two consumer rows shows whether that still costs anything (the store
+   keeps its own connections open, so it should not).
 2. **Commits per task lifecycle.** One real ``submit`` + ``wait`` of
-   ``sh -c 'exit 0'`` with a SQLAlchemy ``commit`` listener on the engine; each
+   ``sh -c 'exit 0'`` with the run store's statement trace on; each
    commit is listed with the statements that changed data in it. The target is
    three: create, spawned, terminal (DESIGN.md §3.6). Read-only transactions
    (BEGIN … COMMIT with no write: no WAL frame, no fsync) are counted apart.
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -49,23 +49,30 @@ from ql_core.runtime import Runtime
 
 
 class CommitLog:
-    """Every COMMIT on an engine with the INSERT/UPDATE/DELETE statements of its transaction."""
+    """Every COMMIT of the runtime's run store with the INSERT/UPDATE/DELETE statements in it.
 
-    def __init__(self, engine: Any) -> None:
-        from sqlalchemy import event
+    Uses the edge-sqlite store's statement trace (sqlite3 trace callbacks on its real connections).
+    """
 
+    _WRITE = re.compile(r"\s*(INSERT|UPDATE|DELETE)\b(?:\s+OR\s+\w+)?(?:\s+INTO|\s+FROM)?\s+\"?(\w+)", re.I)
+
+    def __init__(self, rt: Runtime) -> None:
         self.commits: list[list[str]] = []
         self._open: dict[int, list[str]] = {}
-        event.listen(engine, "begin", lambda conn: self._open.__setitem__(id(conn), []))
-        event.listen(engine, "before_cursor_execute", self._execute)
-        event.listen(engine, "commit", lambda conn: self.commits.append(self._open.pop(id(conn), [])))
+        self._store = rt.journal
+        self._store.trace(self._on)
 
-    def _execute(self, conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        head = statement.lstrip().split(None, 3)
-        verb = head[0].upper() if head else ""
-        if verb in ("INSERT", "UPDATE", "DELETE"):
-            table = (head[2] if verb in ("INSERT", "DELETE") else head[1]).strip('"')
-            self._open.setdefault(id(conn), []).append(f"{verb} {table}")
+    def close(self) -> None:
+        self._store.trace(None)
+
+    def _on(self, conn: int, statement: str) -> None:
+        head = statement.lstrip().upper()
+        if head.startswith("BEGIN"):
+            self._open[conn] = []
+        elif head.startswith("COMMIT"):
+            self.commits.append(self._open.pop(conn, []))
+        elif (match := self._WRITE.match(statement)) is not None:
+            self._open.setdefault(conn, []).append(f"{match.group(1).upper()} {match.group(2)}")
 
 
 def open_runtime(data_dir: Path) -> Runtime:
@@ -76,7 +83,7 @@ def open_runtime(data_dir: Path) -> Runtime:
 def prepare(rt: Runtime, n: int) -> tuple[list[Any], float, float]:
     """N created attempts with published receipts; returns (subs, creates/s, publishes/s)."""
     start = time.perf_counter()
-    subs = [rt._create(name=None, timeout_s=None) for _ in range(n)]
+    subs = [rt._create_run(name=None, timeout_s=None) for _ in range(n)]
     created = time.perf_counter() - start
     start = time.perf_counter()
     assert rt.receipts is not None
@@ -123,8 +130,9 @@ def baseline_inserts(path: Path, n: int) -> float:
 
 
 def lifecycle_commits(rt: Runtime) -> dict[str, Any]:
-    log = CommitLog(rt.engine)
+    log = CommitLog(rt)
     view = rt.wait(rt.submit(["sh", "-c", "exit 0"]))
+    log.close()
     if view.status != "succeeded":
         raise AssertionError(f"lifecycle task ended {view.status}")
     writes = [c for c in log.commits if c]
@@ -202,7 +210,13 @@ def report(r: dict[str, Any]) -> None:
     print(f"commits per task lifecycle (submit + wait): {life['write_commits']} write "
           f"(+{life['read_only_commits']} read-only, no fsync); target 3 = create, spawned, terminal")
     for i, commit in enumerate(life["writes"], 1):
-        print(f"  {i}. {commit['name']:<9} {', '.join(commit['statements'])}")
+        runs: list[list[Any]] = []
+        for statement in commit["statements"]:  # "DELETE t" x 200 reads better as one item
+            if runs and runs[-1][0] == statement:
+                runs[-1][1] += 1
+            else:
+                runs.append([statement, 1])
+        print(f"  {i}. {commit['name']:<9} " + ", ".join(s if n == 1 else f"{s} x{n}" for s, n in runs))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def measure(label: str, start, n: int, tmp: Path) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=30)
+    parser.add_argument("--json", action="store_true", help="print one JSON object of medians (ms)")
     args = parser.parse_args()
     from ql_core.config import load_config
     from ql_core.runtime import Runtime
@@ -61,7 +62,8 @@ def main() -> None:
 
         def ql_submit(cmd: list[str]) -> None:
             sub = rt.submit(cmd)
-            children.append(sub.process)
+            # (ql before the plugin seams kept the launcher's Popen as sub.process)
+            children.append(sub.task.live if hasattr(sub, "task") else sub.process)
 
         env = dict(os.environ, QL_DATA_DIR=str(data))
 
@@ -79,6 +81,11 @@ def main() -> None:
         rt.reconcile()
         rt.close()
     base = statistics.median(results["bare subprocess.Popen"])
+    if args.json:
+        import json
+
+        print(json.dumps({f"{label} median ms": statistics.median(v) for label, v in results.items()}))
+        return
     print(f"{'variant':<26} {'median ms':>10} {'p90 ms':>8} {'vs Popen':>9}")
     for label, samples in results.items():
         med = statistics.median(samples)

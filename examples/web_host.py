@@ -1,6 +1,6 @@
 """A small web host embedding ql: submit runs over HTTP, stream their logs as Server-Sent Events.
 
-    pip install 'ql[watch]' starlette uvicorn
+    pip install 'ql-runner[watch]' starlette uvicorn
     python examples/web_host.py --data-dir /tmp/ql-web --port 8000
     curl -s -XPOST localhost:8000/runs -d '{"argv": ["sh", "-c", "for i in 1 2 3; do echo $i; sleep 1; done"]}'
     curl -N localhost:8000/runs/RUN_ID/log            # or open http://localhost:8000/ in a browser

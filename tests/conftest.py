@@ -73,7 +73,7 @@ def postgres_url() -> Iterator[str]:
     try:
         import psycopg
     except ImportError:
-        pytest.fail("psycopg is not installed: pip install 'ql[cluster]'") if in_ci else pytest.skip("no psycopg")
+        pytest.fail("psycopg is not installed: pip install 'ql-runner[cluster]'") if in_ci else pytest.skip("no psycopg")
     conninfo = dsn.replace("postgresql+psycopg://", "postgresql://")
     name = f"ql_test_{uuid.uuid4().hex[:12]}"
     try:

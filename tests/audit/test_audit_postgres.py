@@ -15,7 +15,8 @@ from typing import Any, Iterator
 import pytest
 from audit_support import DataDir, clean_env, id_in_shard, insert_attempt, run_ql
 
-from ql_core.audit import _libpq_conninfo, _open_postgres, audit_receipts
+from ql_core.audit import audit_receipts
+from ql_core.db.audit_reads import _libpq_conninfo, _open_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -34,7 +35,7 @@ def audit_pg_url() -> Iterator[str]:
     try:
         import psycopg
     except ImportError:
-        _unavailable("psycopg is not installed (pip install 'ql[cluster]')")
+        _unavailable("psycopg is not installed (pip install 'ql-runner[cluster]')")
     from psycopg import sql
     from sqlalchemy.engine import make_url
 

@@ -284,7 +284,7 @@ def test_database_without_schema_fails_closed(tmp_path: Path) -> None:
 
 
 def test_sqlite_connection_cannot_write(audit_dir: DataDir) -> None:
-    from ql_core.audit import _open_sqlite
+    from ql_core.db.audit_reads import _open_sqlite
 
     conn = _open_sqlite(audit_dir.url)
     try:
@@ -333,7 +333,7 @@ _PROBE = textwrap.dedent("""
     code = main(sys.argv[1:])
     heavy = sorted(m for m in sys.modules
                    if m.split(".")[0] in ("sqlalchemy", "sqlmodel", "alembic", "pluggy", "stevedore")
-                   or m == "ql_core.db" or m.startswith("ql_core.db."))
+                   or m in ("ql_core.db.models", "ql_core.db.engine", "ql_core.db.migrate"))
     with open(os.environ["QL_PROBE_OUT"], "w") as fh:
         json.dump({"code": code, "events": events, "heavy": heavy}, fh)
 """)
@@ -384,7 +384,7 @@ def test_never_opens_receipt_files_and_never_loads_the_orm(audit_dir: DataDir, t
 def test_the_audit_module_imports_nothing_heavy() -> None:
     code = ("import sys, ql_core.audit, ql_core.cli.cmd_audit; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'sqlmodel', 'alembic', "
-            "'psycopg') or m.startswith('ql_core.db')]; print(bad)")
+            "'psycopg') or m in ('ql_core.db.models', 'ql_core.db.engine', 'ql_core.db.migrate')]; print(bad)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

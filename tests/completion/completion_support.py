@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from tests import dbview
+
 from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
@@ -127,42 +129,22 @@ def receipt_bytes(sub: Any, **kwargs: Any) -> bytes:
 
 # -- the database --------------------------------------------------------------------
 def journal_row(rt: Any, attempt_id: str) -> dict[str, Any] | None:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CompletionReceiptJournal
-
-    with session_scope(rt.engine, write=False) as session:
-        row = session.get(CompletionReceiptJournal, attempt_id)
-        return None if row is None else row.model_dump()
+    return dbview.row(rt, "ql_receipt_journal", attempt_id)
 
 
 def attempt_row(rt: Any, attempt_id: str) -> dict[str, Any]:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import RunAttempt
-
-    with session_scope(rt.engine, write=False) as session:
-        row = session.get(RunAttempt, attempt_id)
-        assert row is not None, attempt_id
-        return row.model_dump()
+    found = dbview.row(rt, "ql_run_attempt", attempt_id)
+    assert found is not None, attempt_id
+    return found
 
 
 def dispatch_row(rt: Any, run_id: str) -> dict[str, Any] | None:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CancellationDispatch
-
-    with session_scope(rt.engine, write=False) as session:
-        row = session.get(CancellationDispatch, run_id)
-        return None if row is None else row.model_dump()
+    return dbview.row(rt, "ql_cancel_dispatch", run_id)
 
 
 def set_attempt(rt: Any, attempt_id: str, **values: Any) -> None:
-    """Change attempt columns directly (to forge ownership / executor type)."""
-    from sqlalchemy import update
-
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import RunAttempt
-
-    with session_scope(rt.engine) as session:
-        session.execute(update(RunAttempt).where(RunAttempt.id == attempt_id).values(**values))
+    """Change attempt columns directly (to forge ownership / executor)."""
+    assert dbview.update(rt, "ql_run_attempt", attempt_id, **values) == 1
 
 
 def only_run_id(rt: Any) -> str:
@@ -171,8 +153,12 @@ def only_run_id(rt: Any) -> str:
     return runs[0].run_id
 
 
+def events(rt: Any, run_id: str) -> list[dict[str, Any]]:
+    return [e.as_dict() for e in rt.events(run_id)]
+
+
 def event_types(rt: Any, run_id: str) -> list[str]:
-    return [e["type"] for e in rt.events(run_id)]
+    return [e.type for e in rt.events(run_id)]
 
 
 def terminal_events(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -183,7 +169,7 @@ def terminal_events(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 
 def assert_one_terminal(rt: Any, run_id: str, status: str, exit_code: int | None | object = ...) -> list[dict]:
     """Exactly one run.<terminal> and one attempt.<terminal> event, matching the run's row."""
-    events = rt.events(run_id)
+    events = [e.as_dict() for e in rt.events(run_id)]
     runs, attempts = terminal_events(events)
     assert [e["type"] for e in runs] == [f"run.{status}"], [e["type"] for e in events]
     assert [e["type"] for e in attempts] == [f"attempt.{status}"], [e["type"] for e in events]
@@ -198,7 +184,7 @@ def assert_one_terminal(rt: Any, run_id: str, status: str, exit_code: int | None
 
 
 def assert_not_terminal(rt: Any, run_id: str) -> None:
-    runs, attempts = terminal_events(rt.events(run_id))
+    runs, attempts = terminal_events([e.as_dict() for e in rt.events(run_id)])
     assert runs == [] and attempts == []
     assert rt.status(run_id).status in ("queued", "running")
 
@@ -262,53 +248,11 @@ def create_with_receipts(rt: Any, n: int, *, exit_code: Callable[[int], int] = l
     """``n`` attempts through the runtime's own create path (no process), each with its valid receipt."""
     subs = []
     for i in range(n):
-        sub = rt._create(name=f"r{i}", timeout_s=None)
+        sub = rt._create_run(name=f"r{i}", timeout_s=None)
         rt.receipts.publish(valid_receipt(sub, exit_code=exit_code(i)))
         subs.append(sub)
     return subs
 
 
 # -- counting commits ----------------------------------------------------------------------
-class CommitLog:
-    """Every COMMIT on an engine, with the data-changing statements of its transaction.
-
-    Attached with SQLAlchemy engine events (``begin`` / ``before_cursor_execute`` /
-    ``commit``) — the real engine, the real database; nothing is intercepted.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        from sqlalchemy import event
-
-        self.engine = engine
-        self.commits: list[list[str]] = []
-        self._open: dict[int, list[str]] = {}
-        self._listeners = [("begin", self._begin), ("before_cursor_execute", self._execute),
-                           ("commit", self._commit)]
-        for name, fn in self._listeners:
-            event.listen(engine, name, fn)
-
-    def close(self) -> None:
-        from sqlalchemy import event
-
-        for name, fn in self._listeners:
-            event.remove(self.engine, name, fn)
-
-    def _begin(self, conn: Any) -> None:
-        self._open[id(conn)] = []
-
-    def _execute(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        head = statement.lstrip().split(None, 3)
-        if head and head[0].upper() in ("INSERT", "UPDATE", "DELETE"):
-            table = (head[2] if head[0].upper() in ("INSERT", "DELETE") else head[1]).strip('"')
-            self._open.setdefault(id(conn), []).append(f"{head[0].upper()} {table}")
-
-    def _commit(self, conn: Any) -> None:
-        self.commits.append(self._open.pop(id(conn), []))
-
-    @property
-    def writes(self) -> list[list[str]]:
-        return [c for c in self.commits if c]
-
-    @property
-    def reads(self) -> int:
-        return sum(1 for c in self.commits if not c)
+CommitLog = dbview.CommitLog

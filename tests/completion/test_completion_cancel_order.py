@@ -31,15 +31,13 @@ from completion_support import (
 from ql_core.cancellation import CancelRequest
 from ql_core.clock import now_ms
 from ql_core.consumer import ConsumeOutcome
-from ql_core.interfaces import IdentityState
+from ql_core.ports import IdentityState
 
 
 def _identity(rt: Any, sub: Any) -> IdentityState:
     from completion_support import attempt_row
 
-    row = attempt_row(rt, sub.attempt_id)
-    return rt.executor.inspect({"boot_id": row["boot_id"], "pid": row["pid"], "pgid": row["pgid"],
-                                "start_time": row["process_start_time"]})
+    return rt.executor.inspect(attempt_row(rt, sub.attempt_id)["handle"])
 
 
 @pytest.fixture
@@ -64,7 +62,7 @@ def test_intent_first_then_a_receipt_finished_after_it_is_cancelled_with_the_rea
     assert [e["type"] for e in events] == ["run.created", "attempt.spawned", "run.cancel_requested",
                                            "attempt.cancelled", "run.cancelled"]
     assert events[-1]["reason"] == "user"
-    assert runtime.status(sub.run_id).attempts[0]["exit_code"] == 3
+    assert runtime.status(sub.run_id).attempts[0].exit_code == 3
 
 
 def test_intent_first_boundary_equal_times_go_to_the_intent(runtime: Any, running: Any) -> None:
@@ -156,11 +154,7 @@ def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, 
 
 # -- both orders, raced for real -----------------------------------------------------------
 def _cancel_time(rt: Any, sub: Any) -> int:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import Run
-
-    with session_scope(rt.engine, write=False) as session:
-        value = session.get(Run, sub.run_id).cancel_requested_at_ms
+    value = rt.journal.run(sub.run_id).cancel_requested_at_ms
     assert value is not None
     return value
 
@@ -171,7 +165,7 @@ def race_cancel_and_completion(rt: Any, n: int) -> dict[str, int]:
     Attempts are created through the runtime's own create path (no process is needed: the race is
     between two transactions). Returns how often each side won.
     """
-    subs = [rt._create(name=None, timeout_s=None) for _ in range(n)]
+    subs = [rt._create_run(name=None, timeout_s=None) for _ in range(n)]
     for sub in subs:
         rt.receipts.publish(valid_receipt(sub, exit_code=0, finished_at_ms=now_ms() + 3_600_000))
     wins = {"cancel": 0, "completion": 0}
@@ -193,8 +187,7 @@ def race_cancel_and_completion(rt: Any, n: int) -> dict[str, int]:
         for t in threads:
             t.join(timeout=60)
         assert out["complete"].outcome is ConsumeOutcome.APPLIED
-        events = rt.events(sub.run_id)
-        types = [e["type"] for e in events]
+        types = [e.type for e in rt.events(sub.run_id)]
         if out["cancel"] is CancelRequest.REQUESTED:
             # The intent committed first: the completion converged to it.
             assert types.index("run.cancel_requested") < types.index("run.cancelled")

@@ -45,7 +45,7 @@ from completion_support import (
 )
 
 from ql_core.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
-from ql_core.interfaces import IdentityState
+from ql_core.ports import IdentityState
 
 LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 
@@ -62,10 +62,8 @@ class Ctx:
     def receipt(self, attempt_id: str) -> Path:
         return receipt_path(self.data_dir, attempt_id)
 
-    def handle(self, attempt_id: str) -> dict[str, Any]:
-        row = attempt_row(self.rt, attempt_id)
-        return {"boot_id": row["boot_id"], "pid": row["pid"], "pgid": row["pgid"],
-                "start_time": row["process_start_time"]}
+    def handle(self, attempt_id: str) -> str | None:
+        return attempt_row(self.rt, attempt_id)["handle"]
 
     def identity(self, attempt_id: str) -> IdentityState:
         return self.rt.executor.inspect(self.handle(attempt_id))
@@ -86,7 +84,7 @@ def host_crashes_at(c: Ctx, point: str, host: str) -> tuple[str, str]:
     else:
         ql_crash(c.env, point, "run", "--", "sh", "-c", "exit 7")
         run_id = only_run_id(c.rt)
-        attempt_id = c.rt.status(run_id).attempts[0]["attempt_id"]
+        attempt_id = c.rt.status(run_id).attempts[0].attempt_id
     return run_id, attempt_id
 
 
@@ -122,9 +120,9 @@ def case_spawn_before_handle_commit(c: Ctx) -> None:
     trigger = c.trigger()
     ql_crash(c.env, "spawn.before_handle_commit", "run", "--", *trigger_command(trigger, 7))
     run_id = only_run_id(c.rt)
-    attempt_id = c.rt.status(run_id).attempts[0]["attempt_id"]
+    attempt_id = c.rt.status(run_id).attempts[0].attempt_id
     row = attempt_row(c.rt, attempt_id)
-    assert (row["status"], row["pid"]) == ("starting", None)
+    assert (row["status"], row["handle"]) == ("starting", None)
     # The task outlived its host; with no handle yet, recovery neither guesses nor gives up.
     counts = reconcile(c.env)
     assert counts["applied"] == counts["lost"] == counts["blocked"] == 0
@@ -163,7 +161,7 @@ def case_receipt_publish_after_temp(c: Ctx) -> None:
     assert_not_terminal(c.rt, sub.run_id)
     assert temp_files(c.data_dir, sub.attempt_id) == temps
     trigger.touch()
-    sub.process.wait(timeout=60)
+    sub.task.live.wait(timeout=60)
     assert reconcile(c.env)["applied"] == 1
     assert_one_terminal(c.rt, sub.run_id, "failed", 7)
     assert temp_files(c.data_dir, sub.attempt_id) == temps  # orphans belong to `ql audit receipts`
@@ -180,7 +178,7 @@ def case_receipt_publish_after_link(c: Ctx) -> None:
     assert not c.receipt(sub.attempt_id).exists()
     # The launcher's own receipt arrives after the commit: replayed as already_terminal, no 2nd event.
     trigger.touch()
-    sub.process.wait(timeout=60)
+    sub.task.live.wait(timeout=60)
     assert c.receipt(sub.attempt_id).exists()
     counts = reconcile(c.env)
     assert (counts["applied"], counts["already_terminal"]) == (0, 1)
@@ -215,8 +213,8 @@ def case_completion_before_commit_lost(c: Ctx) -> None:
 
 def case_completion_before_commit_late(c: Ctx) -> None:
     sub = c.submit(trigger_command(c.trigger(), 7))
-    os.killpg(sub.process.pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is ours
-    sub.process.wait(timeout=30)
+    os.killpg(sub.task.live.pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is ours
+    sub.task.live.wait(timeout=30)
     assert reconcile(c.env)["lost"] == 1
     # A true receipt surfaces after `lost` was committed: recorded once, never changes the outcome.
     c.rt.receipts.publish(valid_receipt(sub, exit_code=7))
@@ -359,8 +357,10 @@ def test_every_crash_point_has_a_case() -> None:
 def test_every_crash_point_in_the_code_is_declared() -> None:
     root = Path(__file__).resolve().parents[2]
     used: set[str] = set()
-    for source in list((root / "ql_core").rglob("*.py")) + list((root / "ql_executors").rglob("*.py")):
-        used |= set(re.findall(r'crashpoint\("([^"]+)"\)', source.read_text()))
+    for package in ("ql_core", "ql_executors", "ql_plugins"):
+        for source in (root / package).rglob("*.py"):
+            # crashpoint("name") where it is hit; crash_point="name" where a store hits it for core.
+            used |= set(re.findall(r'crash_?point(?:\(|=)"([^"]+)"', source.read_text()))
     assert used == set(CRASH_POINTS)
 
 
@@ -371,7 +371,7 @@ def test_crash_point(case: str, ql_env: dict[str, str], data_dir: Path, runtime:
     CASES[case](c)
     for view in runtime.list_runs():
         for attempt in view.attempts:
-            assert_journal_consistent(c, attempt["attempt_id"])
+            assert_journal_consistent(c, attempt.attempt_id)
 
 
 def test_receipt_left_after_commit_is_replayed_when_the_row_is_quarantined(

@@ -172,20 +172,22 @@ def test_wrong_owner_is_left_to_its_owner_and_rejected_if_consumed(runtime: Any,
     _valid_receipt_then_completes(runtime, ql_env, sub)
 
 
-def test_wrong_executor_type_is_quarantined(runtime: Any, running: Any, ql_env: dict[str, str],
+def test_an_attempt_of_an_executor_not_installed_here_is_quarantined(runtime: Any, running: Any, ql_env: dict[str, str],
                                             data_dir: Path) -> None:
     sub = running()
-    set_attempt(runtime, sub.attempt_id, executor_type="docker")
+    set_attempt(runtime, sub.attempt_id, executor="docker")
     payload = receipt_bytes(sub, exit_code=0)
     plant(data_dir, sub.attempt_id, payload)
     before = runtime.events(sub.run_id)
     counts = reconcile(ql_env)
     assert (counts["applied"], counts["quarantined"]) == (0, 1)
-    assert runtime.events(sub.run_id) == before
+    # Nothing here can verify that executor's handle either: blocked, never signalled, never guessed.
+    assert runtime.events(sub.run_id) == before + [runtime.events(sub.run_id)[-1]]
+    assert runtime.events(sub.run_id)[-1].type == "attempt.blocked"
     assert_not_terminal(runtime, sub.run_id)
     assert journal_row(runtime, sub.attempt_id)["quarantine_reason"] == "wrong_executor"
     assert quarantine_path(data_dir, sub.attempt_id).read_bytes() == payload
-    set_attempt(runtime, sub.attempt_id, executor_type="local_process")
+    set_attempt(runtime, sub.attempt_id, executor="local")
     _valid_receipt_then_completes(runtime, ql_env, sub)
 
 
@@ -228,7 +230,7 @@ def _second_forgery(runtime: Any, submit: Any, triggers: Any, ql_env: dict[str, 
     # The task ends; its launcher cannot publish over the forgery, so nothing proves the exit code:
     # recovery concludes `lost` (never a guess, never a run stuck in `running`).
     trigger.touch()
-    sub.process.wait(timeout=60)
+    sub.task.live.wait(timeout=60)
     counts = reconcile(ql_env)
     assert counts["lost"] == 1
     assert_one_terminal(runtime, sub.run_id, "lost", None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ql_core.testing import ExecutorContract, ReceiptStoreContract
+from ql_core.testing import ExecutorContract, JournalBackendContract, ReceiptStoreContract, WakeupSourceContract
 
 
 class TestFileReceiptStore(ReceiptStoreContract):
@@ -17,9 +17,29 @@ class TestFileReceiptStore(ReceiptStoreContract):
         return lambda root: FileReceiptStore(root)
 
 
-class TestLocalProcessExecutor(ExecutorContract):
+class TestLocalExecutor(ExecutorContract):
     @pytest.fixture
     def make_executor(self):
         from ql_executors.local_process.executor import LocalProcessExecutor
 
         return LocalProcessExecutor
+
+    @pytest.fixture
+    def executor_name(self) -> str:
+        return "local"
+
+
+class TestEdgeSqliteJournal(JournalBackendContract):
+    @pytest.fixture
+    def make_backend(self):
+        from ql_plugins.edge_sqlite.store import SqliteJournal
+
+        return lambda tmp_path: SqliteJournal(f"sqlite:///{Path(tmp_path) / 'ql.db'}")
+
+
+class TestWatchfilesWakeup(WakeupSourceContract):
+    @pytest.fixture
+    def make_source(self):
+        from ql_plugins.watch_wakeup.plugin import WatchfilesSource
+
+        return WatchfilesSource

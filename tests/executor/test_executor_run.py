@@ -130,7 +130,7 @@ def test_token_never_reaches_the_task_its_parent_or_the_log(runtime) -> None:
               'tr "\\0" " " < /proc/$PPID/cmdline; echo; echo FDS; ls /proc/self/fd; sleep 0.3')
     sub = runtime.submit(["sh", "-c", script])
     # While it runs: the launcher's own argv and environment.
-    launcher = sub.process.pid
+    launcher = sub.task.live.pid
     environ = Path(f"/proc/{launcher}/environ").read_bytes()
     cmdline = Path(f"/proc/{launcher}/cmdline").read_bytes()
     view = runtime.wait(sub)
@@ -145,7 +145,7 @@ def test_token_never_reaches_the_task_its_parent_or_the_log(runtime) -> None:
     assert {b"0", b"1", b"2"} <= fds <= {b"0", b"1", b"2", b"3"}
     # Receipts and events never carry the command or its output.
     for event in runtime.events(sub.run_id):
-        assert "proc" not in json.dumps(event)
+        assert "proc" not in json.dumps(event.as_dict())
 
 
 def test_the_log_holds_exactly_the_output_and_is_private(runtime) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ql_core.db.migrate import SCHEMA_HEAD
 from tests.conftest import QL, json_lines, run_ql
 
 
@@ -48,9 +49,10 @@ def test_doctor_and_db_upgrade(ql_env: dict[str, str], data_dir: Path) -> None:
     out = run_ql(["doctor", "--json"], ql_env)
     assert out.returncode == 0, out.stderr
     checks = {r["check"]: r["status"] for r in json_lines(out.stdout) if "check" in r}
-    assert checks == {"hard_links": "ok", "o_append": "ok", "fsync": "ok", "permissions": "ok", "schema": "ok"}
+    assert checks == {"plugins": "ok", "hard_links": "ok", "o_append": "ok", "fsync": "ok", "permissions": "ok",
+                      "schema": "ok"}
     up = run_ql(["db", "upgrade", "--json"], ql_env)
-    assert up.returncode == 0 and json_lines(up.stdout)[0]["revision"] == "0001_initial"
+    assert up.returncode == 0 and json_lines(up.stdout)[0]["revision"] == SCHEMA_HEAD
     assert not any(p.name.startswith(".doctor-") for p in data_dir.iterdir())
 
 

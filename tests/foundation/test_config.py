@@ -27,7 +27,8 @@ def test_built_in_defaults_are_edge(tmp_path: Path) -> None:
     assert config.profile.name == "edge"
     assert config.source == "built-in edge defaults"
     assert config.database_url == f"sqlite:///{tmp_path / 'd' / 'ql.db'}"
-    assert config.plugins == ("local", "edge-sqlite")
+    assert config.plugins == ("local", "file", "edge-sqlite")
+    assert (config.executor, config.receipt_store, config.journal) == ("local", "file", "edge-sqlite")
 
 
 @pytest.mark.parametrize("name,interval,pages,size,grace,journal_s,quarantine_s", [
@@ -120,4 +121,4 @@ def test_cluster_profiles_refuse_sqlite(tmp_path: Path, profile: str) -> None:
 
 def test_config_adds_plugins_to_the_profile(tmp_path: Path) -> None:
     config = load(tmp_path, 'plugins = ["extra", "local"]\n')
-    assert config.plugins == ("local", "edge-sqlite", "extra")
+    assert config.plugins == ("local", "file", "edge-sqlite", "extra")

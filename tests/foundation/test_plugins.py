@@ -25,7 +25,7 @@ def test_distribution(monkeypatch: pytest.MonkeyPatch) -> Path:
     # appearing mid-process is a test-only situation.
     monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
     yield FIXTURES
-    for name in ("ql_test_plugin", "ql_broken_plugin", "ql_bad_hook_plugin"):
+    for name in ("ql_test_plugin", "ql_broken_plugin", "ql_bad_hook_plugin", "ql_raising_observer"):
         sys.modules.pop(name, None)
 
 
@@ -35,9 +35,9 @@ def test_builtins_are_declared_in_the_entry_point_group() -> None:
 
 
 def test_builtins_register_executor_store_and_journal() -> None:
-    host = load_plugin_host(["local", "edge-sqlite"], environ={})
-    assert host.loaded == ("local", "edge-sqlite")
-    assert host.executors.names() == ["local_process"]
+    host = load_plugin_host(["local", "file", "edge-sqlite"], environ={})
+    assert host.loaded == ("local", "file", "edge-sqlite")
+    assert host.executors.names() == ["local"]
     assert host.receipt_stores.names() == ["file"]
     assert host.journal_backends.names() == ["edge-sqlite"]
 
@@ -50,10 +50,10 @@ def test_only_named_plugins_are_imported(test_distribution: Path) -> None:
 
 
 def test_third_party_plugin_registers_and_observes(test_distribution: Path) -> None:
-    from ql_core.interfaces import RunEventInfo
+    from ql_core.ports import RunEventInfo
 
     host = load_plugin_host(["local", "test-echo"], environ={})
-    assert host.executors.names() == ["echo", "local_process"]
+    assert host.executors.names() == ["echo", "local"]
     event = RunEventInfo(run_id="r", seq=1, type="run.created")
     host.notify_event(event)
     assert sys.modules["ql_test_plugin"].SEEN_EVENTS == [event]
@@ -109,5 +109,5 @@ def test_environment_switches() -> None:
 
 def test_missing_registration_is_explained() -> None:
     host = load_plugin_host(["edge-sqlite"], environ={})
-    with pytest.raises(PluginError, match="executor 'local_process' not found; registered: none"):
-        host.executors.create("local_process", None)  # type: ignore[arg-type]
+    with pytest.raises(PluginError, match="executor 'local' not found; registered: none"):
+        host.executors.create("local", None)  # type: ignore[arg-type]

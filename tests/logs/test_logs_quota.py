@@ -32,7 +32,7 @@ def writer(gate: str = "-", code: int = 3, steps: int = STEPS, chunk: int = CHUN
 
 
 def truncation_events(rt, run_id: str) -> list[dict]:
-    return [e for e in rt.events(run_id) if e["type"] == "log.truncated"]
+    return [e.as_dict() for e in rt.events(run_id) if e.type == "log.truncated"]
 
 
 def test_ten_times_the_quota_keeps_the_true_exit_code_and_exactly_the_quota(runtime) -> None:

@@ -7,16 +7,13 @@ import shutil
 
 from logs_support import PY
 
+from tests import dbview
 from tests.conftest import run_ql
 
 
 def backdate(rt, run_ids: list[str], ms: int) -> None:
-    from sqlalchemy import text
-
-    with rt.engine.begin() as conn:
-        for run_id in run_ids:
-            conn.execute(text("UPDATE ql_log_artifact SET created_at_ms = created_at_ms - :ms WHERE run_id = :r"),
-                         {"ms": ms, "r": run_id})
+    for run_id in run_ids:
+        dbview.rows(rt, "UPDATE ql_log_artifact SET created_at_ms = created_at_ms - ? WHERE run_id = ?", (ms, run_id))
 
 
 def finished(rt, argv: list[str]) -> str:
@@ -32,15 +29,13 @@ def facts_of(rt, run_id: str):
 
 
 def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_runtime) -> None:
-    from sqlalchemy import text
-
     from ql_core.logs import enforce_log_retention
 
     rt = make_runtime(limits={"log_retention_s": 3600})
     ended = [finished(rt, ["sh", "-c", f"echo run {i}"]) for i in range(3)]
     blocked = finished(rt, ["sh", "-c", "echo blocked"])
-    with rt.engine.begin() as conn:  # as if its identity had become unverifiable
-        conn.execute(text("UPDATE ql_run_attempt SET status = 'blocked' WHERE run_id = :r"), {"r": blocked})
+    # as if its identity had become unverifiable
+    dbview.rows(rt, "UPDATE ql_run_attempt SET status = 'blocked' WHERE run_id = ?", (blocked,))
     active = rt.submit(["sh", "-c", "echo active; sleep 30"])
     fresh = finished(rt, ["sh", "-c", "echo fresh"])
     try:
@@ -92,7 +87,7 @@ def test_logs_of_ended_runs_are_finalized_by_the_pass(make_runtime) -> None:
 
     rt = make_runtime()
     sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
-    sub.process.wait()
+    sub.task.live.wait()
     rt.recover_attempt(sub.attempt_id)  # the round's path: receipt -> terminal, no finalization
     assert rt.status(sub.run_id).terminal and facts_of(rt, sub.run_id).size_bytes is None
     counts = enforce_log_retention(rt, 16)

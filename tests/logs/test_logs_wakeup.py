@@ -17,9 +17,9 @@ from tests.conftest import run_ql
 def _terminal_latency_ms(rt, run_id: str) -> int:
     """Commit time of the terminal event minus the finish time the receipt proved."""
     view = rt.status(run_id)
-    terminal = [e for e in rt.events(run_id) if e["type"] == f"run.{view.status}"]
+    terminal = [e for e in rt.events(run_id) if e.type == f"run.{view.status}"]
     assert len(terminal) == 1
-    return terminal[0]["at_ms"] - view.finished_at_ms
+    return terminal[0].at_ms - view.finished_at_ms
 
 
 def _detached(ql_env: dict[str, str], config: Path, *argv: str) -> str:
@@ -157,7 +157,7 @@ def test_missing_watchfiles_degrades_to_periodic_scans(make_runtime, monkeypatch
     for name in [m for m in sys.modules if m == "watchfiles" or m.startswith("watchfiles.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "watchfiles", None)  # `import watchfiles` raises ImportError
-    with pytest.raises(PluginError, match=r"pip install 'ql\[watch\]'"):
+    with pytest.raises(PluginError, match=r"pip install 'ql-runner\[watch\]'"):
         WatchfilesSource()
     rt = make_runtime(plugins=("watchfiles",))
     supervisor = rt.supervisor(interval_s=0.2)

@@ -503,10 +503,10 @@ def run_with_crash_point(
     )
 
 
-def test_ensure_shard_dir_for_the_launcher_is_private_and_refuses_a_symlink(store: FileReceiptStore,
+def test_prepare_for_the_launcher_is_private_and_refuses_a_symlink(store: FileReceiptStore,
                                                                           root: Path, tmp_path: Path) -> None:
     attempt_id = new_id()
-    path = Path(store.ensure_shard_dir(attempt_id))
+    path = Path(store.prepare(attempt_id))
     assert path == root / shard_of(attempt_id)
     assert stat.S_IMODE(path.lstat().st_mode) == 0o700
     other = new_id()
@@ -516,5 +516,5 @@ def test_ensure_shard_dir_for_the_launcher_is_private_and_refuses_a_symlink(stor
     outside.mkdir()
     (root / shard_of(other)).symlink_to(outside)
     with pytest.raises(UnsafePathError):
-        store.ensure_shard_dir(other)
+        store.prepare(other)
     assert list(outside.iterdir()) == []

@@ -1,7 +1,7 @@
 """Helpers for the recovery tests: real runtimes, real SQLite rows, real processes, the real `ql`.
 
-Nothing here mocks the database, the file system or a process: rows are inserted with SQLModel into the
-migrated SQLite file, tasks are started through ``Runtime.submit`` or the ``ql`` command, faults are
+Nothing here mocks the database, the file system or a process: rows are inserted with stdlib sqlite3 into
+the migrated SQLite file (``tests/dbview.py``), tasks are started through ``Runtime.submit`` or the ``ql`` command, faults are
 produced for real (SIGKILL of a process group, a tampered handle row).
 """
 
@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from tests import dbview
 
 QL = [sys.executable, "-m", "ql_core.cli.main"]
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
@@ -110,43 +112,36 @@ def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
 
 
 def attempt_row(rt: Any, attempt_id: str) -> Any:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import RunAttempt
-
-    with session_scope(rt.engine, write=False) as session:
-        return session.get(RunAttempt, attempt_id)
+    """The attempt's row, plus ``pid``/``pgid`` decoded from its local-executor handle (None without one)."""
+    found = dbview.row(rt, "ql_run_attempt", attempt_id)
+    if found is not None:
+        handle = dbview.launcher(found) or {}
+        found["pid"], found["pgid"] = handle.get("pid"), handle.get("pgid")
+    return found
 
 
 def dispatch_row(rt: Any, run_id: str) -> Any:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CancellationDispatch
-
-    with session_scope(rt.engine, write=False) as session:
-        return session.get(CancellationDispatch, run_id)
+    return dbview.row(rt, "ql_cancel_dispatch", run_id)
 
 
 def journal_row(rt: Any, attempt_id: str) -> Any:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CompletionReceiptJournal
-
-    with session_scope(rt.engine, write=False) as session:
-        return session.get(CompletionReceiptJournal, attempt_id)
+    return dbview.row(rt, "ql_receipt_journal", attempt_id)
 
 
-def update_rows(rt: Any, model: Any, key: str, values: dict[str, Any]) -> None:
+def update_rows(rt: Any, table: str, key: str, values: dict[str, Any]) -> None:
     """A direct UPDATE of one row (used to tamper a handle or age a retention clock)."""
-    from sqlalchemy import update
+    assert dbview.update(rt, table, key, **values) == 1
 
-    from ql_core.db.engine import session_scope
 
-    with session_scope(rt.engine) as session:
-        pk = list(model.__table__.primary_key.columns)[0]
-        result = session.execute(update(model).where(pk == key).values(**values))
-        assert result.rowcount == 1
+def tamper_handle(rt: Any, attempt_id: str, **changes: Any) -> None:
+    """Rewrite fields of an attempt's stored local-executor handle (a corrupted or foreign row)."""
+    row = dbview.row(rt, "ql_run_attempt", attempt_id)
+    handle = dict(dbview.launcher(row) or {}, **changes)
+    update_rows(rt, "ql_run_attempt", attempt_id, {"handle": dbview.local_handle(handle)})
 
 
 def event_types(rt: Any, run_id: str) -> list[str]:
-    return [e["type"] for e in rt.events(run_id)]
+    return [e.type for e in rt.events(run_id)]
 
 
 def terminal_events(rt: Any, run_id: str) -> list[str]:
@@ -200,11 +195,7 @@ def insert_attempts(rt: Any, n: int, *, handle: dict[str, Any] | None, status: s
     """
     import secrets
 
-    from sqlalchemy import insert
-
     from ql_core.completion import hash_token
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CompletionReceiptJournal, LogArtifact, Run, RunAttempt, RunEvent
     from ql_core.ids import new_id
     from ql_core.paths import log_relative_path
 
@@ -228,14 +219,12 @@ def insert_attempts(rt: Any, n: int, *, handle: dict[str, Any] | None, status: s
                              event_seq=1, current_attempt_id=attempt_id, created_at_ms=created,
                              updated_at_ms=created, finished_at_ms=None, deadline_at_ms=deadline_at_ms,
                              cancel_reason=None, cancel_requested_at_ms=None))
-            h = handle or {}
             attempts.append(dict(
-                id=attempt_id, run_id=run_id, attempt_no=1, executor_type="local_process", runtime_owner=owner,
+                id=attempt_id, run_id=run_id, attempt_no=1, executor="local", runtime_owner=owner,
                 status=status, exit_code=None, reason=None, log_artifact_id=log_id,
                 callback_token_hash=hash_token(token), callback_sequence=0, deadline_at_ms=deadline_at_ms,
                 created_at_ms=created, started_at_ms=created if handle else None, finished_at_ms=None,
-                boot_id=h.get("boot_id"), pid=h.get("pid"), pgid=h.get("pgid"),
-                process_start_time=h.get("start_time"), version=1))
+                handle=dbview.local_handle(handle) if handle else None, host_handle=None, version=1))
             logs.append(dict(id=log_id, run_id=run_id, attempt_id=attempt_id,
                              relative_path=log_relative_path(log_id), max_bytes=1 << 20, size_bytes=None,
                              truncated=False, created_at_ms=created, deleted_at_ms=None))
@@ -245,12 +234,9 @@ def insert_attempts(rt: Any, n: int, *, handle: dict[str, Any] | None, status: s
                 rows.append(dict(attempt_id=attempt_id, run_id=run_id, state="pending",
                                  receipt_ref=rt.receipts.relative_ref(attempt_id), quarantine_reason=None,
                                  registered_at_ms=created, updated_at_ms=created, terminal_seen_at_ms=None))
-        # One transaction per batch, SQLAlchemy Core inserts (the ORM is the slow part at 10k rows).
-        with session_scope(rt.engine) as session:
-            for model, values in ((Run, runs), (RunAttempt, attempts), (LogArtifact, logs), (RunEvent, events),
-                                  (CompletionReceiptJournal, rows)):
-                if values:
-                    session.execute(insert(model.__table__), values)
+        for table, values in (("ql_run", runs), ("ql_run_attempt", attempts), ("ql_log_artifact", logs),
+                              ("ql_run_event", events), ("ql_receipt_journal", rows)):
+            dbview.insert(rt, table, values)
     return out
 
 
@@ -267,26 +253,16 @@ def publish_receipt(rt: Any, inserted: Inserted, attempt_id: str, exit_code: int
                                 exit_code=exit_code), fsync=fsync)
 
 
-def count_rows(rt: Any, model: Any, *where: Any) -> int:
-    from sqlalchemy import func
-    from sqlmodel import select
-
-    from ql_core.db.engine import session_scope
-
-    with session_scope(rt.engine, write=False) as session:
-        return int(session.exec(select(func.count()).select_from(model).where(*where)).one())
+def count_rows(rt: Any, table: str, where: str = "1=1", params: Iterable[Any] = ()) -> int:
+    return dbview.count(rt, table, where, params)
 
 
 def statuses(rt: Any, run_ids: Iterable[str]) -> dict[str, str]:
-    from sqlmodel import col, select
-
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import Run
-
     ids = list(run_ids)
     out: dict[str, str] = {}
-    with session_scope(rt.engine, write=False) as session:
-        for i in range(0, len(ids), 500):
-            for run in session.exec(select(Run).where(col(Run.id).in_(ids[i:i + 500]))):
-                out[run.id] = run.status
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        marks = ",".join("?" * len(chunk))
+        for r in dbview.rows(rt, f"SELECT id, status FROM ql_run WHERE id IN ({marks})", chunk):
+            out[r["id"]] = r["status"]
     return out

@@ -28,6 +28,7 @@ from recovery_support import (
     ql,
     ql_json,
     terminal_events,
+    tamper_handle,
     update_rows,
     wait_until,
 )
@@ -93,10 +94,10 @@ def test_cancel_after_terminal_is_a_no_op(data_dir: Path, ql_env: dict[str, str]
     # Not the launcher's group any more: identity mismatch → blocked, nothing sent, never retried.
     ({"pgid": 1}, "blocked"),
     # A handle that cannot be verified at all → blocked.
-    ({"process_start_time": -5}, "blocked"),
+    ({"start_time": -5}, "blocked"),
     # Another start time under the same pid means "the launched process exited and the pid was
     # reused" (DESIGN.md §2): nothing is sent, outcome already_exited — the live process survives.
-    ({"process_start_time": 12345}, "already_exited"),
+    ({"start_time": 12345}, "already_exited"),
 ])
 def test_mismatched_identity_is_never_signalled(data_dir: Path, ql_env: dict[str, str], rt_factory,
                                                 groups: list[int], tamper: dict, expected: str) -> None:
@@ -105,9 +106,7 @@ def test_mismatched_identity_is_never_signalled(data_dir: Path, ql_env: dict[str
     attempt = attempt_row(rt, started["attempt_id"])
     groups.append(attempt.pgid)
     _wait_log(rt, started["run_id"], b"ready")
-    from ql_core.db.models import RunAttempt
-
-    update_rows(rt, RunAttempt, attempt.id, tamper)
+    tamper_handle(rt, attempt.id, **tamper)
 
     assert str(rt.cancel(started["run_id"])) == "requested"
     dispatch = dispatch_row(rt, started["run_id"])
@@ -211,16 +210,13 @@ def test_lease_two_dispatchers_at_once_signal_once(data_dir: Path, ql_env: dict[
 def test_lease_held_by_another_dispatcher_blocks_until_it_expires(data_dir: Path, ql_env: dict[str, str],
                                                                    rt_factory, tmp_path: Path,
                                                                    groups: list[int]) -> None:
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import CancellationDispatch
-    from ql_core.dbclock import db_now_ms
+    from ql_core.clock import now_ms
 
     rt = rt_factory(cancel_grace_s=0.3)
     started, attempt, terms = _counting_task(tmp_path, ql_env, rt, groups)
     rt.canceller.request(started["run_id"], "user")
-    with session_scope(rt.engine, write=False) as session:
-        now = db_now_ms(session)
-    update_rows(rt, CancellationDispatch, started["run_id"],
+    now = now_ms()  # the edge-sqlite store's clock
+    update_rows(rt, "ql_cancel_dispatch", started["run_id"],
                 {"lease_owner": "someone-else", "lease_expires_at_ms": now + 60_000})
     assert rt.canceller.dispatch_one(started["run_id"]) is None
     assert rt.canceller.dispatch_due(10) == {}
@@ -228,15 +224,19 @@ def test_lease_held_by_another_dispatcher_blocks_until_it_expires(data_dir: Path
     assert _term_lines(terms) == 0
 
     # The lease expires by the database clock; then exactly one dispatcher may act.
-    update_rows(rt, CancellationDispatch, started["run_id"], {"lease_expires_at_ms": now - 1})
+    update_rows(rt, "ql_cancel_dispatch", started["run_id"], {"lease_expires_at_ms": now - 1})
     assert rt.canceller.dispatch_one(started["run_id"]) == "signalled"
     assert rt.canceller.dispatch_one(started["run_id"]) is None  # KILL is not due before the grace
     wait_until(lambda: _term_lines(terms) == 1, timeout=5, message="the TERM")
 
     # The dispatcher that held the lease comes back with its stale version: it cannot write.
-    record = dispatch_row(rt, started["run_id"])
-    stale = record.model_copy(update={"version": record.version - 1})
-    assert rt.canceller._finish(stale, now, state="done", outcome="forged") is False
+    from dataclasses import replace
+
+    from ql_core.ports.journal import DispatchClaim
+
+    record = rt.journal.dispatch(started["run_id"])
+    stale = DispatchClaim(record=replace(record, version=record.version - 1), owner=rt.node_id, now_ms=now)
+    assert rt.canceller._finish(stale, state="done", outcome="forged") is False
     assert dispatch_row(rt, started["run_id"]).state == "term_sent"
 
     # After the grace: KILL ends the whole group; no receipt, the committed intent decides.
@@ -276,9 +276,7 @@ def test_dispatch_due_selects_only_this_nodes_attempts(rt_factory) -> None:
     rt.canceller.request(ours.run_ids[0], "user")
     assert rt.canceller.dispatch_due(1) == {"already_exited": 1}
     assert dispatch_row(rt, ours.run_ids[0]).state == "done"
-    from ql_core.db.models import CancellationDispatch
-
-    assert count_rows(rt, CancellationDispatch, CancellationDispatch.state == "pending") == 5
+    assert count_rows(rt, "ql_cancel_dispatch", "state = 'pending'") == 5
     assert all(dispatch_row(rt, r).version == 1 for r in foreign.run_ids)  # never even claimed
 
 

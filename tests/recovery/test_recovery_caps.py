@@ -106,11 +106,9 @@ def test_ten_thousand_active_attempts_stay_bounded(rt_factory, sleeper_handle: d
 
     assert set(statuses(rt, exited.run_ids).values()) == {"lost"}
     assert set(statuses(rt, running.run_ids).values()) == {"running"}
-    from ql_core.db.models import RunAttempt
-
-    assert count_rows(rt, RunAttempt, RunAttempt.status == "blocked") == 100
-    assert count_rows(rt, RunAttempt, RunAttempt.status == "running") == 9_600
-    assert count_rows(rt, RunAttempt, RunAttempt.status == "lost") == 300
+    assert count_rows(rt, "ql_run_attempt", "status = 'blocked'") == 100
+    assert count_rows(rt, "ql_run_attempt", "status = 'running'") == 9_600
+    assert count_rows(rt, "ql_run_attempt", "status = 'lost'") == 300
     assert set(statuses(rt, unverifiable.run_ids).values()) == {"running"}  # blocked attempt: run not ended
 
 
@@ -129,9 +127,7 @@ def test_deadline_and_dispatch_steps_are_capped(rt_factory) -> None:
     # The handles name no live process: the dispatcher sent nothing, so no intent's state can be
     # claimed — every run ends lost (exited without receipt), never timed_out.
     assert set(statuses(rt, inserted.run_ids).values()) == {"lost"}
-    from ql_core.db.models import CancellationDispatch
-
-    assert count_rows(rt, CancellationDispatch, CancellationDispatch.term_sent_at_ms.is_not(None)) == 0  # type: ignore[union-attr]
+    assert count_rows(rt, "ql_cancel_dispatch", "term_sent_at_ms IS NOT NULL") == 0
 
 
 def test_cursor_that_does_not_advance_fails_closed(rt_factory, sleeper_handle: dict) -> None:
@@ -158,7 +154,6 @@ def test_cursor_that_does_not_advance_fails_closed(rt_factory, sleeper_handle: d
 
 def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory) -> None:
     """No signal and no guess: unverifiable → blocked; no handle → left to its host, then decided."""
-    from ql_core.db.models import RunAttempt
     from ql_core.logs import open_log_artifact
 
     rt = rt_factory(publish_grace_ms=0)
@@ -182,6 +177,6 @@ def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory) -> None:
     assert {outcome(a) for a in maybe_spawned.attempt_ids} == {("blocked", "RECOVERY_NO_DURABLE_HANDLE")}
     assert {outcome(a) for a in never_spawned.attempt_ids} == {("lost", "RECOVERY_NOT_SPAWNED")}
     assert set(statuses(rt, fresh.run_ids).values()) == {"queued"}  # its host may still be spawning it
-    assert count_rows(rt, RunAttempt, RunAttempt.status == "starting") == 2
+    assert count_rows(rt, "ql_run_attempt", "status = 'starting'") == 2
     # Nothing was signalled and the blocked runs stay open: only a receipt can still end them.
     assert set(statuses(rt, unverifiable.run_ids + maybe_spawned.run_ids).values()) <= {"running", "queued"}

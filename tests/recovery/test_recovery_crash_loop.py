@@ -41,14 +41,11 @@ HOST = Path(__file__).with_name("recovery_host.py")
 
 
 def _runs(rt: Any) -> list[Any]:
-    from sqlmodel import select
+    from recovery_support import attempt_row
 
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import Run, RunAttempt
+    from tests import dbview
 
-    with session_scope(rt.engine, write=False) as session:
-        return [(run, attempt) for run, attempt in session.exec(
-            select(Run, RunAttempt).join(RunAttempt, RunAttempt.id == Run.current_attempt_id))]
+    return [(run, attempt_row(rt, run.current_attempt_id)) for run in dbview.rows(rt, "SELECT * FROM ql_run")]
 
 
 def _running_groups(rt: Any) -> list[tuple[str, int]]:
@@ -118,7 +115,7 @@ def test_hosts_and_tasks_killed_at_random_every_run_ends_true(rt_factory, data_d
     outcomes: dict[str, int] = {}
     for run, attempt in runs:
         expected = int(run.name.split("=", 1)[1])
-        events = [e["type"] for e in rt.events(run.id)]
+        events = [e.type for e in rt.events(run.id)]
         where = f"run {run.id} (code {expected}, {run.status}, {run.reason}, killed={attempt.id in killed_tasks})"
         assert sum(1 for t in events if t.startswith("run.") and t[4:] in (
             "succeeded", "failed", "cancelled", "timed_out", "lost")) == 1, where

@@ -60,7 +60,7 @@ def test_gate5_exit_without_receipt_is_lost_never_success(data_dir: Path, ql_env
         assert view.status == "lost"
         assert view.reason == "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
         assert view.exit_code is None
-        assert view.attempts[0]["status"] == "lost"
+        assert view.attempts[0].status == "lost"
         assert terminal_events(rt, started["run_id"]) == ["run.lost"]
         assert "run.succeeded" not in event_types(rt, started["run_id"])
         # The log is evidence only, and it is kept.
@@ -91,9 +91,9 @@ def test_gate5_receipt_beats_identity(data_dir: Path, ql_env: dict[str, str]) ->
 
 def _assert_timeout_order(rt, run_id: str) -> None:  # type: ignore[no-untyped-def]
     events = rt.events(run_id)
-    types = [e["type"] for e in events]
+    types = [e.type for e in events]
     assert types[:3] == ["run.created", "attempt.spawned", "run.cancel_requested"]
-    assert events[2]["reason"] == "timeout"
+    assert events[2].reason == "timeout"
     assert terminal_events(rt, run_id) == ["run.timed_out"]
     assert types.index("run.cancel_requested") < types.index("attempt.timed_out") < types.index("run.timed_out")
 
@@ -139,13 +139,9 @@ def test_gate6_deadline_with_no_host_times_out_by_term(data_dir: Path, ql_env: d
 
 
 def _cancel_requested_at(rt, run_id: str) -> int:  # type: ignore[no-untyped-def]
-    from ql_core.db.engine import session_scope
-    from ql_core.db.models import Run
-
-    with session_scope(rt.engine, write=False) as session:
-        run = session.get(Run, run_id)
-        assert run is not None and run.cancel_requested_at_ms is not None
-        return run.cancel_requested_at_ms
+    run = rt.journal.run(run_id)
+    assert run is not None and run.cancel_requested_at_ms is not None
+    return run.cancel_requested_at_ms
 
 
 def test_gate6_task_ignoring_term_is_killed_after_grace(data_dir: Path, ql_env: dict[str, str],
