@@ -1,0 +1,20 @@
+"""The plugin module ``ql.plugins`` points at. Keep it light: ``ql plugins`` imports it.
+
+It registers one executor, ``nice``; the factory runs only when a runtime
+selects it (``executor = "nice"`` in ql.toml) and reads ``[plugin.nice]``.
+"""
+
+from __future__ import annotations
+
+from ql_core.hookspecs import hookimpl
+
+
+def _nice_executor(context):  # called with a ql_core.ports.RuntimeContext
+    from .executor import NiceExecutor, settings_from
+
+    return NiceExecutor(settings_from(context.plugin_config("nice")))
+
+
+@hookimpl
+def ql_register_executors(register):
+    register("nice", _nice_executor)
