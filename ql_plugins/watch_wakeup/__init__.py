@@ -1,1 +1,1 @@
-"""watchfiles: best-effort early wake-ups from file-system events (optional extra ``ql[watch]``)."""
+"""watchfiles: best-effort early wake-ups from file-system events (optional extra ``ql-runner[watch]``)."""

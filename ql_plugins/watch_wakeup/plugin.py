@@ -1,7 +1,7 @@
 """The ``watchfiles`` plugin: a wake-up source built on the watchfiles package (inotify & co).
 
 Enable it with ``plugins = ["watchfiles"]`` in ``ql.toml`` and install the
-extra: ``pip install 'ql[watch]'``. It only makes things happen *earlier*:
+extra: ``pip install 'ql-runner[watch]'``. It only makes things happen *earlier*:
 
 - ``ql supervise`` (or a host calling ``rt.start_wakeups(supervisor)``) wakes
   its next round when a receipt appears under ``<data_dir>/receipts``, instead
@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ql_core.hookspecs import RegisterWakeupSource, hookimpl
 
 if TYPE_CHECKING:
-    from ql_core.follow import OnChange, WakeupSource
-    from ql_core.interfaces import RuntimeContext
+    from ql_core.ports import OnChange, RuntimeContext, WakeupSource
 
 __all__ = ["ql_register_wakeup_sources", "WatchfilesSource", "WatchfilesWatch", "INSTALL_HINT"]
 
-INSTALL_HINT = "pip install 'ql[watch]'"
+INSTALL_HINT = "pip install 'ql-runner[watch]'"
 #: watchfiles' change codes (watchfiles.Change) -> ql's names.
 _KINDS = {1: "added", 2: "modified", 3: "deleted"}
 #: The native watcher returns at least this often (it also checks the stop flag every step).
