@@ -148,6 +148,11 @@ def check_invariants(dsn: str) -> None:
         none("SELECT a.id FROM ql_run_attempt a JOIN ql_attempt_lease l ON l.attempt_id = a.id"
              " WHERE a.status IN ('succeeded', 'failed') AND l.end_reason IS DISTINCT FROM 'completed'",
              "an attempt ended with an exit code but not by its lease holder's completion")
+        # No completion accepted from an old generation: a lease completed after its worker id was
+        # registered again by another process (only the latest registration time is kept).
+        none("SELECT l.attempt_id FROM ql_attempt_lease l JOIN ql_worker w ON w.id = l.worker_id"
+             " WHERE l.end_reason = 'completed' AND w.generation > l.worker_generation"
+             " AND w.registered_at_ms < l.ended_at_ms", "a completion accepted from an old worker generation")
         none("SELECT a.id FROM ql_run_attempt a JOIN ql_attempt_lease l ON l.attempt_id = a.id"
              " WHERE l.end_reason = 'completed' AND a.status IN ('starting', 'running')",
              "a completed lease whose attempt is still active")
