@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sqlalchemy import BigInteger, Column, Index, MetaData
+from sqlalchemy import BigInteger, Column, Index, MetaData, text
 from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
@@ -49,7 +49,10 @@ class Run(QlTable, table=True):
 
     __tablename__ = "ql_run"
     __table_args__ = (Index("ix_ql_run_created", "created_at_ms"), Index("ix_ql_run_status", "status"),
-                      Index("ix_ql_run_finished", "status", "finished_at_ms"))
+                      Index("ix_ql_run_finished", "status", "finished_at_ms"),
+                      # The queue, oldest first (cluster claim; 0003).
+                      Index("ix_ql_run_queued", "created_at_ms", "id",
+                            postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")))
 
     id: str = Field(primary_key=True, max_length=36)
     name: Optional[str] = Field(default=None, max_length=200)
@@ -66,6 +69,11 @@ class Run(QlTable, table=True):
     #: A committed cancel intent: reason ("user" | "policy" | "shutdown" | "timeout") and its time.
     cancel_reason: Optional[str] = Field(default=None, max_length=16)
     cancel_requested_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: Retry policy (0003): how many attempts that may have started the run may have. 1 = never run
+    #: twice; more only for tasks declared safe to run again after a lost attempt.
+    max_attempts: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    #: Per-attempt timeout (0003); a queued run's deadline is set from it when its attempt starts running.
+    timeout_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
 
 
 class RunAttempt(QlTable, table=True):
@@ -111,6 +119,7 @@ class RunEvent(QlTable, table=True):
     """An ordered, low-sensitivity fact about a run: ids, type, status, exit code, reason."""
 
     __tablename__ = "ql_run_event"
+    __table_args__ = (Index("ux_ql_event_dedupe", "dedupe_key", unique=True),)
 
     run_id: str = Field(foreign_key="ql_run.id", primary_key=True, max_length=36)
     #: 1, 2, 3, ... per run; ``(run_id, seq)`` is the key, so a second writer of the same seq fails.
@@ -121,6 +130,8 @@ class RunEvent(QlTable, table=True):
     exit_code: Optional[int] = None
     reason: Optional[str] = Field(default=None, max_length=80)
     at_ms: int = Field(sa_column=_ms())
+    #: Idempotency key of an event submitted at least once (e.g. a fenced completion's audit); 0003.
+    dedupe_key: Optional[str] = Field(default=None, max_length=160)
 
 
 class LogArtifact(QlTable, table=True):
@@ -179,3 +190,7 @@ class CancellationDispatch(QlTable, table=True):
     kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
     created_at_ms: int = Field(sa_column=_ms())
     updated_at_ms: int = Field(sa_column=_ms())
+
+
+# The cluster control-plane tables (PostgreSQL only) live on the same METADATA.
+from . import cluster_models as _cluster_models  # noqa: E402,F401

@@ -1,0 +1,138 @@
+"""The cluster control plane's declared schema (revision ``0003_cluster_control``; PostgreSQL only).
+
+Three tables beside the common ones (``ql_run``, ``ql_run_attempt``, ``ql_run_event``):
+
+- :class:`Worker` (``ql_worker``): one row per configured worker id; ``generation`` is bumped by
+  every registration of a new process (``session``) and is the worker's fencing token.
+- :class:`AttemptLease` (``ql_attempt_lease``): the run lease of one attempt, the only authority to
+  run it. ``lease_generation`` (a database-wide sequence) is the lease's fencing token; only the
+  SHA-256 digest of the lease token is stored.
+- :class:`RunSpec` (``ql_run_spec``): what to run (command, shell flag, cwd, env) in ONE column,
+  handed only to the lease holder by ``ql_claim`` and erased when the run ends.
+
+They are written only by the PL/pgSQL functions that the same revision creates (see
+``docs/cluster-control-db.md``); this module is the declaration that the schema test compares with
+the migrated database. The edge SQLite database does not have them: each table carries
+``info={"ql_dialects": ("postgresql",)}`` and :func:`include_object` tells Alembic's comparison to
+skip them on other dialects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from sqlalchemy import BigInteger, Column, Index, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field
+
+from .models import QlTable, _ms
+
+__all__ = [
+    "Worker",
+    "AttemptLease",
+    "RunSpec",
+    "POSTGRESQL_ONLY",
+    "LIVE_LEASE_STATES",
+    "table_dialects",
+    "include_object",
+]
+
+#: ``Table.info`` of a table that exists only on these dialects.
+POSTGRESQL_ONLY: dict[str, Any] = {"ql_dialects": ("postgresql",)}
+
+#: Lease states in which the lease still grants something (the partial index's predicate).
+LIVE_LEASE_STATES = ("claimed", "starting", "running")
+
+
+class Worker(QlTable, table=True):
+    """A worker id and the process (``session``, ``generation``) that currently holds it."""
+
+    __tablename__ = "ql_worker"
+    __table_args__ = ({"info": POSTGRESQL_ONLY},)
+
+    #: The configured worker id (stable across restarts).
+    id: str = Field(primary_key=True, max_length=64)
+    #: A fresh UUID per process start; registering another session bumps ``generation``.
+    session: str = Field(max_length=36)
+    #: Fencing token of the worker: every registration of a new session increments it.
+    generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    #: "active" (the only state written by revision 0003).
+    status: str = Field(max_length=16)
+    version: int = 1
+    slots: int
+    #: Worker session lease (heartbeat); claim needs it live, per-attempt calls need the run lease.
+    lease_expires_at_ms: int = Field(sa_column=_ms())
+    registered_at_ms: int = Field(sa_column=_ms())
+    heartbeat_at_ms: int = Field(sa_column=_ms())
+    ql_version: str = Field(max_length=32)
+
+
+class AttemptLease(QlTable, table=True):
+    """The run lease of one attempt: claimed → starting → running → ended."""
+
+    __tablename__ = "ql_attempt_lease"
+    __table_args__ = (
+        Index("ix_ql_lease_live_expiry", "expires_at_ms",
+              postgresql_where=text("status IN ('claimed', 'starting', 'running')")),
+        Index("ix_ql_lease_ended", "ended_at_ms", postgresql_where=text("status = 'ended'")),
+        Index("ux_ql_lease_generation", "lease_generation", unique=True),
+        {"info": POSTGRESQL_ONLY},
+    )
+
+    attempt_id: str = Field(primary_key=True, max_length=36, foreign_key="ql_run_attempt.id")
+    run_id: str = Field(max_length=36)
+    #: "claimed" | "starting" | "running" | "ended"
+    status: str = Field(max_length=16)
+    version: int = 1
+    #: Fencing token of this grant (from the sequence ``ql_lease_generation_seq``).
+    lease_generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    #: SHA-256 (hex) of the lease token; the token itself is returned once by ``ql_claim``.
+    token_digest: str = Field(max_length=64)
+    worker_id: str = Field(max_length=64)
+    worker_generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    expires_at_ms: int = Field(sa_column=_ms())
+    claimed_at_ms: int = Field(sa_column=_ms())
+    #: Database time of ``ql_start`` (claimed → starting: the worker may spawn from now on).
+    started_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: Database time of ``ql_running`` (the worker reported the process spawned).
+    running_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    renewed_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: When the run's cancel/timeout intent was first handed to the lease holder.
+    intent_delivered_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    ended_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    #: completed | worker_lost | released (by the holder) | expired | cancelled (by others)
+    end_reason: Optional[str] = Field(default=None, max_length=16)
+    #: The caller's digest of the completion that was applied: an exact replay is recognised by it.
+    completion_digest: Optional[str] = Field(default=None, max_length=64)
+
+
+class RunSpec(QlTable, table=True):
+    """What a run executes; one column so that a later revision can seal it (AES-GCM) in place."""
+
+    __tablename__ = "ql_run_spec"
+    __table_args__ = ({"info": POSTGRESQL_ONLY},)
+
+    run_id: str = Field(primary_key=True, max_length=36, foreign_key="ql_run.id")
+    #: ``{"command": [...], "shell": bool, "cwd": str | null, "env": {...}}`` — never logged.
+    spec: dict[str, Any] = Field(sa_column=Column(JSONB, nullable=False))
+    created_at_ms: int = Field(sa_column=_ms())
+
+
+def table_dialects(table: Any) -> tuple[str, ...] | None:
+    """The dialects a table of :data:`~ql_core.db.models.METADATA` exists on (None: all)."""
+    info = getattr(table, "info", None) or {}
+    dialects = info.get("ql_dialects")
+    return tuple(dialects) if dialects else None
+
+
+def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
+    """An Alembic ``include_object`` hook that skips tables (and their indexes) of other dialects."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        table = obj if type_ == "table" else getattr(obj, "table", None)
+        if reflected and compare_to is None and type_ == "table":
+            return True
+        dialects = table_dialects(table) if table is not None else None
+        return dialects is None or dialect_name in dialects
+
+    return include

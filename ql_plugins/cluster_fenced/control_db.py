@@ -1,0 +1,378 @@
+"""A thin typed client of the cluster control plane's PL/pgSQL functions (psycopg 3).
+
+One method per function of revision ``0003_cluster_control``; each is ONE statement
+(``SELECT * FROM ql_xxx(...)``) on a connection in autocommit mode, so each call is exactly one
+transaction that the server commits when the statement ends. Nobody else commits, nothing is
+held open between calls, and no row of any table is read or written here directly — the same
+calls will work for a worker role that may only EXECUTE these functions.
+
+Transactions and replays
+    A call that raises :class:`TransientError` may or may not have committed (e.g. the connection
+    dropped before the COMMIT's answer arrived). Every worker call is safe to repeat with the same
+    arguments: ``register`` with the same session keeps the generation, ``start``/``running``
+    answer ``ok`` for a lease already in that state, ``complete`` answers ``already_completed`` for
+    the completion it applied, ``end_without_completion`` ``already_ended``, ``submit`` ``exists``.
+    ``claim`` is the exception: a lost answer leaves claimed attempts that the caller never saw —
+    they were never started (``claimed``), so the sweeper puts them back in the queue when their
+    lease expires, without consuming a retry. Any other error is final (:class:`ControlDBError`,
+    a programming or schema error): do not retry it.
+
+Privacy
+    The lease token and the run's spec travel only in the arguments and results of the calls that
+    need them; they are kept out of ``repr`` and out of every error message (errors carry the
+    operation, the exception class and the SQLSTATE only — never a parameter or a server message
+    that could quote one).
+
+psycopg is imported lazily, when a connection is made: ``pip install 'ql[cluster]'``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+
+from .results import (
+    CancelAnswer,
+    CancelResult,
+    ClaimedAttempt,
+    ClaimResult,
+    CompletionAnswer,
+    CompletionResult,
+    EndAnswer,
+    EndResult,
+    EndStatus,
+    HeartbeatResult,
+    Intents,
+    LeaseAnswer,
+    LeaseFence,
+    LeaseResult,
+    Outcome,
+    Registration,
+    SubmitAnswer,
+    SubmitResult,
+    SweepCounts,
+    WorkerFence,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "ControlDB",
+    "ControlDBError",
+    "TransientError",
+    "MissingDriverError",
+    "SCHEMA_REVISION",
+    "MAX_CLAIM",
+    "SWEEP_PAGE",
+    "SWEEP_HARD_CAP",
+    "with_retries",
+]
+
+#: The schema revision whose functions this client calls.
+SCHEMA_REVISION = "0003_cluster_control"
+#: ``claim`` never returns more than this many runs per call.
+MAX_CLAIM = 8
+#: ``sweep``'s default page and the hard cap the database enforces.
+SWEEP_PAGE = 16
+SWEEP_HARD_CAP = 64
+
+T = TypeVar("T")
+
+# -- prebuilt statements ------------------------------------------------------------------------
+_SQL_SUBMIT = "SELECT answer, created_at_ms, db_now_ms FROM ql_submit(%s, %s, %s, %s, %s)"
+_SQL_CANCEL = "SELECT answer, status, db_now_ms FROM ql_request_cancel(%s, %s)"
+_SQL_REGISTER = "SELECT generation, lease_expires_at_ms, db_now_ms FROM ql_register(%s, %s, %s, %s, %s)"
+_SQL_HEARTBEAT = "SELECT answer, lease_expires_at_ms, db_now_ms FROM ql_heartbeat(%s, %s, %s, %s)"
+_SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec, timeout_ms,"
+              " lease_expires_at_ms, db_now_ms FROM ql_claim(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s)")
+_LEASE_COLUMNS = ("answer, reason, lease_expires_at_ms, db_now_ms, cancel_reason, cancel_requested_at_ms,"
+                  " deadline_at_ms")
+_SQL_START = f"SELECT {_LEASE_COLUMNS} FROM ql_start(%s, %s, %s, %s, %s, %s)"
+_SQL_RUNNING = f"SELECT {_LEASE_COLUMNS} FROM ql_running(%s, %s, %s, %s, %s, %s, %s)"
+_SQL_RENEW = f"SELECT {_LEASE_COLUMNS} FROM ql_renew(%s, %s, %s, %s, %s, %s, %s)"
+_SQL_COMPLETE = ("SELECT answer, status, reason, fence_reason, db_now_ms"
+                 " FROM ql_complete(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+_SQL_END = ("SELECT answer, outcome, fence_reason, db_now_ms"
+            " FROM ql_end_without_completion(%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+_SQL_SWEEP = ("SELECT requeued, lost, retried, timeouts, leases_deleted, specs_deleted, skipped, db_now_ms"
+              " FROM ql_sweep(%s, %s)")
+_SQL_MAP_OUTCOME = "SELECT status, reason, moot FROM ql_map_outcome(%s, %s, %s, %s, %s, %s)"
+
+#: SQLSTATE classes/codes worth a retry: connection exceptions, serialization failure, deadlock,
+#: lock not available, query canceled (statement_timeout), operator intervention (shutdown).
+_TRANSIENT_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53")
+
+
+class ControlDBError(Exception):
+    """A final error of a control-plane call (bad argument, missing schema, bug): do not retry."""
+
+    def __init__(self, operation: str, kind: str, sqlstate: str | None = None) -> None:
+        self.operation = operation
+        self.kind = kind
+        self.sqlstate = sqlstate
+        super().__init__(f"control database: {operation} failed: {kind}"
+                         + (f" (SQLSTATE {sqlstate})" if sqlstate else ""))
+
+
+class TransientError(ControlDBError):
+    """The call may or may not have committed (connection lost, serialization failure, deadlock,
+    timeout): repeat the same call with the same arguments after a capped backoff."""
+
+
+class MissingDriverError(ImportError):
+    """psycopg 3 is not installed."""
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise MissingDriverError("the cluster control plane needs psycopg 3: pip install 'ql[cluster]'") from exc
+    return psycopg
+
+
+def _conninfo(dsn: str) -> str:
+    """Accept SQLAlchemy-style URLs too (``postgresql+psycopg://``)."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql://" + dsn[len(prefix):]
+    return dsn
+
+
+# Allowed argument checks that the database repeats (so a bad call fails before the network).
+_END_STATUSES = frozenset(s.value for s in EndStatus)
+_CANCEL_REASONS = frozenset({"user", "policy", "shutdown", "timeout"})
+
+
+class ControlDB:
+    """The control plane, one connection. Not shared between threads: use one per thread.
+
+    Create it with :meth:`connect` (it then owns and reconnects its connection) or around an
+    existing psycopg connection in autocommit mode (then the caller owns it).
+    """
+
+    def __init__(self, connection: psycopg.Connection[Any] | None = None, *, conninfo: str | None = None,
+                 connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000) -> None:
+        if connection is None and conninfo is None:
+            raise ValueError("ControlDB needs a connection or a conninfo")
+        if connection is not None and not connection.autocommit:
+            raise ValueError("ControlDB needs a connection in autocommit mode: each call is its own transaction")
+        self._conn = connection
+        self._conninfo = None if conninfo is None else _conninfo(conninfo)
+        self._owned = connection is None
+        self._connect_timeout_s = connect_timeout_s
+        self._statement_timeout_ms = statement_timeout_ms
+
+    # -- connection --------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, dsn: str, *, connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000) -> ControlDB:
+        """A client that connects now (and again after a lost connection) to ``dsn``."""
+        db = cls(conninfo=dsn, connect_timeout_s=connect_timeout_s, statement_timeout_ms=statement_timeout_ms)
+        db._connection()
+        return db
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if not self._owned or self._conninfo is None:
+            raise TransientError("connect", "connection closed")
+        psycopg = _psycopg()
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=self._connect_timeout_s,
+                                   options=f"-c statement_timeout={int(self._statement_timeout_ms)}",
+                                   application_name="ql-cluster")
+        except psycopg.Error as exc:
+            raise TransientError("connect", type(exc).__name__, getattr(exc, "sqlstate", None)) from None
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close the connection if this client opened it."""
+        if self._owned and self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def __enter__(self) -> ControlDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rows(self, operation: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        conn = self._connection()
+        psycopg = _psycopg()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params, prepare=True)
+                return cur.fetchall()
+        except psycopg.Error as exc:
+            # Never str(exc): a server message may quote an argument.
+            sqlstate = getattr(exc, "sqlstate", None)
+            kind = type(exc).__name__
+            if sqlstate == "22023":
+                diag = getattr(exc, "diag", None)
+                primary = getattr(diag, "message_primary", None) or ""
+                if primary.startswith("ql: invalid argument: "):  # names the argument, never its value
+                    kind = primary[len("ql: "):]
+            if isinstance(exc, psycopg.OperationalError) or (
+                    sqlstate is not None and sqlstate.startswith(_TRANSIENT_SQLSTATES)) or conn.broken:
+                raise TransientError(operation, kind, sqlstate) from None
+            raise ControlDBError(operation, kind, sqlstate) from None
+
+    def _one(self, operation: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
+        rows = self._rows(operation, sql, params)
+        if len(rows) != 1:
+            raise ControlDBError(operation, f"expected one row, got {len(rows)}")
+        return rows[0]
+
+    # -- control side ----------------------------------------------------------------------------
+    def submit(self, run_id: str, *, spec: Mapping[str, Any], name: str | None = None,
+               timeout_ms: int | None = None, max_attempts: int = 1) -> SubmitResult:
+        """Insert a queued run with its task spec (any control node: ``ql run --detach``, ``Runtime.submit``).
+
+        ``run_id`` is a fresh UUIDv7 from :func:`ql_core.ids.new_id`; ``spec`` is a JSON object
+        (command, shell flag, cwd, env) that only the lease holder will receive; ``timeout_ms`` is
+        per attempt (the deadline is set when the attempt starts running); ``max_attempts`` > 1
+        only for tasks declared safe to run again after a lost attempt. ``EXISTS`` on a replay.
+        """
+        psycopg = _psycopg()
+        row = self._one("submit", _SQL_SUBMIT, (run_id, name, psycopg.types.json.Jsonb(dict(spec)),
+                                                 timeout_ms, max_attempts))
+        return SubmitResult(SubmitAnswer(row[0]), row[1], row[2])
+
+    def request_cancel(self, run_id: str, reason: str = "user") -> CancelResult:
+        """Commit a cancel intent (``ql cancel``; reason user|policy|shutdown|timeout).
+
+        A queued run, or one whose lease is still ``claimed``, ends at once (``CANCELLED``); a
+        started one gets the intent (``REQUESTED``) that its lease holder learns on renew.
+        """
+        if reason not in _CANCEL_REASONS:
+            raise ValueError(f"cancel reason must be one of {sorted(_CANCEL_REASONS)}")
+        row = self._one("request_cancel", _SQL_CANCEL, (run_id, reason))
+        return CancelResult(CancelAnswer(row[0]), row[1], row[2])
+
+    def sweep(self, limit: int = SWEEP_PAGE, *, retention_ms: int = 3_600_000) -> SweepCounts:
+        """One bounded sweeper round (``ql control``, every few seconds; several at once are safe).
+
+        At most ``limit`` (hard cap 64) rows per step: expired claims back to the queue, expired
+        started leases ``lost`` (or queued again by the retry policy), timeout intents for running
+        attempts past their deadline, retention of ended leases and leftover specs.
+        """
+        row = self._one("sweep", _SQL_SWEEP, (limit, retention_ms))
+        return SweepCounts(*row)
+
+    def map_outcome(self, *, cancel_reason: str | None, cancel_requested_at_ms: int | None,
+                    deadline_at_ms: int | None, signalled: bool, exit_code: int,
+                    finished_at_ms: int) -> Outcome:
+        """The database's outcome rule alone (pure; for parity tests with core's Python)."""
+        row = self._one("map_outcome", _SQL_MAP_OUTCOME, (cancel_reason, cancel_requested_at_ms, deadline_at_ms,
+                                                          signalled, exit_code, finished_at_ms))
+        return Outcome(row[0], row[1], bool(row[2]))
+
+    # -- worker session ----------------------------------------------------------------------------
+    def register(self, worker_id: str, session: str, *, slots: int, ql_version: str,
+                 ttl_ms: int = 45_000) -> Registration:
+        """At worker start-up, once per process (``session`` = a fresh UUID per process start).
+
+        Returns the worker's new generation (fencing any older process with the same id) and its
+        session-lease expiry. Calling it again with the same session keeps the generation.
+        A restarted worker submits the completions in its outbox with their OLD fence *before*
+        registering: registering first fences them.
+        """
+        row = self._one("register", _SQL_REGISTER, (worker_id, session, slots, ql_version, ttl_ms))
+        return Registration(WorkerFence(worker_id, int(row[0]), session), row[1], row[2])
+
+    def heartbeat(self, worker: WorkerFence, *, ttl_ms: int = 45_000) -> HeartbeatResult:
+        """Every ~10 s: extend the worker session lease. ``FENCED`` → another process has the id."""
+        row = self._one("heartbeat", _SQL_HEARTBEAT, (worker.worker_id, worker.generation, worker.session, ttl_ms))
+        return HeartbeatResult(LeaseAnswer(row[0]), row[1], row[2])
+
+    def claim(self, worker: WorkerFence, *, max_n: int, free_slots: int, executor: str,
+              attempt_ids: Sequence[str], log_ids: Sequence[str], lease_ttl_ms: int = 30_000) -> ClaimResult:
+        """Claim up to ``min(max_n, free_slots, 8, len(attempt_ids))`` queued runs, oldest first.
+
+        ``attempt_ids``/``log_ids`` are fresh UUIDv7s (one pair per run that may be claimed).
+        Each :class:`ClaimedAttempt` carries the only copy of its lease token and the run's spec:
+        persist the fence locally, then call :meth:`start` before spawning.
+        """
+        if len(attempt_ids) != len(log_ids):
+            raise ValueError("attempt_ids and log_ids must have the same length")
+        rows = self._rows("claim", _SQL_CLAIM, (worker.worker_id, worker.generation, worker.session, max_n,
+                                                free_slots, executor, list(attempt_ids), list(log_ids),
+                                                lease_ttl_ms))
+        if rows and rows[0][0] == "fenced":
+            return ClaimResult(LeaseAnswer.FENCED, (), rows[0][9])
+        attempts = tuple(ClaimedAttempt(run_id=r[1], attempt_id=r[2], attempt_no=r[3], lease_generation=r[4],
+                                        lease_token=r[5], spec=r[6], timeout_ms=r[7], lease_expires_at_ms=r[8],
+                                        db_now_ms=r[9]) for r in rows)
+        return ClaimResult(LeaseAnswer.OK, attempts, attempts[0].db_now_ms if attempts else None)
+
+    # -- per attempt -------------------------------------------------------------------------------
+    @staticmethod
+    def _lease_result(row: tuple[Any, ...]) -> LeaseResult:
+        return LeaseResult(LeaseAnswer(row[0]), row[1], row[2], row[3], Intents(row[4], row[5], row[6]))
+
+    def start(self, fence: LeaseFence) -> LeaseResult:
+        """claimed → starting, BEFORE spawning (then write ``launching`` locally and spawn).
+
+        Only ``OK`` allows the spawn; ``FENCED`` means the lease is gone (expired, cancelled
+        before start, another generation): do not spawn. The run's intents come back too.
+        """
+        return self._lease_result(self._one("start", _SQL_START, fence.params()))
+
+    def running(self, fence: LeaseFence, *, started_at_ms: int) -> LeaseResult:
+        """starting → running, after the executor's durable handle is stored locally.
+
+        ``started_at_ms`` is the process start (worker clock, clamped by the database). The
+        attempt's deadline (db now + the run's timeout) comes back in ``intents``.
+        """
+        return self._lease_result(self._one("running", _SQL_RUNNING, (*fence.params(), started_at_ms)))
+
+    def renew(self, fence: LeaseFence, *, ttl_ms: int = 30_000) -> LeaseResult:
+        """At half the lease's life: extend it and learn the run's intents (cancel, deadline).
+
+        ``FENCED`` (or no answer before the worker's own lease deadline on its monotonic clock):
+        stop the attempt's process group, keep receipt and log, mark it recovery-required.
+        """
+        return self._lease_result(self._one("renew", _SQL_RENEW, (*fence.params(), ttl_ms)))
+
+    def complete(self, fence: LeaseFence, *, exit_code: int, started_at_ms: int | None, finished_at_ms: int,
+                 signalled: bool, completion_digest: str) -> CompletionResult:
+        """Submit the attempt's completion from its receipt (the worker's outbox; replay-safe).
+
+        ``signalled``: ql signalled this attempt for the run's cancel/timeout intent.
+        ``completion_digest``: :func:`~ql_plugins.cluster_fenced.results.completion_digest` of
+        this payload, persisted with it. Every :class:`CompletionAnswer` is final.
+        """
+        row = self._one("complete", _SQL_COMPLETE, (*fence.params(), exit_code, started_at_ms, finished_at_ms,
+                                                    signalled, completion_digest))
+        return CompletionResult(CompletionAnswer(row[0]), row[1], row[2], row[3], row[4])
+
+    def end_without_completion(self, fence: LeaseFence, *, status: EndStatus | str, reason: str | None = None,
+                               signalled: bool = False) -> EndResult:
+        """End the attempt without a receipt: ``LOST`` (it provably exited without one) or
+        ``RELEASED`` (never spawned; back to the queue, e.g. on drain — refused once running)."""
+        status = EndStatus(status)
+        row = self._one("end_without_completion", _SQL_END, (*fence.params(), status.value, reason, signalled))
+        return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
+
+
+def with_retries(call: Callable[[], T], *, attempts: int = 5, base_delay_s: float = 0.05,
+                 max_delay_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> T:
+    """Repeat ``call`` on :class:`TransientError` with capped exponential backoff.
+
+    Only for the calls that are safe to repeat (all but ``claim``, whose lost answer is recovered
+    by the sweeper instead). The last TransientError is raised when every attempt failed.
+    """
+    delay = base_delay_s
+    for attempt in range(attempts):
+        try:
+            return call()
+        except TransientError:
+            if attempt == attempts - 1:
+                raise
+            sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+    raise AssertionError("unreachable")
