@@ -56,7 +56,10 @@ status query, whole process
     -c`` opening a SQLite file and running one ``SELECT`` by primary key; ``tsp -s ID``,
     ``nq -t JOB``, ``supervisorctl status NAME``, ``ql status RUN_ID``. Ratio: tool / floor.
     Also ``python3 -c pass``, ``ql list``, ``ql events RUN_ID`` and ``ql run -- true``
-    (whole process) for the goals.
+    (whole process) for the goals. The task queried finished just before (a new one each
+    repetition); the commands run ``--status-n`` times each, interleaved, after one untimed
+    pass in the first repetition (not with ``--quick``). Bytecode caches are used as in a
+    normal install (``PYTHONDONTWRITEBYTECODE`` is unset for the processes the bench starts).
 memory kept alive per running task (PSS)
     (Sum of ``Pss`` from ``/proc/PID/smaps_rollup`` of every process the tool keeps alive while
     N ``sleep 60`` tasks run, minus the same sum with the tool idle just before) / N, N =
@@ -114,7 +117,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 MARK = "BENCH_PEERS_MARK"           # env marker "<run token>:<tool>" on every process the bench starts
@@ -191,8 +194,8 @@ def ql_cli_env() -> dict[str, str]:
 
 def ql_first_run_id(stdout: str) -> str:
     """``ql --json run ...`` prints one JSON object per line; the first names the run."""
-    for line in stdout.splitlines():
-        line = line.strip()
+    for raw in stdout.splitlines():
+        line = raw.strip()
         if line.startswith("{"):
             return json.loads(line)["run_id"]
     raise RuntimeError(f"no run id in ql output: {stdout[:200]!r}")
@@ -692,8 +695,9 @@ class HueyDriver(Driver):
         env = dict(os.environ, PYTHONPATH=str(mod_dir))
         self.log = open(self.work / "consumer.log", "wb")
         consumer = Path(sys.executable).parent / "huey_consumer"
-        self.proc = subprocess.Popen([str(consumer), "ql_bench_huey.huey", "-k", "thread", "-w", str(max(self.n_mem, 1)),
-                                      "-q", "-n"], env=env, cwd=mod_dir, stdin=subprocess.DEVNULL, stdout=self.log,
+        workers = str(max(self.n_mem, 1))  # thread workers: N tasks run at once
+        self.proc = subprocess.Popen([str(consumer), "ql_bench_huey.huey", "-k", "thread", "-w", workers, "-q", "-n"],
+                                     env=env, cwd=mod_dir, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=self.log, start_new_session=True)
         import ql_bench_huey  # noqa: PLC0415
 
@@ -1057,6 +1061,7 @@ class Bench:
         self.errors: list[str] = []
         self.peers_python: str | None = None
         self.started_tools: set[str] = set()
+        self.timings: dict[str, dict[str, list[float]]] = {}  # block -> tool -> seconds per repetition
 
     # -- bookkeeping ----------------------------------------------------------------------
     def record(self, figure: str, tool: str, value: Any, raw: Any = None) -> None:
@@ -1211,11 +1216,17 @@ class Bench:
                 self.note(f"  - {tool}: skipped ({self.skipped[tool]})")
 
     # -- blocks -------------------------------------------------------------------------------
-    def live(self, rep: int, tools: list[str] | None = None) -> list[str]:
-        return self.rotated([t for t in (tools or TOOLS) if t in self.agents], rep)
+    def live(self, rep: int, block: str, tools: list[str] | None = None) -> Iterator[str]:
+        """The variants still up, in this repetition's order; times each one's turn (JSON "timings")."""
+        for tool in self.rotated([t for t in (tools or TOOLS) if t in self.agents], rep):
+            if tool not in self.agents:
+                continue  # lost earlier in this block
+            t0 = time.perf_counter()
+            yield tool
+            self.timings.setdefault(block, {}).setdefault(tool, []).append(round(time.perf_counter() - t0, 3))
 
     def block_throughput(self, rep: int) -> None:
-        for tool in self.live(rep):
+        for tool in self.live(rep, "throughput"):
             seconds = self.args.window
             try:
                 res = self.agents[tool].call("throughput", timeout=seconds + 300, seconds=seconds,
@@ -1227,7 +1238,7 @@ class Bench:
     def block_latency(self, rep: int) -> None:
         stamp_dir = self.work / "stamps"
         stamp_dir.mkdir(exist_ok=True)
-        for tool in self.live(rep):
+        for tool in self.live(rep, "latency"):
             n = self.args.latency_n if tool != "ql-run" else max(3, self.args.latency_n // 3)
             try:
                 res = self.agents[tool].call("latency", timeout=60 + 30 * n, n=n, stamp_dir=str(stamp_dir))
@@ -1240,16 +1251,18 @@ class Bench:
             self.record("exit_terminal_ms", tool, statistics.median(ext), ext)
 
     def status_commands(self) -> dict[str, tuple[str, list[str], dict[str, str], tuple[int, ...]]]:
-        """label -> (tool, argv, env, accepted exit codes), built once after set-up."""
-        if hasattr(self, "_status_cmds"):
-            return self._status_cmds
+        """label -> (tool, argv, env, accepted exit codes), each naming a task that just finished.
+
+        Built anew for every repetition: a queue may forget old jobs (tsp keeps the last 1000)."""
         db = self.work / "floor-status.db"
-        conn = sqlite3.connect(db)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, status TEXT NOT NULL, exit_code INTEGER)")
-        conn.executemany("INSERT INTO runs VALUES (?, 'succeeded', 0)", [(f"run-{i:06d}",) for i in range(1000)])
-        conn.commit()
-        conn.close()
+        if not db.exists():
+            conn = sqlite3.connect(db)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, status TEXT NOT NULL, exit_code INTEGER)")
+            conn.executemany("INSERT INTO runs VALUES (?, 'succeeded', 0)",
+                             [(f"run-{i:06d}",) for i in range(1000)])
+            conn.commit()
+            conn.close()
         select_py = ("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\n"
                      "print(c.execute('SELECT status, exit_code FROM runs WHERE id = ?', (sys.argv[2],)).fetchone())\n")
         cmds: dict[str, tuple[str, list[str], dict[str, str], tuple[int, ...]]] = {
@@ -1269,16 +1282,16 @@ class Bench:
                 else:
                     env = self.marked_env(tool, spec["env"])
                 cmds[label] = (tool, spec["argv"], env, tuple(spec.get("ok", (0,))))
-        self._status_cmds = cmds
         return cmds
 
     def block_status(self, rep: int) -> None:
-        cmds = self.status_commands()
+        cmds = self._status_cmds = self.status_commands()
         labels = list(cmds)
         walls: dict[str, list[float]] = {label: [] for label in labels}
         broken: set[str] = set()
-        for i in range(self.args.status_n):
-            for label in self.rotated(labels, rep + i):
+        # the first repetition starts with one untimed pass (page cache, bytecode caches), unless --quick
+        for i in range(-1 if rep == 0 and not self.args.quick else 0, self.args.status_n):
+            for label in self.rotated(labels, rep + max(i, 0)):
                 if label in broken:
                     continue
                 _tool, argv, env, ok = cmds[label]
@@ -1288,10 +1301,12 @@ class Bench:
                 wall = time.perf_counter() - t0
                 if proc.returncode not in ok:
                     broken.add(label)
-                    self.errors.append(f"{label}: exit {proc.returncode}: {proc.stderr.decode(errors='replace')[-200:]}")
+                    self.errors.append(one_line(f"{label}: exit {proc.returncode}: "
+                                                f"{proc.stderr.decode(errors='replace')[-200:]}"))
                     self.note(f"  ! {label} exited {proc.returncode}")
                     continue
-                walls[label].append(wall * 1000)
+                if i >= 0:
+                    walls[label].append(wall * 1000)
         for label, samples in walls.items():
             if samples:
                 self.record("cli_ms:" + label, cmds[label][0], statistics.median(samples), samples)
@@ -1349,7 +1364,7 @@ class Bench:
 
     def block_memory(self, rep: int) -> None:
         n = self.args.tasks
-        for tool in self.live(rep):
+        for tool in self.live(rep, "memory"):
             steps = [1, n] if tool == "ql-run" and n > 1 else [n]
             try:
                 readings = self.memory_once(tool, steps, settle=self.args.settle * (2 if tool == "ql-run" else 1))
@@ -1361,7 +1376,7 @@ class Bench:
             self.record("mem_per_task_kib", tool, (last["pss_kib"] - idle) / n, readings)
             if tool == "ql-run":
                 self.record("ql_run_single_kib", tool, readings[1]["pss_kib"] - idle, readings[1])
-        for tool in self.live(rep, ["floor", "ql"]):
+        for tool in self.live(rep, "host-memory", ["floor", "ql"]):
             try:
                 readings = self.memory_once(tool, [self.args.host_tasks], settle=self.args.settle)
             except (AgentError, TimeoutError, OSError) as exc:
@@ -1506,17 +1521,11 @@ int main(int argc, char **argv) {
 # =============================================================================================
 
 def fmt_num(x: float) -> str:
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    if x >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3f}" if x >= 0.01 else f"{x:.4f}"
-
-
-def fmt_ratio(x: float) -> str:
-    return fmt_num(x)
+    """Three significant digits or so, whatever the magnitude."""
+    for limit, digits in ((100, 0), (10, 1), (1, 2), (0.01, 3)):
+        if abs(x) >= limit:
+            return f"{x:.{digits}f}"
+    return f"{x:.4f}"
 
 
 def fmt_kib(kib: float) -> str:
@@ -1525,152 +1534,131 @@ def fmt_kib(kib: float) -> str:
     return f"{kib:.0f} KiB" if round(kib) != 0 else "0 KiB"
 
 
-def report(bench: Bench, elapsed: float, load_start: tuple[float, ...], load_end: tuple[float, ...]) -> dict[str, Any]:
+STATUS_LABELS = {"tsp": "tsp -s ID", "nq": "nq -t JOB", "supervisord": "supervisorctl status", "ql-run": "ql status"}
+MEMORY_RATIO_MIN_KIB = 32  # below this the floor is PSS noise (a Popen host keeps ~nothing per task)
+
+
+def report(bench: Bench, elapsed: float, load_start: tuple[float, ...],
+           load_end: tuple[float, ...]) -> dict[str, Any]:
     m = bench.median
-    out: list[str] = []
-    skip = bench.skipped
-    columns = ["floor", "tsp", "nq", "supervisord", "huey", "procrastinate", "ql"]
-    header = ["figure", "floor", "tsp", "nq", "supervisord", "huey (tuned)", "procrastinate", "ql"]
+    Render = Callable[[float, float], str]
 
-    def peer_cell(tool: str, figure: str, render: Callable[[float], str]) -> str:
-        if tool in skip and m(figure, tool) is None:
-            return "skipped"
+    def cell(tool: str, figure: str, render: Render, floor: float | None) -> str:
         value = m(figure, tool)
-        return render(value) if value is not None else "–"
+        if value is None or floor is None:
+            return "skipped" if tool in bench.skipped else "–"
+        return render(value, floor)
 
-    rows: list[list[str]] = []
+    def ql_cell(figure: str, render: Render, floor: float | None,
+                labels: tuple[str, str] = ("embedded", "`ql run`")) -> str:
+        parts = [f"{label} {cell(tool, figure, render, floor)}"
+                 for tool, label in zip(("ql", "ql-run"), labels, strict=True) if m(figure, tool) is not None]
+        return ", ".join(parts) if parts and floor is not None else "–"
 
-    # 1. throughput
-    base = m("tasks_per_s", "floor")
-    row = ["short tasks/s, 1 in flight (ratio to floor)",
-           f"`Popen(['true'])`+wait: {base:.0f}/s (1)" if base else "–"]
-    for tool in PEERS:
-        row.append(peer_cell(tool, "tasks_per_s", lambda v: f"{fmt_ratio(v / base)} ({v:.0f}/s)" if base else f"{v:.0f}/s"))
-    e, c = m("tasks_per_s", "ql"), m("tasks_per_s", "ql-run")
-    row.append(", ".join(x for x in (
-        f"embedded {fmt_ratio(e / base)} ({e:.1f}/s)" if e and base else None,
-        f"`ql run` {fmt_ratio(c / base)} ({c:.2f}/s)" if c and base else None) if x) or "–")
-    rows.append(row)
+    def row(title: str, figure: str, floor_text: Callable[[float], str], render: Render,
+            ql: str | None = None, peers: dict[str, str] | None = None) -> list[str]:
+        floor = m(figure, "floor")
+        cells = [title, floor_text(floor) if floor is not None else "–"]
+        for tool in PEERS:
+            fig = figure if peers is None else ("cli_ms:" + peers[tool] if tool in peers else None)
+            cells.append(cell(tool, fig, render, floor) if fig else "–")
+        cells.append(ql if ql is not None else ql_cell(figure, render, floor))
+        return cells
 
-    # 2. submit -> exec
-    base = m("submit_exec_ms", "floor")
-    row = ["submit → exec (× floor)", f"{base:.2f} ms" if base else "–"]
-    for tool in PEERS:
-        row.append(peer_cell(tool, "submit_exec_ms", lambda v: f"{v / base:.1f}× ({v:.2f} ms)" if base else f"{v:.2f} ms"))
-    e, c = m("submit_exec_ms", "ql"), m("submit_exec_ms", "ql-run")
-    row.append(", ".join(x for x in (
-        f"embedded {e / base:.1f}× ({e:.1f} ms)" if e and base else None,
-        f"`ql run` {c / base:.0f}× ({c:.0f} ms)" if c and base else None) if x) or "–")
-    rows.append(row)
+    def ratio(v: float, f: float) -> str:
+        return f"{fmt_num(v / f)} ({fmt_num(v)}/s)"
 
-    # 3. exit -> terminal
-    base = m("exit_terminal_ms", "floor")
-    row = ["task exit → terminal state (added ms)", f"– ({base:.2f} ms)" if base is not None else "–"]
-    for tool in PEERS:
-        row.append(peer_cell(tool, "exit_terminal_ms",
-                             lambda v: f"{v - base:+.1f} ({v:.2f} ms)" if base is not None else f"{v:.2f} ms"))
-    e, c = m("exit_terminal_ms", "ql"), m("exit_terminal_ms", "ql-run")
-    row.append(", ".join(x for x in (
-        f"embedded {e - base:+.1f} ({e:.1f} ms)" if e is not None and base is not None else None,
-        f"`ql run` {c - base:+.0f} ({c:.0f} ms)" if c is not None and base is not None else None) if x) or "–")
-    rows.append(row)
+    def times(v: float, f: float) -> str:
+        return f"{fmt_num(v / f)}× ({fmt_num(v)} ms)"
 
-    # 4. status query
-    base = m("cli_ms:python+sqlite3 SELECT", "floor")
-    row = ["status query, whole process", f"python+sqlite3 SELECT {base:.1f} ms" if base else "–"]
-    status_labels = {"tsp": "tsp -s ID", "nq": "nq -t JOB", "supervisord": "supervisorctl status"}
-    for tool in PEERS:
-        label = status_labels.get(tool)
-        if label is None:
-            row.append("–")
-            continue
-        row.append(peer_cell(tool, "cli_ms:" + label,
-                             lambda v: f"{v:.1f} ms ({v / base:.2f}×)" if base else f"{v:.1f} ms"))
-    q = m("cli_ms:ql status", "ql-run")
-    row.append(f"`ql status` {q:.0f} ms ({q / base:.1f}×)" if q and base else "–")
-    rows.append(row)
+    def added(v: float, f: float) -> str:
+        return f"{v - f:+.1f} ({fmt_num(v)} ms)"
 
-    # 5. memory per running task: a Popen host keeps next to nothing per task, so a ratio to it is
-    # only printed when the floor is clearly above zero (PSS noise is a few KiB)
-    base = m("mem_per_task_kib", "floor")
-    usable = base is not None and base >= 32
+    def query(v: float, f: float) -> str:
+        return f"{fmt_num(v)} ms ({fmt_num(v / f)}×)"
 
-    def mem(v: float) -> str:
-        return f"{fmt_kib(v)} ({v / base:.1f}×)" if usable else fmt_kib(v)
+    mem_floor = m("mem_per_task_kib", "floor")
+    mem_ratio = mem_floor is not None and mem_floor >= MEMORY_RATIO_MIN_KIB
 
-    row = ["memory kept alive per running task (PSS)",
-           (fmt_kib(base) + ("" if usable else " (≈ 0: no ratio)")) if base is not None else "–"]
-    for tool in PEERS:
-        row.append(peer_cell(tool, "mem_per_task_kib", mem))
-    e, c = m("mem_per_task_kib", "ql"), m("mem_per_task_kib", "ql-run")
-    row.append("; ".join(x for x in (
-        f"embedded {mem(e)}" if e is not None else None,
-        f"each waiting `ql run` {mem(c)}" if c is not None else None) if x) or "–")
-    rows.append(row)
+    def mem(v: float, f: float) -> str:
+        return f"{fmt_kib(v)} ({v / f:.1f}×)" if mem_ratio else fmt_kib(v)
 
-    # 6. recovery
-    base = m("recovery_per_s", "floor")
-    r = m("recovery_per_s", "ql")
-    rows.append(["recovery after host death, attempts/s",
-                 f"sqlite3 UPDATE+COMMIT+unlink+dir fsync {base:.0f}/s" if base else "–",
-                 "–", "–", "–", "–", "–",
-                 f"{r:.0f}/s ({r / base:.2f})" if r and base else "–"])
+    status_floor = m("cli_ms:python+sqlite3 SELECT", "floor")
+    recovery_floor = m("recovery_per_s", "floor")
+    rows = [
+        row("short tasks/s, 1 in flight (ratio to floor)", "tasks_per_s",
+            lambda f: f"`Popen(['true'])`+wait: {f:.0f}/s (1)", ratio),
+        row("submit → exec (× floor)", "submit_exec_ms", lambda f: f"{fmt_num(f)} ms", times),
+        row("task exit → terminal state (added ms)", "exit_terminal_ms", lambda f: f"– ({fmt_num(f)} ms)", added),
+        row("status query, whole process", "cli_ms:python+sqlite3 SELECT",
+            lambda f: f"python+sqlite3 SELECT {fmt_num(f)} ms", query,
+            ql=("`ql status` " + cell("ql-run", "cli_ms:ql status", query, status_floor)
+                if m("cli_ms:ql status", "ql-run") is not None else "–"),
+            peers={t: label for t, label in STATUS_LABELS.items() if t in PEERS}),
+        row("memory kept alive per running task (PSS)", "mem_per_task_kib",
+            lambda f: fmt_kib(f) + ("" if mem_ratio else " (≈ 0: no ratio)"), mem,
+            ql=ql_cell("mem_per_task_kib", mem, mem_floor or 0.0, ("embedded", "each waiting `ql run`"))),
+        row("recovery after host death, attempts/s", "recovery_per_s",
+            lambda f: f"sqlite3 UPDATE+COMMIT+unlink+dir fsync {f:.0f}/s", ratio,
+            ql=cell("ql", "recovery_per_s", ratio, recovery_floor), peers={}),
+    ]
+    header = ["figure", "floor", "tsp", "nq", "supervisord", "huey (tuned)", "procrastinate", "ql"]
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
 
-    out.append("| " + " | ".join(header) + " |")
-    out.append("|" + "---|" * len(header))
-    for row in rows:
-        out.append("| " + " | ".join(row) + " |")
-
-    # goals
+    # goals: (text, measured value or None, limit, "<=" | ">=", how the value is shown)
     py = m("cli_ms:python3 -c pass", "python")
     goals: list[dict[str, Any]] = []
 
-    def goal(name: str, value: float | None, limit: float, kind: str, show: str) -> None:
-        ok = None if value is None else (value <= limit if kind == "<=" else value >= limit)
-        goals.append({"goal": name, "value": value, "limit": limit, "kind": kind, "pass": ok, "shown": show})
+    def goal(text: str, value: float | None, limit: float, kind: str, shown: Callable[[], str]) -> None:
+        passed = None if value is None else (value <= limit if kind == "<=" else value >= limit)
+        goals.append({"goal": text, "value": value, "limit": limit, "kind": kind, "pass": passed,
+                      "shown": shown() if value is not None else "not measured"})
 
-    for label in ("ql status", "ql list", "ql events"):
+    def both(a: float | None, b: float | None) -> bool:
+        return a is not None and b is not None and b != 0
+
+    for label, limit in (("ql status", 3.0), ("ql list", 3.0), ("ql events", 3.0), ("ql run -- true", 5.0)):
         v = m("cli_ms:" + label, "ql-run")
-        goal(f"`{label}` ≤ 3× `python3 -c pass`", v / py if v and py else None, 3.0, "<=",
-             f"{v / py:.1f}× ({v:.0f} ms vs {py:.0f} ms)" if v and py else "not measured")
-    v = m("cli_ms:ql run -- true", "ql-run")
-    goal("`ql run -- true` ≤ 5× `python3 -c pass`", v / py if v and py else None, 5.0, "<=",
-         f"{v / py:.1f}× ({v:.0f} ms vs {py:.0f} ms)" if v and py else "not measured")
+        goal(f"`{label}` ≤ {limit:g}× `python3 -c pass`", v / py if both(v, py) else None, limit, "<=",
+             lambda v=v: f"{v / py:.1f}× ({v:.0f} ms vs {py:.0f} ms)")
     v = m("ql_run_single_kib", "ql-run")
     goal("one waiting `ql run` ≤ 15 MiB PSS", v / 1024 if v is not None else None, 15.0, "<=",
-         f"{v / 1024:.1f} MiB (ql run + launcher)" if v is not None else "not measured")
+         lambda: f"{v / 1024:.1f} MiB (the ql run process + its launcher)")
     e, f = m("tasks_per_s", "ql"), m("tasks_per_s", "floor")
-    goal("embedded `true` tasks, 1 in flight ≥ 0.15 of the floor", e / f if e and f else None, 0.15, ">=",
-         f"{e / f:.3f} ({e:.1f}/s vs {f:.0f}/s)" if e and f else "not measured")
-    e, f = m("submit_exec_ms", "ql"), m("submit_exec_ms", "floor")
-    goal("embedded submit → exec ≤ 3× the floor", e / f if e and f else None, 3.0, "<=",
-         f"{e / f:.1f}× ({e:.2f} ms vs {f:.2f} ms)" if e and f else "not measured")
-    e, f = m("exit_terminal_ms", "ql"), m("exit_terminal_ms", "floor")
-    goal("embedded exit → terminal ≤ +3 ms", e - f if e is not None and f is not None else None, 3.0, "<=",
-         f"{e - f:+.1f} ms" if e is not None and f is not None else "not measured")
-    r, f = m("recovery_per_s", "ql"), m("recovery_per_s", "floor")
-    goal("recovery ≥ 0.5 of the sqlite3 floor", r / f if r and f else None, 0.5, ">=",
-         f"{r / f:.2f} ({r:.0f}/s vs {f:.0f}/s)" if r and f else "not measured")
-    e, f = m("host_total_kib", "ql"), m("host_total_kib", "floor")
-    goal(f"embedded {bench.args.host_tasks}-task host ≤ 2× the Popen host's PSS", e / f if e and f else None, 2.0,
-         "<=", f"{e / f:.1f}× ({fmt_kib(e)} vs {fmt_kib(f)})" if e and f else "not measured")
+    goal("embedded `true` tasks, 1 in flight ≥ 0.15 of the floor", e / f if both(e, f) else None, 0.15, ">=",
+         lambda: f"{e / f:.3f} ({fmt_num(e)}/s vs {f:.0f}/s)")
+    e2, f2 = m("submit_exec_ms", "ql"), m("submit_exec_ms", "floor")
+    goal("embedded submit → exec ≤ 3× the floor", e2 / f2 if both(e2, f2) else None, 3.0, "<=",
+         lambda: f"{e2 / f2:.1f}× ({e2:.2f} ms vs {f2:.2f} ms)")
+    e3, f3 = m("exit_terminal_ms", "ql"), m("exit_terminal_ms", "floor")
+    goal("embedded exit → terminal ≤ +3 ms", e3 - f3 if e3 is not None and f3 is not None else None, 3.0, "<=",
+         lambda: f"{e3 - f3:+.1f} ms ({e3:.2f} ms vs the floor's {f3:.2f} ms)")
+    r, f4 = m("recovery_per_s", "ql"), m("recovery_per_s", "floor")
+    goal("recovery ≥ 0.5 of the sqlite3 floor", r / f4 if both(r, f4) else None, 0.5, ">=",
+         lambda: f"{r / f4:.2f} ({r:.0f}/s vs {f4:.0f}/s)")
+    e5, f5 = m("host_total_kib", "ql"), m("host_total_kib", "floor")
+    goal(f"embedded {bench.args.host_tasks}-task host ≤ 2× the Popen host's PSS",
+         e5 / f5 if both(e5, f5) else None, 2.0, "<=",
+         lambda: f"{e5 / f5:.1f}× ({fmt_kib(e5)} vs {fmt_kib(f5)})")
 
-    out.append("")
-    out.append("Goals:")
+    out += ["", "Goals:"]
     for g in goals:
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[g["pass"]]
         out.append(f"  {verdict}  {g['goal']}: {g['shown']}")
 
     out.append("")
-    out.append("Whole-process CLI medians (ms): " + ", ".join(
-        f"{label} {m('cli_ms:' + label, tool):.1f}" for label, (tool, *_rest) in getattr(bench, "_status_cmds", {}).items()
-        if m("cli_ms:" + label, tool) is not None))
+    cli = [(label, tool) for label, (tool, *_rest) in getattr(bench, "_status_cmds", {}).items()
+           if m("cli_ms:" + label, tool) is not None]
+    if cli:
+        out.append("Whole-process medians (ms): "
+                   + ", ".join(f"{label} {m('cli_ms:' + label, tool):.1f}" for label, tool in cli))
     rw = m("recovery_whole_per_s", "ql")
     if rw:
-        out.append(f"Recovery, whole fresh process incl. start-up and Runtime.open: {rw:.0f} attempts/s "
-                   f"(N={bench.args.recovery_n})")
-    if skip:
-        out.append("Skipped: " + "; ".join(f"{t}: {why}" for t, why in skip.items()))
+        out.append(f"Recovery counting the whole fresh process (start-up, Runtime.open, reconcile): "
+                   f"{rw:.0f} attempts/s (N={bench.args.recovery_n})")
+    if bench.skipped:
+        out.append("Skipped: " + "; ".join(f"{t}: {why}" for t, why in bench.skipped.items()))
     if bench.errors:
         out.append(f"Errors ({len(bench.errors)}): " + " | ".join(bench.errors[:10]))
     out.append(f"Run took {elapsed:.0f} s; load average at start {load_start[0]:.2f} {load_start[1]:.2f} "
@@ -1775,7 +1763,6 @@ def main(argv: list[str]) -> int:
         if bench.skipped:
             for tool, why in bench.skipped.items():
                 print(f"# skipped {tool}: {why}", flush=True)
-        bench.status_commands()
         blocks = [("throughput", bench.block_throughput), ("latency", bench.block_latency),
                   ("status", bench.block_status), ("memory", bench.block_memory), ("recovery", bench.block_recovery)]
         for rep in range(args.reps):
@@ -1803,7 +1790,8 @@ def main(argv: list[str]) -> int:
             "args": {k: v for k, v in vars(args).items()}, "started": started, "elapsed_s": elapsed,
             "load_start": load_start, "load_end": load_end, "git": git_head(), "info": bench.info,
             "skipped": bench.skipped, "errors": bench.errors, "per_rep": bench.values, "samples": bench.samples,
-            "medians": medians, "goals": result["goals"], "interrupted": interrupted}, indent=1, default=str))
+            "medians": medians, "goals": result["goals"], "timings_s": bench.timings,
+            "interrupted": interrupted}, indent=1, default=str))
         print(f"# raw samples and medians written to {args.json}", flush=True)
     return 130 if interrupted else 0
 
