@@ -978,10 +978,6 @@ def recover_main(data_dir: str, n: int) -> int:
 # coordinator
 # =============================================================================================
 
-class Skip(Exception):
-    """A variant that cannot run here; the message is the one-line reason."""
-
-
 class AgentError(Exception):
     pass
 
@@ -1409,17 +1405,21 @@ class Bench:
         tool = "ql-recovery"
         env = self.marked_env(tool, {CTX_ENV: json.dumps(self.ctx)})
         script = str(Path(__file__).resolve())
-        host = subprocess.Popen([sys.executable, script, "--dead-host", str(data), str(n)], env=env, cwd=self.work,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        log_path = self.work / f"dead-host-{rep}.log"
+        with open(log_path, "wb") as log:
+            host = subprocess.Popen([sys.executable, script, "--dead-host", str(data), str(n)], env=env,
+                                    cwd=self.work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log)
         try:
             assert host.stdout is not None
             ready, _, _ = select.select([host.stdout], [], [], 600)
             line = host.stdout.readline() if ready else b""
             if line.strip() != b"submitted":
-                raise RuntimeError(f"dead host did not submit: {host.stderr.read()[-300:] if host.poll() else line!r}")
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [repr(line)]
+                raise RuntimeError(f"dead host did not submit: {tail[0][:200]}")
         finally:
             host.kill()  # SIGKILL: the host dies without waiting for any task
             host.wait()
+            host.stdout.close()
         mark = f"{self.token}:{tool}"
 
         def launchers_gone() -> bool:
