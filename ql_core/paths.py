@@ -31,6 +31,8 @@ __all__ = [
     "log_relative_path",
     "log_path",
     "read_or_create_node_id",
+    "read_node_id",
+    "existing_data_dir",
 ]
 
 DIR_MODE = 0o700
@@ -78,15 +80,38 @@ def log_path(data_dir: Path, log_artifact_id: str) -> Path:
     return logs_root(data_dir) / log_relative_path(log_artifact_id)
 
 
+def existing_data_dir(data_dir: Path) -> Path:
+    """The canonical path of a data dir that must already exist (readers never create one)."""
+    from .errors import NotFoundError
+
+    path = Path(os.path.abspath(data_dir))
+    if not path.is_dir():
+        raise NotFoundError(f"no ql data dir at {path}: nothing has run there; check --data-dir / QL_DATA_DIR")
+    return Path(os.path.realpath(path))
+
+
+def read_node_id(data_dir: Path) -> str | None:
+    """This node's id if the data dir has one (None: never used); a corrupt one is an error."""
+    try:
+        return read_existing_node_id(data_dir)
+    except FileNotFoundError:
+        return None
+
+
+def read_existing_node_id(data_dir: Path) -> str:
+    path = Path(data_dir) / "node_id"
+    with open(path, encoding="ascii") as fh:
+        value = fh.read(64).strip()
+    if is_uuid7(value):
+        return value
+    raise UnsafePathError(f"{path} is corrupt; it must hold one UUIDv7 (restore it from a backup)")
+
+
 def read_or_create_node_id(data_dir: Path) -> str:
     """This node's stable id (the attempts' runtime owner), created once, atomically."""
     path = data_dir / "node_id"
     try:
-        with open(path, encoding="ascii") as fh:
-            value = fh.read().strip()
-        if is_uuid7(value):
-            return value
-        raise UnsafePathError(f"{path} is corrupt; it must hold one UUIDv7 (restore it from a backup)")
+        return read_existing_node_id(data_dir)
     except FileNotFoundError:
         pass
     value = new_id()

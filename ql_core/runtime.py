@@ -52,28 +52,35 @@ __all__ = ["Runtime", "Submission", "RunView"]
 
 #: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
+#: How often :meth:`Runtime.wait` looks at a run it is not the parent of (re-attached, or queued).
+REATTACH_POLL_S = 0.2
 
 
 @dataclass
 class Submission:
-    """A started attempt. ``task`` is set while this runtime is the task's parent (the live path)."""
+    """A submitted run. ``task`` is set while this runtime is the task's parent (the live path).
+
+    A run queued for a cluster worker (``profile = "cluster-control"``) has no attempt yet:
+    ``attempt_id``, ``log_artifact_id`` and ``executor`` are None until a worker claims it.
+    """
 
     run_id: str
-    attempt_id: str
-    log_artifact_id: str
+    attempt_id: str | None
+    log_artifact_id: str | None
     callback_sequence: int
     started_at_ms: int
     deadline_at_ms: int | None
     #: The registered name of the executor that started it.
-    executor: str
-    token: str = field(repr=False)
+    executor: str | None
+    token: str = field(default="", repr=False)
     task: SpawnedTask | None = field(default=None, repr=False)
 
 
 class Runtime:
     """One node's ql runtime: plugins, run store, executor(s), receipts, completion."""
 
-    def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, read_only: bool = False) -> None:
+    def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, create: bool = True,
+                 data_dir_in_use: bool = False) -> None:
         from .cancellation import Canceller
         from .completion import CompletionService
         from .consumer import ReceiptConsumer
@@ -82,8 +89,8 @@ class Runtime:
         self.profile = config.profile
         self.plugins = plugins
         self.node_id = node_id
-        self.read_only = read_only
-        self.context = RuntimeContext(config=config, node_id=node_id, read_only=read_only)
+        self.context = RuntimeContext(config=config, node_id=node_id, existing_only=not create,
+                                      data_dir_in_use=data_dir_in_use)
         self._executors: dict[str, Executor | None] = {}
         self._executors_lock = threading.Lock()
         # The selected seams fail at start, with a one-line error naming what is installed.
@@ -112,18 +119,35 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
-    def open(cls, config: Config, *, environ: dict[str, str] | None = None) -> Runtime:
-        """Create the data dir, load the configured plugins, open (and migrate) the run store."""
+    def open(cls, config: Config, *, create: bool = True, environ: dict[str, str] | None = None) -> Runtime:
+        """Load the configured plugins and open the run store.
+
+        ``create=True`` (submitting, recovering): create the data dir and its node id if missing and
+        migrate the schema. ``create=False`` (reading: status, list, events, logs): open only what
+        exists — a missing data dir or database is a :class:`~ql_core.errors.NotFoundError` naming the
+        fix, nothing is created or migrated (the runtime may still settle an attempt it shows).
+        """
+        from dataclasses import replace
+
+        from .errors import NotFoundError
+        from .paths import existing_data_dir, read_node_id
         from .plugins import load_plugin_host
 
-        data_dir = ensure_data_dir(config.data_dir)
+        if create:
+            in_use = read_node_id(config.data_dir) is not None
+            data_dir = ensure_data_dir(config.data_dir)
+            node_id = read_or_create_node_id(data_dir)
+        else:
+            data_dir = existing_data_dir(config.data_dir)
+            found = read_node_id(data_dir)
+            if found is None:
+                raise NotFoundError(f"{data_dir} holds no ql data (no node_id): nothing has run with this data "
+                                    f"dir; check --data-dir / QL_DATA_DIR")
+            node_id, in_use = found, True
         if data_dir != config.data_dir:
-            from dataclasses import replace
-
             config = replace(config, data_dir=data_dir)
-        node_id = read_or_create_node_id(data_dir)
         plugins = load_plugin_host(config.plugins, environ, optional=config.seam_plugins)
-        return cls(config, plugins=plugins, node_id=node_id)
+        return cls(config, plugins=plugins, node_id=node_id, create=create, data_dir_in_use=in_use)
 
     def close(self) -> None:
         self.journal.close()
@@ -153,12 +177,14 @@ class Runtime:
     # -- submit: persist before spawn ----------------------------------------------
     def submit(self, command: Sequence[str], *, shell: bool = False, name: str | None = None,
                timeout_s: float | None = None, cwd: str | None = None,
-               env: dict[str, str] | None = None, log_max_bytes: int | None = None) -> Submission:
+               env: dict[str, str] | None = None, log_max_bytes: int | None = None,
+               max_attempts: int = 1) -> Submission:
         """Persist the run, then spawn it. Nothing is spawned unless the create commit succeeded.
 
-        ``log_max_bytes`` overrides the profile's per-attempt log quota for this run.
+        ``log_max_bytes`` overrides the profile's per-attempt log quota for this run. On a node that
+        runs no tasks but whose run store queues them (cluster-control), the run is queued for a
+        worker instead (``max_attempts`` > 1 only for tasks safe to run again after a lost attempt).
         """
-        executor, _receipts = self._require_executor()
         if not command or (shell and len(command) != 1):
             raise UsageError("give a command: `ql run -- CMD [ARG...]` (with --shell: exactly one string)")
         if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()):
@@ -172,8 +198,34 @@ class Runtime:
             if (isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int)
                     or not low <= log_max_bytes <= high):
                 raise UsageError(f"log_max_bytes must be an integer between {low:g} and {high:g}")
+        if self.executor is None:
+            return self._enqueue(tuple(command), shell=shell, name=name, timeout_s=timeout_s, cwd=cwd, env=env,
+                                 max_attempts=max_attempts)
+        if max_attempts != 1:
+            raise UsageError("retries (max_attempts > 1) exist only for runs queued to cluster workers")
+        executor, _receipts = self._require_executor()
         sub = self._create_run(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
         return self._spawn(executor, sub, tuple(command), shell=shell, cwd=cwd, env=env)
+
+    def _enqueue(self, command: tuple[str, ...], *, shell: bool, name: str | None, timeout_s: float | None,
+                 cwd: str | None, env: dict[str, str] | None, max_attempts: int) -> Submission:
+        """Queue the run for a worker (the run store must be able to: cluster-fenced)."""
+        from .ports.journal import QueuedRun, QueueingBackend, TaskSpec
+        from .retrying import retrying
+
+        if not isinstance(self.journal, QueueingBackend):
+            self._require_executor()  # raises: this profile runs nothing and its store queues nothing
+        if not 1 <= max_attempts <= 100:
+            raise UsageError("max_attempts must be between 1 and 100")
+        journal: Any = self.journal
+        run = QueuedRun(run_id=new_id(), name=name, created_at_ms=now_ms(),
+                        spec=TaskSpec(command=command, shell=shell, cwd=cwd, env=dict(env) if env else None),
+                        timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None,
+                        max_attempts=max_attempts)
+        for event in retrying(lambda: journal.enqueue(run), retries=self.profile.completion_retries):
+            self.plugins.notify_event(event)
+        return Submission(run_id=run.run_id, attempt_id=None, log_artifact_id=None, callback_sequence=0,
+                          started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None)
 
     def _create_run(self, *, name: str | None, timeout_s: float | None,
                     log_max_bytes: int | None = None) -> Submission:
@@ -252,17 +304,23 @@ class Runtime:
                           f"({type(exc).__name__}); it was stopped and run {sub.run_id} marked lost") from None
 
     # -- wait: the live fast path -------------------------------------------------------
-    def wait(self, sub: Submission, *, on_tick: Callable[[], None] | None = None,
+    def wait(self, sub: Submission | str, *, on_tick: Callable[[], None] | None = None,
              tick_s: float = INTENT_POLL_S) -> RunView:
-        """Block until our child ends, then complete through the same path recovery uses.
+        """Block until the run ends and return its final view.
 
-        Between wake-ups (at most every ``tick_s``, and exactly at the deadline)
-        it commits a timeout intent when the deadline passed and dispatches a
-        cancel intent's signals (TERM, KILL after the grace). ``on_tick`` runs
-        at each wake-up (a CLI streams the log there).
+        With the :class:`Submission` this runtime spawned (the live path) it blocks on the child,
+        then completes through the same path recovery uses. Between wake-ups (at most every
+        ``tick_s``, and exactly at the deadline) it commits a timeout intent when the deadline
+        passed and dispatches a cancel intent's signals (TERM, KILL after the grace).
+
+        With a run id (re-attaching after this host restarted) or a queued submission it watches
+        the run instead, settling this node's attempt from its receipt or process identity and
+        enforcing its deadline, as a supervisor round would. ``on_tick`` runs at each wake-up (a
+        CLI streams the log there).
         """
-        if sub.task is None:
-            raise UsageError("this runtime is not the task's parent; use follow/status instead")
+        if isinstance(sub, str) or sub.task is None:
+            return self._watch(sub if isinstance(sub, str) else sub.run_id, on_tick=on_tick)
+        assert sub.executor is not None and sub.attempt_id is not None and sub.log_artifact_id is not None
         executor = self.executor_for(sub.executor)
         assert executor is not None
         intent = False
@@ -288,6 +346,34 @@ class Runtime:
         self.complete_from_wait(sub, observed)
         self._finalize_log(sub.log_artifact_id)
         return self.status(sub.run_id)
+
+    def _watch(self, run_id: str, *, on_tick: Callable[[], None] | None) -> RunView:
+        """Wait for a run this runtime is not the parent of: look, settle, sleep, until it is terminal."""
+        while True:
+            if on_tick is not None:
+                on_tick()
+            view = self.status(run_id)
+            if view.terminal:
+                return view
+            self.settle(view)
+            view = self.status(run_id)
+            if view.terminal:
+                if on_tick is not None:
+                    on_tick()
+                return view
+            time.sleep(REATTACH_POLL_S)
+
+    def settle(self, view: RunView) -> None:
+        """Try to end a non-terminal run shown to a reader: its passed deadline becomes a timeout intent
+        (and its signals are dispatched), and this node's attempt is settled from its receipt or its
+        process identity — what a supervisor round would do for it, bounded to this one run."""
+        if view.terminal or self.consumer is None or view.current_attempt is None:
+            return
+        if view.deadline_at_ms is not None and view.cancel_reason is None and now_ms() >= view.deadline_at_ms:
+            self.canceller.request(view.run_id, "timeout")
+        if view.cancel_reason is not None or view.deadline_at_ms is not None:
+            self.canceller.dispatch_one(view.run_id)
+        self.recover_attempt(view.current_attempt.attempt_id)
 
     def _has_intent(self, run_id: str) -> bool:
         run = self.journal.run(run_id)
@@ -344,7 +430,8 @@ class Runtime:
         result = self.canceller.request(run_id, reason)
         if result is CancelRequest.NOT_FOUND:
             raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
-        if result in (CancelRequest.REQUESTED, CancelRequest.ALREADY_REQUESTED):
+        if result in (CancelRequest.REQUESTED, CancelRequest.ALREADY_REQUESTED) and self.executor is not None:
+            # On a node that runs no tasks the intent is all: the node running the task signals it.
             self.canceller.dispatch_one(run_id)
         return result
 

@@ -22,6 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true", help="submit and return at once")
     parser.add_argument("--shell", action="store_true", help="run one string with /bin/sh -c")
     parser.add_argument("--cwd", metavar="DIR", help="working directory of the task")
+    parser.add_argument("--retries", type=int, default=0, metavar="N",
+                        help="cluster only: run again up to N times after a lost attempt (for tasks safe to "
+                             "run twice)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
 
 
@@ -43,14 +46,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     # Installed before submit: a Ctrl-C while the task starts must cancel it, not orphan it.
     previous = signal.signal(signal.SIGINT, on_sigint) if not args.detach else None
-    sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd)
+    if args.retries < 0:
+        raise UsageError("--retries must be >= 0")
+    sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
+                    max_attempts=args.retries + 1)
     if args.detach:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"},
                  f"run_id={sub.run_id} attempt_id={sub.attempt_id}")
         return 0
     if out.json_mode:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"})
-    streamer = _LogStreamer(rt, sub.log_artifact_id) if not out.json_mode else None
+    streamer = (_LogStreamer(rt, sub.log_artifact_id)
+                if not out.json_mode and sub.log_artifact_id is not None else None)
 
     def on_tick() -> None:
         if streamer is not None:

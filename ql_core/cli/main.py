@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "cancel": "ql_core.cli.cmd_cancel",
     "reconcile": "ql_core.cli.cmd_reconcile",
     "supervise": "ql_core.cli.cmd_supervise",
+    "worker": "ql_core.cli.cmd_worker",
+    "control": "ql_core.cli.cmd_control",
     "audit": "ql_core.cli.cmd_audit",
     "plugins": "ql_core.cli.cmd_plugins",
     "doctor": "ql_core.cli.cmd_doctor",

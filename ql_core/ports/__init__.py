@@ -22,14 +22,19 @@ from .executor import (
 )
 from .journal import (
     ConflictError,
+    ControlService,
     Decide,
     DispatchClaim,
     EventSpec,
     JournalBackend,
+    QueuedRun,
+    QueueingBackend,
     Snapshot,
     StoreBusyError,
     StoreError,
+    TaskSpec,
     Transition,
+    WorkerService,
 )
 from .receipt_store import (
     PublishOutcome,
@@ -62,6 +67,11 @@ __all__ = [
     "StoreError",
     "StoreBusyError",
     "ConflictError",
+    "TaskSpec",
+    "QueuedRun",
+    "QueueingBackend",
+    "WorkerService",
+    "ControlService",
     "ReceiptStore",
     "ReceiptRead",
     "ReadStatus",

@@ -25,9 +25,13 @@ class RuntimeContext:
 
     config: Config
     node_id: str
-    #: ``read_only``: the runtime was opened for reading (``ql status``/``list``/...): a backend must
-    #: not create, migrate or write anything.
-    read_only: bool = False
+    #: The runtime was opened with ``create=False`` (``ql status``/``list``/``events``/``logs``): a
+    #: plugin must create and migrate nothing — a missing database, directory or schema is an error
+    #: naming the fix. (Writes that settle an attempt it shows are still allowed.)
+    existing_only: bool = False
+    #: This node's data dir existed before this runtime (it holds a node id): a store that finds its
+    #: database missing or empty must refuse to start a fresh one (history would vanish silently).
+    data_dir_in_use: bool = False
     _extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property

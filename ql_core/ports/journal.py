@@ -37,6 +37,7 @@ called from several threads at once (each call is its own transaction).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar, runtime_checkable
 
@@ -67,6 +68,11 @@ __all__ = [
     "RUN_COLUMNS",
     "DISPATCH_COLUMNS",
     "JournalBackend",
+    "TaskSpec",
+    "QueuedRun",
+    "QueueingBackend",
+    "WorkerService",
+    "ControlService",
 ]
 
 T = TypeVar("T")
@@ -276,3 +282,58 @@ class JournalBackend(Protocol):
         ...
 
     def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None: ...
+
+
+# -- capabilities a journal backend may add (the cluster backend does) -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """What to run: only ever handed to the node that runs it (never logged, never in an event)."""
+
+    command: tuple[str, ...] = field(repr=False)
+    shell: bool = False
+    cwd: str | None = field(default=None, repr=False)
+    env: Mapping[str, str] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """A run submitted on a node that does not run tasks itself: it waits in a queue for a worker."""
+
+    run_id: str
+    name: str | None
+    created_at_ms: int
+    spec: TaskSpec
+    #: The task's time limit, counted from when its attempt starts running (None: none).
+    timeout_ms: int | None = None
+    #: 1 = never run twice; more only for tasks declared safe to run again after a lost attempt.
+    max_attempts: int = 1
+
+
+@runtime_checkable
+class QueueingBackend(Protocol):
+    """A run store that queues runs for workers (``ql run`` on a cluster-control node)."""
+
+    def enqueue(self, run: QueuedRun) -> list[RunEventInfo]:
+        """Commit the queued run (and ``run.created``); a worker claims it later."""
+        ...
+
+
+@runtime_checkable
+class WorkerService(Protocol):
+    """A run store that can serve as a cluster worker (``ql worker``)."""
+
+    def run_worker(self, runtime: object, stop: threading.Event) -> int:
+        """Claim, run, renew and complete attempts with ``runtime``'s executor until ``stop`` is set,
+        then drain (bounded); return the process exit status."""
+        ...
+
+
+@runtime_checkable
+class ControlService(Protocol):
+    """A run store that can run the control plane's sweeper (``ql control``)."""
+
+    def run_control(self, runtime: object, stop: threading.Event) -> int:
+        """Sweep leases, deadlines and retention in bounded pages until ``stop`` is set; exit status."""
+        ...

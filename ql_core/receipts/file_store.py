@@ -260,8 +260,8 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
 class FileReceiptStore:
     """Receipts as files under one canonical root (see the module docstring for the protocol)."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        """Open (creating if missing, 0700) the receipt root.
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+        """Open (creating if missing and ``create``, 0700) the receipt root.
 
         The root must be absolute and already canonical: a path that reaches it
         through a symlink is refused, because a later swap of that symlink
@@ -273,13 +273,18 @@ class FileReceiptStore:
         path = os.path.abspath(path)
         _require_canonical(path)
         self._root = path
-        try:
-            os.mkdir(path, _DIR_MODE)
-            created = True
-        except FileExistsError:
-            created = False
-        except OSError as exc:
-            raise ReceiptStoreError(f"cannot create receipt root: {exc.strerror}") from exc
+        created = False
+        if create:
+            try:
+                os.mkdir(path, _DIR_MODE)
+                created = True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise ReceiptStoreError(f"cannot create receipt root: {exc.strerror}") from exc
+        elif not os.path.lexists(path):
+            raise ReceiptStoreError(f"the receipt directory {path} does not exist (this data dir was never used "
+                                    f"to run a task, or it was damaged)")
         _require_canonical(path)  # again, in case a component was swapped meanwhile
         self._identity = self._open_and_identify_root(created=created)
 

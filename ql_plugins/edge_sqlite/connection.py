@@ -53,8 +53,11 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 class SqliteConnections:
     """Per-thread connections to one SQLite file, and the transactions the store runs on them."""
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int, read_only: bool) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int, create: bool = True, read_only: bool = False) -> None:
         self.path = path
+        #: False: the file must exist (opened ``mode=rw``) and is never migrated.
+        self.create = create
+        #: True: opened ``mode=ro`` with ``query_only`` (nothing can be written at all).
         self.read_only = read_only
         self._busy_s = busy_timeout_ms / 1000
         self._busy_ms = int(busy_timeout_ms)
@@ -72,8 +75,10 @@ class SqliteConnections:
                                    check_same_thread=False)
             conn.execute("PRAGMA query_only=ON")
         else:
-            conn = sqlite3.connect(self.path, timeout=self._busy_s, isolation_level=None,
-                                   check_same_thread=False)
+            if self.create:
+                _create_private(self.path)
+            conn = sqlite3.connect(f"file:{self.path.as_posix()}?mode=rw", uri=True, timeout=self._busy_s,
+                                   isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
@@ -169,9 +174,12 @@ class SqliteConnections:
 
     def ensure_schema(self, head: str) -> None:
         """Bring the schema to ``head`` (Alembic, under an flock); read-only: require it."""
+        if not self.create and not self.read_only and not self.path.exists():
+            raise DatabaseError(f"no run database at {self.path}: nothing has run with this data dir "
+                                f"(check --data-dir / QL_DATA_DIR)")
         if self.schema_revision() == head:
             return
-        if self.read_only:
+        if self.read_only or not self.create:
             raise DatabaseError(f"the run database {self.path} is at schema "
                                 f"{self.schema_revision() or 'none'}, this ql needs {head}: "
                                 f"run `ql db upgrade` (or any writing command) first")
@@ -181,6 +189,18 @@ class SqliteConnections:
             from ql_core.db.migrate import migrate_url
 
             migrate_url(f"sqlite:///{self.path}")
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (it would use the umask, often 0644)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise DatabaseError(f"cannot create the run database {path} ({exc.strerror}); check the data dir's "
+                            f"owner and permissions (`ql doctor`)") from None
+    os.close(fd)
 
 
 def _store_error(exc: sqlite3.Error, path: Path) -> StoreError:

@@ -96,12 +96,23 @@ class SqliteJournal:
 
     name = "edge-sqlite"
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = 5000, read_only: bool = False) -> None:
+    def __init__(self, url: str, *, busy_timeout_ms: int = 5000, create: bool = True,
+                 refuse_fresh: bool = False) -> None:
+        """Open the run database at ``url``; with ``create=False`` it must exist at the current schema
+        (nothing is created or migrated: reads on a mistyped data dir leave no trace). With
+        ``refuse_fresh`` (the data dir was used before) a missing or empty database is an error, not a
+        new empty history."""
         from ql_core.db.migrate import SCHEMA_HEAD
 
         self.path = sqlite_path(url)
-        self.read_only = read_only
-        self._db = SqliteConnections(self.path, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
+        if refuse_fresh and (not self.path.exists() or self.path.stat().st_size == 0):
+            from ql_core.errors import DatabaseError
+
+            state = "is empty" if self.path.exists() else "is missing"
+            raise DatabaseError(f"the run database {self.path} {state}, but this data dir was used before (it has "
+                                f"a node_id): the run history would be lost. Restore ql.db from a backup, or move "
+                                f"the data dir aside to start afresh")
+        self._db = SqliteConnections(self.path, busy_timeout_ms=busy_timeout_ms, create=create)
         self._noted: set[str] = set()
         self._noted_lock = threading.Lock()
         try:
@@ -119,7 +130,7 @@ class SqliteJournal:
             raise ConfigError(f"[plugin.{cls.name}] takes no settings (got {', '.join(sorted(settings))}); "
                               f"use database_url and [limits] busy_timeout_ms instead")
         return cls(context.config.database_url, busy_timeout_ms=context.config.profile.busy_timeout_ms,
-                   read_only=context.read_only)
+                   create=not context.existing_only, refuse_fresh=context.data_dir_in_use)
 
     def close(self) -> None:
         self._db.close()

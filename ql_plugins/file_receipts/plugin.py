@@ -24,9 +24,9 @@ def _file_store(context: RuntimeContext) -> ReceiptStore:
     if context.plugin_config("file"):
         raise ConfigError("[plugin.file] takes no settings; receipts always live in <data_dir>/receipts")
     root = receipts_root(context.data_dir)
-    if not context.read_only:
+    if not context.existing_only:
         ensure_private_dir(root)
-    return FileReceiptStore(root)
+    return FileReceiptStore(root, create=not context.existing_only)
 
 
 @hookimpl

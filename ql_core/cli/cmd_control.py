@@ -1,0 +1,21 @@
+"""``ql control``: the cluster control plane's bounded sweeper (leases, deadlines, retention) until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+
+from ql_core.cli.output import Output
+
+HELP = "cluster control (profile cluster-control): sweep leases, deadlines and retention until SIGTERM"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from ql_core.cli.service import serve
+    from ql_core.ports.journal import ControlService
+
+    return serve(args, role="control", capability=ControlService, method="run_control",
+                 profile_hint='profile = "cluster-control" with journal = "cluster-fenced"')

@@ -1,0 +1,21 @@
+"""``ql worker``: a cluster worker — register, claim, run, renew, complete — until SIGTERM (bounded drain)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ql_core.cli.output import Output
+
+HELP = "cluster worker (profile cluster-worker): claim and run queued runs until SIGTERM, then drain"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from ql_core.cli.service import serve
+    from ql_core.ports.journal import WorkerService
+
+    return serve(args, role="worker", capability=WorkerService, method="run_worker",
+                 profile_hint='profile = "cluster-worker" with journal = "cluster-fenced"')

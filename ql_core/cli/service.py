@@ -1,0 +1,37 @@
+"""Running a long-lived role (``ql worker``, ``ql control``) until SIGTERM/SIGINT, with a bounded drain."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Callable
+
+__all__ = ["serve"]
+
+
+def serve(args: argparse.Namespace, *, role: str, capability: type, method: str, profile_hint: str) -> int:
+    """Install the stop handlers first (an early TERM must not kill us mid-start), open the runtime,
+    check its journal backend offers ``capability`` and run ``method(runtime, stop)``."""
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous: dict[int, Callable | int | None] = {
+        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        from ql_core.cli.common import runtime_from_args
+        from ql_core.errors import UsageError
+
+        rt = runtime_from_args(args)
+        try:
+            if not isinstance(rt.journal, capability):
+                raise UsageError(f"`ql {role}` needs a journal backend that serves it; the configured one "
+                                 f"({rt.config.journal}, profile {rt.profile.name}) does not: use {profile_hint}")
+            return int(getattr(rt.journal, method)(rt, stop))
+        finally:
+            rt.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
