@@ -88,8 +88,10 @@ trap '_ql_on_signal USR2' USR2
 # In both modes a signal caught before CMD was forked is in _ql_pending, and the child's copy of it
 # decides: instead of running CMD, the child re-delivers the first one to itself, its dispositions
 # already at default, so an early INT ends the task as 130 instead of being ignored. Still open in
-# foreground mode: the microseconds between the shell's last trap check and fork(2), and in the
-# child until the shell has reset its handlers (no shell can block signals across a fork).
+# foreground mode: a group signal that lands while the launcher forks (from the shell's last trap
+# check until the child has reset its handlers; dash and busybox ash do not block signals across
+# fork, about 0.1 ms here) is caught by the launcher and dropped by the child - for every trapped
+# signal, TERM included. ql's cancellation escalates to KILL, which nothing can catch.
 # The probe must not see the token pipe (fd 3).
 _ql_reset=
 env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 3<&- && _ql_reset=1
