@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,10 @@ def _recover(template: Path, dest: Path, state: CrashState, touched: set[str], i
 
 @pytest.mark.parametrize("fsync", ["as-recorded", "fsync-unsupported"])
 def test_every_crash_state_recovers_to_the_true_code_or_lost(
-    recording: dict[str, object], tmp_path: Path, fsync: str
+    recording: dict[str, object],
+    tmp_path: Path,
+    fsync: str,
+    record_property: Callable[[str, object], None],
 ) -> None:
     ops: list[Op] = recording["ops"]  # type: ignore[assignment]
     if fsync == "fsync-unsupported":
@@ -176,21 +180,10 @@ def test_every_crash_state_recovers_to_the_true_code_or_lost(
         else:
             assert view.status == "lost", where
             outcomes["no receipt -> lost"] += 1
-    _report(fsync, len(states), outcomes)
+    record_property("powerloss", {"variant": fsync, "states": len(states), "outcomes": dict(outcomes)})
+    print(f"power-loss replay [{fsync}]: {len(states)} states; {dict(sorted(outcomes.items()))}")
     assert outcomes["complete receipt -> failed/7"] and outcomes["no receipt -> lost"]
     if fsync == "fsync-unsupported":
         assert outcomes["damaged receipt -> lost"]  # the model reached the dangerous states
     else:
         assert not outcomes["damaged receipt -> lost"]  # the launcher's fsync rules them out
-
-
-def _report(variant: str, count: int, outcomes: Counter[str]) -> None:
-    """Counts for docs/platforms.md (collected by tests/platforms_plugin.py when it is loaded)."""
-    line = f"power-loss replay [{variant}]: {count} states; " + ", ".join(
-        f"{k}: {v}" for k, v in sorted(outcomes.items())
-    )
-    print(line)
-    sink = os.environ.get("QL_POWERLOSS_REPORT")
-    if sink:
-        with open(sink, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"variant": variant, "states": count, "outcomes": dict(outcomes)}) + "\n")
