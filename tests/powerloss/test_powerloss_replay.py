@@ -9,6 +9,10 @@ complete one is always accepted.
 The recording is replayed twice: as recorded (the launcher's ``sync FILE`` fsyncs the temp file and
 the shard), and with every fsync removed, as on a system where ``sync FILE`` is unsupported (the
 launcher then goes on without it): there a linked receipt can be half-written or zero-filled.
+
+Two kinds of recording: the production path (the runtime's executor, ``/bin/sh``), and the same
+attempt published again by the launcher alone under each launcher shell (dash, bash, ``bash
+--posix``, busybox ash, AArch64 busybox ash under qemu-user), its paths moved onto the real data dir.
 """
 
 from __future__ import annotations
@@ -147,21 +151,16 @@ def _recover(template: Path, dest: Path, state: CrashState, touched: set[str], i
         rt.close()
 
 
-@pytest.mark.parametrize("fsync", ["as-recorded", "fsync-unsupported"])
-def test_every_crash_state_recovers_to_the_true_code_or_lost(
-    recording: dict[str, object],
-    tmp_path: Path,
-    fsync: str,
-    record_property: Callable[[str, object], None],
-) -> None:
-    ops: list[Op] = recording["ops"]  # type: ignore[assignment]
+def _replay(
+    recording: dict[str, object], ops: list[Op], complete: bytes, tmp_path: Path, fsync: str
+) -> tuple[int, Counter[str]]:
+    """Replay every crash state of ``ops`` into copies of the recorded data dir; check each."""
     if fsync == "fsync-unsupported":
         ops = [op for op in ops if op.kind != "fsync"]
     data: Path = recording["data"]  # type: ignore[assignment]
     ids: dict[str, str] = recording["ids"]  # type: ignore[assignment]
     final: str = recording["final"]  # type: ignore[assignment]
     now: dict[str, bytes] = recording["now"]  # type: ignore[assignment]
-    true_receipt = now[final]
     touched = set(now) | {op.path for op in ops} | {op.path2 for op in ops if op.path2}
     states = crash_states(ops, _baseline(now, ops))
     outcomes: Counter[str] = Counter()
@@ -170,7 +169,7 @@ def test_every_crash_state_recovers_to_the_true_code_or_lost(
         where = f"state {n} (after {state.prefix} ops; {state.how}): {view.status}/{view.exit_code}"
         assert view.status != "succeeded", where
         left = tmp_path / f"s{n}" / os.path.relpath(final, data)
-        if final in state.files and state.files[final] == true_receipt:
+        if final in state.files and state.files[final] == complete:
             assert (view.status, view.exit_code) == ("failed", TRUE_EXIT), where
             outcomes["complete receipt -> failed/7"] += 1
         elif final in state.files:
@@ -180,10 +179,113 @@ def test_every_crash_state_recovers_to_the_true_code_or_lost(
         else:
             assert view.status == "lost", where
             outcomes["no receipt -> lost"] += 1
-    record_property("powerloss", {"variant": fsync, "states": len(states), "outcomes": dict(outcomes)})
-    print(f"power-loss replay [{fsync}]: {len(states)} states; {dict(sorted(outcomes.items()))}")
     assert outcomes["complete receipt -> failed/7"] and outcomes["no receipt -> lost"]
     if fsync == "fsync-unsupported":
         assert outcomes["damaged receipt -> lost"]  # the model reached the dangerous states
     else:
         assert not outcomes["damaged receipt -> lost"]  # the launcher's fsync rules them out
+    return len(states), outcomes
+
+
+FSYNC = pytest.mark.parametrize("fsync", ["as-recorded", "fsync-unsupported"])
+
+
+@FSYNC
+def test_every_crash_state_recovers_to_the_true_code_or_lost(
+    recording: dict[str, object],
+    tmp_path: Path,
+    fsync: str,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """The production path: the runtime's executor spawned the launcher with /bin/sh."""
+    ops: list[Op] = recording["ops"]  # type: ignore[assignment]
+    complete = recording["now"][recording["final"]]  # type: ignore[index]
+    count, outcomes = _replay(recording, ops, complete, tmp_path, fsync)
+    record_property("powerloss", {"variant": fsync, "states": count, "outcomes": dict(outcomes)})
+
+
+LAUNCH = textwrap.dedent(
+    """
+    import json, os, sys
+    from ql_executors.local_process.launch import spawn_launcher
+
+    cfg = json.loads(sys.stdin.readline())  # the token never goes through argv
+    fd = os.open(cfg["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    proc = spawn_launcher(
+        shell=cfg["shell"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
+        attempt_id=cfg["attempt_id"], callback_sequence=cfg["seq"], started_at_ms=cfg["started"],
+        mode="argv", command=["sh", "-c", "echo ran; exit %d"], token=cfg["token"], log_fd=fd,
+    )
+    os.close(fd)
+    sys.exit(0 if proc.wait() == %d else 1)
+    """
+    % (TRUE_EXIT, TRUE_EXIT)
+)
+
+
+@pytest.fixture(scope="module", params=["dash", "bash", "bash-posix", "busybox", "busybox-aarch64"])
+def shell(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def shell_recording(
+    shell: str, recording: dict[str, object], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[Op], bytes]:
+    """The same attempt published again by the launcher alone under one shell, recorded, with
+    its paths moved onto the real data dir: the receipt carries the real ids and token (read from
+    the real receipt), so recovery judges it exactly as it would the original."""
+    from tests.launcher.conftest import _shell_argv, require_tool
+
+    argv = require_tool(*_shell_argv(shell))
+    tmp_path = tmp_path_factory.mktemp(f"launch-{shell}")
+    data: Path = recording["data"]  # type: ignore[assignment]
+    final: str = recording["final"]  # type: ignore[assignment]
+    real = json.loads(recording["now"][final])  # type: ignore[index]
+    log = next(op.path for op in recording["ops"] if op.kind == "write")  # type: ignore[attr-defined]
+    scratch = tmp_path / "scratch"
+    shard = scratch / os.path.relpath(os.path.dirname(final), data)
+    shard.mkdir(mode=0o700, parents=True)
+    scratch_log = scratch / os.path.relpath(log, data)
+    scratch_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scratch_log.touch(mode=0o600)
+    host = tmp_path / "launch.py"
+    host.write_text(LAUNCH)
+    trace = tmp_path / "trace.txt"
+    cfg = {"shell": argv, "shard": str(shard), "log": str(scratch_log), "run_id": real["runId"],
+           "attempt_id": real["attemptId"], "seq": real["callbackSequence"],
+           "started": real["startedAtMs"], "token": real["token"]}
+    proc = subprocess.run(
+        [shutil.which("strace") or "strace", *STRACE_ARGS, "-o", str(trace), sys.executable,
+         str(host)],
+        input=json.dumps(cfg) + "\n", capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = trace.read_text().splitlines()
+    prefix = f"{scratch}/"
+    ops = parse_trace(lines, relevant=lambda p: p.startswith(prefix),
+                      skip_pid=int(lines[0].split()[0]))
+
+    def move(path: str) -> str:
+        return str(data / os.path.relpath(path, scratch)) if path.startswith(prefix) else path
+
+    ops = [Op(op.kind, move(op.path), move(op.path2) if op.path2 else "", op.data, op.pid)
+           for op in ops]
+    assert [op.kind for op in ops] == ["write", "creat", "write", "fsync", "link", "unlink", "fsync"]
+    complete = (shard / os.path.basename(final)).read_bytes()
+    return shell, ops, complete
+
+
+# The fsync-less variant is the same model over the same operation kinds (asserted above), so it is
+# replayed once, on the production path; each shell replays what it really did.
+def test_every_crash_state_of_each_launcher_shell_recovers(
+    recording: dict[str, object],
+    shell_recording: tuple[str, list[Op], bytes],
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
+) -> None:
+    _name, ops, complete = shell_recording
+    count, outcomes = _replay(recording, ops, complete, tmp_path / "states", "as-recorded")
+    record_property(
+        "powerloss", {"variant": "as-recorded", "states": count, "outcomes": dict(outcomes)}
+    )
