@@ -87,3 +87,12 @@ def postgres_url() -> Iterator[str]:
     yield f"{base}/{name}"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# Portability results for docs/platforms.md (ADR-0007 gate 11): see tests/platforms_plugin.py.
+from .platforms_plugin import (  # noqa: E402,F401
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)

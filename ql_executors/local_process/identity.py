@@ -21,7 +21,21 @@ exits after its direct child did, so this concerns processes the command itself 
 Race note: between the re-verification and ``killpg`` the group id cannot be handed to an unrelated
 group while any of our group's members lives (Linux does not reuse a pid still in use as a pgid);
 only after the whole group is gone *and* the pid space wrapped around could it name another group.
-Non-Linux systems (no ``/proc``) are ``UNVERIFIABLE`` in this version.
+
+Sources. Identity is read by one of two sources behind the same opaque handle:
+
+- ``proc`` (the default on Linux): the above, exact (clock ticks, kernel boot id);
+- ``psutil`` (the default elsewhere; ``identity_psutil``): ``psutil.boot_time()``,
+  ``Process(pid).create_time()``, ``os.getpgid``, status zombie/dead = exited. Both times are
+  wall-clock derived, so they are compared with a slack (see that module); a wall-clock step larger
+  than the slack between capture and inspection makes a live task look exited (it then ends
+  ``lost``, never a false success).
+
+``QL_IDENTITY_SOURCE=proc|psutil`` (or the ``source`` argument) forces one. A handle records the
+source that made it and is only ever judged by that same source: when the active source differs,
+the handle is ``UNVERIFIABLE`` (never signalled, never declared exited). ``handle_to_dict`` /
+``handle_from_dict`` are the JSON form core stores; a dict without ``source`` is the original
+``/proc`` format.
 """
 
 from __future__ import annotations
@@ -29,18 +43,30 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
+
+from loguru import logger
 
 __all__ = [
     "ProcessHandle",
     "IdentityState",
     "SignalOutcome",
+    "SOURCE_ENV",
+    "SOURCES",
+    "default_source",
     "read_boot_id",
     "capture_handle",
     "inspect",
     "signal_group",
+    "handle_to_dict",
+    "handle_from_dict",
 ]
+
+SOURCE_ENV = "QL_IDENTITY_SOURCE"
+SOURCES = ("proc", "psutil")
 
 _PROC = "/proc"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -50,12 +76,18 @@ _GONE_STATES = frozenset({"Z", "X", "x"})  # zombie, dead ('x' on some older ker
 
 @dataclass(frozen=True)
 class ProcessHandle:
-    """Identity of a launched process; ``start_time`` is ``/proc/<pid>/stat`` field 22 (ticks)."""
+    """Identity of a launched process, as read by ``source``.
+
+    ``proc``: ``boot_id`` is the kernel boot id, ``start_time`` field 22 of ``/proc/<pid>/stat``
+    (clock ticks since boot). ``psutil``: ``boot_id`` is the boot time in whole seconds (decimal
+    digits), ``start_time`` the process create time in milliseconds since the epoch.
+    """
 
     boot_id: str
     pid: int
     pgid: int
     start_time: int
+    source: str = "proc"
 
 
 class IdentityState(StrEnum):
@@ -128,64 +160,146 @@ def _read_stat(pid: int) -> _Stat | None:
     return _parse_stat(raw)
 
 
+class _Source(Protocol):
+    """One way of reading process identity; ``stat`` raises ``_Unreadable`` when it cannot tell."""
+
+    name: str
+
+    def boot(self) -> str | None: ...
+
+    def same_boot(self, stored: str, current: str) -> bool: ...
+
+    def stat(self, pid: int) -> _Stat | None: ...
+
+    def same_start(self, stored: int, current: int) -> bool: ...
+
+    def valid_boot(self, value: str) -> bool: ...
+
+
+class _ProcSource:
+    """Linux ``/proc``: exact boot id and start ticks, read in one ``read`` of the stat file."""
+
+    name = "proc"
+
+    def boot(self) -> str | None:
+        return read_boot_id()
+
+    def same_boot(self, stored: str, current: str) -> bool:
+        return stored == current
+
+    def stat(self, pid: int) -> _Stat | None:
+        return _read_stat(pid)
+
+    def same_start(self, stored: int, current: int) -> bool:
+        return stored == current
+
+    def valid_boot(self, value: str) -> bool:
+        return _BOOT_ID.fullmatch(value) is not None
+
+
+_PROC_SOURCE = _ProcSource()
+
+
+def default_source() -> str:
+    """The active source: ``QL_IDENTITY_SOURCE`` if set, else ``proc`` on Linux, ``psutil`` elsewhere.
+
+    An unknown forced value is returned as is: every handle is then unverifiable (fail closed).
+    """
+    forced = os.environ.get(SOURCE_ENV, "").strip()
+    if forced:
+        return forced
+    return "proc" if sys.platform.startswith("linux") else "psutil"
+
+
+def _get_source(name: str) -> _Source | None:
+    if name == "proc":
+        return _PROC_SOURCE
+    if name == "psutil":
+        from .identity_psutil import PSUTIL_SOURCE  # lazy: psutil itself is imported only here
+
+        return PSUTIL_SOURCE
+    logger.warning("process identity: unknown source {!r}; every handle is unverifiable", name)
+    return None
+
+
+def _active(handle: ProcessHandle | None, source: str | None) -> _Source | None:
+    """The source to judge ``handle`` with: the active one, and only if it made the handle."""
+    name = default_source() if source is None else source
+    if handle is not None and handle.source != name:
+        return None  # never judge a handle by another source's rules
+    return _get_source(name)
+
+
 def _check_pid(pid: int) -> None:
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         raise ValueError("pid must be a positive int")
 
 
-def capture_handle(pid: int) -> ProcessHandle | None:
+def capture_handle(pid: int, *, source: str | None = None) -> ProcessHandle | None:
     """Capture the identity of ``pid``, or ``None`` when it cannot be captured.
 
     A process that already became a zombie still gets its handle: its pid and start time stay
     pinned until it is reaped, and ``inspect`` will report it exited. That keeps a task that ended
-    instantly from being treated as "handle could not be saved".
+    instantly from being treated as "handle could not be saved". ``source`` overrides
+    ``default_source()``.
     """
     _check_pid(pid)
-    boot_id = read_boot_id()
+    src = _active(None, source)
+    if src is None:
+        return None
+    boot_id = src.boot()
     if boot_id is None:
         return None
     try:
-        stat = _read_stat(pid)
+        stat = src.stat(pid)
     except _Unreadable:
         return None
-    if stat is None:
+    if stat is None or stat.start_time < 0:
         return None
-    return ProcessHandle(boot_id=boot_id, pid=pid, pgid=stat.pgrp, start_time=stat.start_time)
+    return ProcessHandle(
+        boot_id=boot_id, pid=pid, pgid=stat.pgrp, start_time=stat.start_time, source=src.name
+    )
 
 
 def _valid(handle: ProcessHandle) -> bool:
     ints = (handle.pid, handle.pgid, handle.start_time)
     return (
         isinstance(handle.boot_id, str)
+        and isinstance(handle.source, str)
         and all(isinstance(v, int) and not isinstance(v, bool) for v in ints)
         and handle.pid > 0
         and handle.start_time >= 0
     )
 
 
-def _probe(handle: ProcessHandle) -> tuple[IdentityState, _Stat | None]:
+def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _Stat | None]:
     if not _valid(handle):  # e.g. a corrupted stored handle: fail closed
         return IdentityState.UNVERIFIABLE, None
-    boot_id = read_boot_id()
+    src = _active(handle, source)
+    if src is None or not src.valid_boot(handle.boot_id):
+        return IdentityState.UNVERIFIABLE, None
+    boot_id = src.boot()
     if boot_id is None:
         return IdentityState.UNVERIFIABLE, None
-    if boot_id != handle.boot_id:
+    if not src.same_boot(handle.boot_id, boot_id):
         return IdentityState.EXITED, None
     try:
-        stat = _read_stat(handle.pid)
+        stat = src.stat(handle.pid)
     except _Unreadable:
         return IdentityState.UNVERIFIABLE, None
-    if stat is None or stat.start_time != handle.start_time or stat.state in _GONE_STATES:
+    if stat is None or stat.state in _GONE_STATES:
+        return IdentityState.EXITED, stat
+    if not src.same_start(handle.start_time, stat.start_time):
         return IdentityState.EXITED, stat
     return IdentityState.RUNNING, stat
 
 
-def inspect(handle: ProcessHandle) -> IdentityState:
+def inspect(handle: ProcessHandle, *, source: str | None = None) -> IdentityState:
     """Whether the process ``handle`` names is still running (see the module doc for the rules)."""
-    return _probe(handle)[0]
+    return _probe(handle, source)[0]
 
 
-def signal_group(handle: ProcessHandle, sig: int) -> SignalOutcome:
+def signal_group(handle: ProcessHandle, sig: int, *, source: str | None = None) -> SignalOutcome:
     """Send ``sig`` to the process group led by the process ``handle`` names.
 
     ``BLOCKED`` (nothing sent) when the handle is not a group leader's, the identity cannot be
@@ -194,7 +308,7 @@ def signal_group(handle: ProcessHandle, sig: int) -> SignalOutcome:
     """
     if not _valid(handle) or handle.pid <= 1 or handle.pgid != handle.pid:
         return SignalOutcome.BLOCKED  # never killpg(0)/killpg(1), never a group we do not lead
-    state, stat = _probe(handle)
+    state, stat = _probe(handle, source)
     if state is IdentityState.EXITED:
         return SignalOutcome.ALREADY_EXITED
     if state is IdentityState.UNVERIFIABLE or stat is None or stat.pgrp != handle.pgid:
@@ -206,3 +320,61 @@ def signal_group(handle: ProcessHandle, sig: int) -> SignalOutcome:
     except PermissionError:
         return SignalOutcome.BLOCKED
     return SignalOutcome.SIGNALLED
+
+
+# ---------------------------------------------------------------- the stored (JSON) form
+
+_PROC_KEYS = frozenset({"boot_id", "pid", "pgid", "start_time"})
+_PSUTIL_KEYS = frozenset({"source", "boot_time", "pid", "pgid", "create_time_ms"})
+_MAX_INT = 2**63 - 1
+
+
+def handle_to_dict(handle: ProcessHandle) -> dict[str, Any]:
+    """The JSON-able form core stores (well under 512 bytes once serialized).
+
+    ``proc`` handles keep the original four keys plus ``source``. ``psutil`` handles use other key
+    names on purpose: a reader that only knows the ``/proc`` format fails to parse them (and so
+    fails closed) instead of comparing a boot time with a kernel boot id.
+    """
+    if handle.source == "psutil":
+        return {
+            "source": "psutil",
+            "boot_time": int(handle.boot_id),
+            "pid": handle.pid,
+            "pgid": handle.pgid,
+            "create_time_ms": handle.start_time,
+        }
+    return {
+        "source": handle.source,
+        "boot_id": handle.boot_id,
+        "pid": handle.pid,
+        "pgid": handle.pgid,
+        "start_time": handle.start_time,
+    }
+
+
+def _int_in(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= _MAX_INT
+
+
+def handle_from_dict(data: object) -> ProcessHandle | None:
+    """Parse a stored handle; ``None`` for anything that is not exactly a valid one (fail closed)."""
+    if not isinstance(data, dict):
+        return None
+    source = data.get("source", "proc")
+    if source == "proc":
+        if set(data) - {"source"} != _PROC_KEYS:
+            return None
+        boot_id, start = data["boot_id"], data["start_time"]
+        if not isinstance(boot_id, str) or _BOOT_ID.fullmatch(boot_id) is None:
+            return None
+    elif source == "psutil":
+        if set(data) != _PSUTIL_KEYS or not _int_in(data["boot_time"], 0):
+            return None
+        boot_id, start = str(data["boot_time"]), data["create_time_ms"]
+    else:
+        return None
+    pid, pgid = data["pid"], data["pgid"]
+    if not (_int_in(pid, 1) and _int_in(pgid, 0) and _int_in(start, 0)):
+        return None
+    return ProcessHandle(boot_id=boot_id, pid=pid, pgid=pgid, start_time=start, source=source)

@@ -18,7 +18,7 @@ unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attemp
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
 	_ql_mine
-# Signals we forward; the command starts with default dispositions for them (see the env probe).
+# Signals we forward; the command starts with default dispositions for them (see the two modes).
 _ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
 
 # Character classes are spelled out: ranges like [a-f] depend on the locale in some shells.
@@ -68,16 +68,45 @@ trap '_ql_on_signal TERM' TERM
 trap '_ql_on_signal USR1' USR1
 trap '_ql_on_signal USR2' USR2
 
+# How CMD gets default dispositions for every signal we forward. A non-interactive shell starts
+# an asynchronous (`&`) command with SIGINT and SIGQUIT ignored; dash and busybox ash then refuse
+# `trap - INT QUIT` in that subshell (bash resets INT, not QUIT), and an ignored disposition
+# survives exec. So the launcher probes once for GNU env (coreutils >= 8.31), which resets them,
+# and picks one of two modes (docs/launcher.md has the reasoning and the tests behind it):
+#
+# - async (GNU env found): CMD starts with `&` through `env --default-signal`, and the launcher
+#   waits in the `wait` builtin, where traps run: a signal sent to the launcher's pid alone is
+#   forwarded. Left open: from the fork until env has reset them (about one exec), an INT or QUIT
+#   sent to the group is ignored by the child (TERM, HUP, USR1, USR2 are not affected).
+# - foreground (no GNU env: busybox-only systems): CMD is a foreground child. A shell resets its
+#   trapped signals to the default in every child it forks and only `&` adds the INT/QUIT ignore,
+#   so CMD starts with defaults and no helper is needed. The price: a shell runs no trap while a
+#   foreground child runs, so a signal sent to the launcher's pid ALONE is held until CMD ends and
+#   never forwarded; a signal sent to the process GROUP (what ql always does) reaches CMD straight
+#   from the kernel. A signal the launcher itself inherited as ignored (nohup) stays ignored.
+#
+# In both modes a signal caught before CMD was forked is in _ql_pending, and the child's copy of it
+# decides: instead of running CMD, the child re-delivers the first one to itself, its dispositions
+# already at default, so an early INT ends the task as 130 instead of being ignored. Still open in
+# foreground mode: a group signal that lands while the launcher forks (from the shell's last trap
+# check until the child has reset its handlers; dash and busybox ash do not block signals across
+# fork, about 0.1 ms here) is caught by the launcher and dropped by the child - for every trapped
+# signal, TERM included. ql's cancellation escalates to KILL, which nothing can catch.
+# The probe must not see the token pipe (fd 3).
+_ql_reset=
+env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 3<&- && _ql_reset=1
+
 # The token is never exported (see above), never in any argv and never printed to fd 1/2.
 # 2>/dev/null comes first so a closed fd 3 cannot put an error message into the log.
 _ql_tok=
 IFS= read -r _ql_tok 2>/dev/null <&3 || _ql_tok=
-# bash only (see the wait loop): reopen the now empty token pipe read-write as a private pipe that
-# never has data nor EOF, so `read -t` on it is a sleep during which traps still run. Kept only if
-# a byte written to it can be read back (a /dev/fd that merely dups would give an EOF spin).
-# ($BASHPID equal to $$ tells bash itself from a BASH_VERSION merely inherited by another shell.)
+# bash in async mode only (see the wait loop): reopen the now empty token pipe read-write as a
+# private pipe that never has data nor EOF, so `read -t` on it is a sleep during which traps still
+# run. Kept only if a byte written to it can be read back (a /dev/fd that merely dups would give an
+# EOF spin). ($BASHPID equal to $$ tells bash itself from a BASH_VERSION merely inherited.)
 _ql_pipe=
-if [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ] && { exec 4<>/dev/fd/3; } 2>/dev/null; then
+if [ -n "$_ql_reset" ] && [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ] &&
+	{ exec 4<>/dev/fd/3; } 2>/dev/null; then
 	{ printf x >&4 && read -r -t 1 -n 1 -u 4 _ql_x && [ "$_ql_x" = x ]; } 2>/dev/null && _ql_pipe=1
 	[ -n "$_ql_pipe" ] || exec 4<&-
 fi
@@ -92,73 +121,90 @@ esac
 # environment would not move, so it is trusted only if it differs from this start value.
 _ql_t0=${EPOCHREALTIME-}
 
-# A non-interactive shell starts asynchronous commands with SIGINT and SIGQUIT ignored; dash and
-# busybox ash then refuse `trap - INT QUIT` in that subshell (bash resets INT, not QUIT), and an
-# ignored disposition survives exec. GNU env (coreutils >= 8.31) resets them: probe for it once.
-# Without it (busybox-only systems) a command keeps ignoring QUIT, and INT too unless under bash.
-# Until that exec a forwarded INT/QUIT is still ignored: one arriving in the first milliseconds,
-# before the command runs, is lost (TERM, HUP, USR1, USR2 are not affected).
-_ql_reset=
-env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 && _ql_reset=1
-
-(
+# The child: CMD with default dispositions, or the re-delivery of a signal that came first. A
+# re-delivered signal always kills: the launcher could trap it, so it was not ignored on entry, and
+# the child has it at the default (reset by the fork, or by env). KILL is only a backstop.
+_ql_exec() {
 	trap - HUP INT QUIT TERM USR1 USR2
-	exec 4<&-
+	exec 3>&- 4<&-
+	if [ -n "$_ql_pending" ]; then
+		set -- $_ql_pending
+		set -- /bin/sh -c 'kill -s "$1" "$$"; kill -s KILL "$$"' sh "$1"
+	fi
 	if [ -n "$_ql_reset" ]; then
 		# env would take a leading NAME=VALUE operand as an assignment; a fresh sh keeps it a command.
 		case $1 in *=*) exec env "--default-signal=$_ql_sigs" /bin/sh -c 'exec "$@"' sh "$@" ;; esac
 		exec env "--default-signal=$_ql_sigs" -- "$@"
 	fi
 	exec "$@"
-) &
-_ql_pid=$! _ql_child=$!
-# From here on nothing the shell or its tools print (bash job notices included) can reach the log,
-# and the launcher no longer holds the log open.
-exec >/dev/null 2>&1
-for _ql_s in HUP INT QUIT TERM USR1 USR2; do
-	case "$_ql_pending " in *" $_ql_s "*) kill -s "$_ql_s" "$_ql_child" ;; esac
-done
+}
 
-# Wait until the child no longer exists (`kill -0` fails once it is reaped; a zombie still counts),
-# forwarding signals meanwhile, then read its status with the forwarded signals ignored (below).
-if [ -n "$_ql_pipe" ]; then
-	# bash's `wait` is unsafe here: a trapped signal landing while it reaps the child (a group
-	# signal does exactly that) longjmps out before the status is recorded, and the status is lost.
-	# Sleeping in `read -t` instead lets traps run and lets bash reap the child in its SIGCHLD
-	# handler, outside `wait`. SIGCHLD is blocked during a timed read, so this polls: 10 ms growing
-	# to 100 ms, back to 10 ms after each signal (the child is then likely to end soon).
-	_ql_nap=0.01
-	while kill -0 "$_ql_pid"; do
-		[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
-		read -r -t "$_ql_nap" -n 1 -u 4 _ql_x
-		case $_ql_nap in 0.01) _ql_nap=0.02 ;; 0.02) _ql_nap=0.05 ;; 0.05) _ql_nap=0.1 ;; esac
-	done
-	exec 4<&-
+if [ -z "$_ql_reset" ]; then
+	# Foreground mode. The launcher's own stdout/stderr become /dev/null first, so nothing the shell
+	# prints (a notice about a killed child) reaches the log; CMD gets the log from fd 3, which the
+	# launcher holds until CMD has ended. `$?` survives the traps that run right after the child.
+	exec 3>&1 >/dev/null 2>&1
+	(_ql_exec "$@") >&3 2>&3
+	_ql_w=$?
+	exec 3>&-
+	trap '' HUP INT QUIT TERM USR1 USR2
+	_ql_status=$_ql_w
 else
-	# dash and busybox ash: `wait` returns >128 both when the child died of a signal and when a
-	# trapped signal interrupted it, so its answer is ignored here. A reaped pid can be reused: if
-	# `wait` keeps returning without any signal while `kill -0` still finds the pid, that process
-	# is not ours and we stop.
-	_ql_spins=0
-	while kill -0 "$_ql_pid"; do
-		if [ -n "$_ql_sig" ]; then _ql_spins=0; else _ql_spins=$((_ql_spins + 1)); fi
-		[ "$_ql_spins" -gt 3 ] && break
-		_ql_sig=
+	(_ql_exec "$@") &
+	_ql_pid=$! _ql_child=$!
+	# From here on nothing the shell or its tools print (bash job notices included) can reach the
+	# log, and the launcher no longer holds the log open.
+	exec >/dev/null 2>&1
+	# Caught between the fork and the line above: the child's copy did not have them. Those it had
+	# are sent again, which changes nothing: it dies of the first signal either way.
+	for _ql_s in HUP INT QUIT TERM USR1 USR2; do
+		case "$_ql_pending " in *" $_ql_s "*) kill -s "$_ql_s" "$_ql_child" ;; esac
+	done
+
+	# Wait until the child no longer exists (`kill -0` fails once it is reaped; a zombie still
+	# counts), forwarding signals meanwhile, then read its status with the forwarded signals
+	# ignored (below).
+	if [ -n "$_ql_pipe" ]; then
+		# bash's `wait` is unsafe here: a trapped signal landing while it reaps the child (a group
+		# signal does exactly that) longjmps out before the status is recorded, and the status is
+		# lost. Sleeping in `read -t` instead lets traps run and lets bash reap the child in its
+		# SIGCHLD handler, outside `wait`. SIGCHLD is blocked during a timed read, so this polls:
+		# 10 ms growing to 100 ms, back to 10 ms after each signal (the child is then likely to end
+		# soon).
+		_ql_nap=0.01
+		while kill -0 "$_ql_pid"; do
+			[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
+			read -r -t "$_ql_nap" -n 1 -u 4 _ql_x
+			case $_ql_nap in 0.01) _ql_nap=0.02 ;; 0.02) _ql_nap=0.05 ;; 0.05) _ql_nap=0.1 ;; esac
+		done
+		exec 4<&-
+	else
+		# dash and busybox ash: `wait` returns >128 both when the child died of a signal and when a
+		# trapped signal interrupted it, so its answer is ignored here. A reaped pid can be reused:
+		# if `wait` keeps returning without any signal while `kill -0` still finds the pid, that
+		# process is not ours and we stop.
+		_ql_spins=0
+		while kill -0 "$_ql_pid"; do
+			if [ -n "$_ql_sig" ]; then _ql_spins=0; else _ql_spins=$((_ql_spins + 1)); fi
+			[ "$_ql_spins" -gt 3 ] && break
+			_ql_sig=
+			wait "$_ql_pid"
+		done
+	fi
+	# Nothing is left to forward to. With the signals ignored, `wait` reports the status the shell
+	# recorded when it reaped the child (bash keeps it only outside POSIX mode, hence `set +o
+	# posix`); ask until two answers agree, as bash may still answer 128+N once for a trap that
+	# was pending.
+	_ql_child=
+	trap '' HUP INT QUIT TERM USR1 USR2
+	_ql_status=none _ql_spins=0
+	while [ "$_ql_spins" -lt 16 ]; do
 		wait "$_ql_pid"
+		_ql_w=$?
+		[ "$_ql_w" = "$_ql_status" ] && break
+		_ql_status=$_ql_w _ql_spins=$((_ql_spins + 1))
 	done
 fi
-# Nothing is left to forward to. With the signals ignored, `wait` reports the status the shell
-# recorded when it reaped the child (bash keeps it only outside POSIX mode, hence `set +o posix`);
-# ask until two answers agree, as bash may still answer 128+N once for a trap that was pending.
-_ql_child=
-trap '' HUP INT QUIT TERM USR1 USR2
-_ql_status=none _ql_spins=0
-while [ "$_ql_spins" -lt 16 ]; do
-	wait "$_ql_pid"
-	_ql_w=$?
-	[ "$_ql_w" = "$_ql_status" ] && break
-	_ql_status=$_ql_w _ql_spins=$((_ql_spins + 1))
-done
 # A status the shell lost (bash's `wait` answers -1 after the race described above, possible on
 # the fallback path) is never replaced by a made-up code: no receipt; the attempt will be lost.
 [ "$_ql_w" = "$_ql_status" ] || exit 125

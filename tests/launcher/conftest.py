@@ -25,30 +25,90 @@ from ql_executors.local_process.launch import (
 )
 
 # bash-posix is bash as /bin/sh (RHEL, Fedora, macOS ...): POSIX mode changes how `wait` behaves.
-SHELLS = ("dash", "bash", "bash-posix", "busybox")
+# busybox-aarch64 is an AArch64 busybox ash run by qemu-user (no binfmt_misc needed): the launcher
+# and the applets it runs in-process (ln, rm, sync, date) are AArch64 code; commands it starts by
+# path or PATH (sleep, python, the host's sh) are the host's.
+SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64")
 DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
+AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
+_EM_AARCH64 = 183  # ELF e_machine of AArch64
 
 
-def _shell_argv(name: str) -> list[str] | None:
+def _is_aarch64_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == _EM_AARCH64
+
+
+def _aarch64_busybox() -> tuple[list[str] | None, str]:
+    """argv of the emulated busybox ash, or None and why not."""
+    busybox = os.environ.get(AARCH64_BUSYBOX_ENV, "")
+    if not busybox:
+        return None, f"{AARCH64_BUSYBOX_ENV} is not set (.ci/run fetches busybox-static:arm64)"
+    if not _is_aarch64_elf(busybox):
+        return None, f"{AARCH64_BUSYBOX_ENV}={busybox} is not an AArch64 ELF binary"
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if qemu is None:
+        return None, "qemu-user (qemu-aarch64-static) is not installed"
+    return [qemu, busybox, "sh"], ""
+
+
+def _shell_argv(name: str) -> tuple[list[str] | None, str]:
+    if name == "busybox-aarch64":
+        return _aarch64_busybox()
     if name == "busybox":
         path = "/bin/busybox" if os.path.exists("/bin/busybox") else shutil.which("busybox")
-        return [path, "sh"] if path else None
+        return ([path, "sh"], "") if path else (None, "busybox is not installed")
     path = shutil.which(name.removesuffix("-posix"))
     if path is None:
-        return None
-    return [path, "--posix"] if name.endswith("-posix") else [path]
+        return None, f"{name} is not installed"
+    return ([path, "--posix"] if name.endswith("-posix") else [path]), ""
+
+
+def require_tool(argv: list[str] | None, why: str) -> list[str]:
+    """Skip with the reason, or fail under CI=true, where every tool is required."""
+    if argv is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why}; under CI=true it is required")
+        pytest.skip(why)
+    return argv
 
 
 @pytest.fixture(params=SHELLS)
 def shell(request: pytest.FixtureRequest) -> list[str]:
     """argv prefix of one of the shells every launcher test runs under."""
-    argv = _shell_argv(request.param)
-    if argv is None:
-        msg = f"{request.param} is not installed"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{msg}; under CI=true every shell is required")
-        pytest.skip(msg)
-    return argv
+    return require_tool(*_shell_argv(request.param))
+
+
+_MODES: dict[tuple[str, ...], str] = {}
+
+
+def launcher_mode(shell: list[str], path: str | None = None) -> str:
+    """"async" or "foreground": the mode launcher.sh picks under ``shell`` with this PATH.
+
+    The launcher's own probe, run the same way: GNU env with --default-signal means async.
+    """
+    key = (*shell, path or os.environ.get("PATH", ""))
+    if key not in _MODES:
+        env = dict(os.environ, PATH=key[-1])
+        probe = subprocess.run(
+            [*shell, "-c", 'env -i "--default-signal=INT" >/dev/null 2>&1'], env=env, check=False
+        )
+        _MODES[key] = "async" if probe.returncode == 0 else "foreground"
+    return _MODES[key]
+
+
+def requires_pid_forwarding(shell: list[str]) -> None:
+    """Skip where the launcher runs CMD in the foreground and so cannot forward a pid-alone signal."""
+    if launcher_mode(shell) == "foreground":
+        pytest.skip(
+            "without GNU env the launcher runs the command in the foreground: a signal to the "
+            "launcher's pid alone is held, not forwarded (docs/launcher.md; see "
+            "test_launcher_busybox_only.py)"
+        )
 
 
 def is_bash(shell: list[str]) -> bool:

@@ -8,13 +8,24 @@ import time
 
 import pytest
 
-from .conftest import Launcher, alive, child_running, is_bash, session_members, wait_for
+from .conftest import (
+    Launcher,
+    alive,
+    child_running,
+    is_bash,
+    requires_pid_forwarding,
+    session_members,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize(
     "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name
 )
-def test_signal_to_launcher_is_forwarded(launcher: Launcher, sig: signal.Signals) -> None:
+def test_signal_to_launcher_is_forwarded(
+    launcher: Launcher, shell: list[str], sig: signal.Signals
+) -> None:
+    requires_pid_forwarding(shell)
     task = launcher.start(["sleep", "30"])
     child = child_running(task.pid, "sleep")
     os.kill(task.pid, sig)
@@ -24,7 +35,8 @@ def test_signal_to_launcher_is_forwarded(launcher: Launcher, sig: signal.Signals
     assert task.log() == b""  # no "Terminated" or other shell notices in the user's log
 
 
-def test_forwarded_signal_reaches_a_shell_mode_command(launcher: Launcher) -> None:
+def test_forwarded_signal_reaches_a_shell_mode_command(launcher: Launcher, shell: list[str]) -> None:
+    requires_pid_forwarding(shell)
     task = launcher.start(["exec sleep 30"], mode="shell")
     child_running(task.pid, "sleep")
     os.kill(task.pid, signal.SIGINT)
@@ -32,7 +44,10 @@ def test_forwarded_signal_reaches_a_shell_mode_command(launcher: Launcher) -> No
     assert task.receipt()["exitCode"] == 130
 
 
-def test_child_that_handles_the_signal_reports_its_own_status(launcher: Launcher) -> None:
+def test_child_that_handles_the_signal_reports_its_own_status(
+    launcher: Launcher, shell: list[str]
+) -> None:
+    requires_pid_forwarding(shell)
     task = launcher.start(["sh", "-c", 'trap "exit 3" TERM; echo armed; while :; do sleep 0.05; done'])
     wait_for(lambda: task.log() == b"armed\n", "the trap to be armed")
     os.kill(task.pid, signal.SIGTERM)
