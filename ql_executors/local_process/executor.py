@@ -14,7 +14,6 @@ import os
 import select
 import signal as _signal
 import subprocess
-from typing import Any
 
 from ql_core.clock import now_ms_ceil
 from ql_core.ports.executor import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
@@ -31,9 +30,8 @@ ABORT_TERM_GRACE_S = 2.0
 
 
 def encode_handle(handle: identity.ProcessHandle) -> str:
-    """The stored form of a handle: compact JSON (well under 512 bytes)."""
-    return json.dumps({"boot_id": handle.boot_id, "pid": handle.pid, "pgid": handle.pgid,
-                       "start_time": handle.start_time}, separators=(",", ":"), sort_keys=True)
+    """The stored form of a handle: compact JSON of :func:`identity.handle_to_dict` (well under 512 bytes)."""
+    return json.dumps(identity.handle_to_dict(handle), separators=(",", ":"), sort_keys=True)
 
 
 def decode_handle(data: str | None) -> identity.ProcessHandle | None:
@@ -41,10 +39,8 @@ def decode_handle(data: str | None) -> identity.ProcessHandle | None:
     if not data:
         return None
     try:
-        raw: Any = json.loads(data)
-        return identity.ProcessHandle(boot_id=str(raw["boot_id"]), pid=int(raw["pid"]), pgid=int(raw["pgid"]),
-                                      start_time=int(raw["start_time"]))
-    except (ValueError, TypeError, KeyError):
+        return identity.handle_from_dict(json.loads(data))
+    except ValueError:
         return None
 
 
