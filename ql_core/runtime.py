@@ -427,7 +427,13 @@ class Runtime:
         """Commit the cancel intent, then dispatch TERM (KILL follows after the grace)."""
         from .cancellation import CancelRequest
 
-        result = self.canceller.request(run_id, reason)
+        from .ports.journal import QueueingBackend
+
+        if self.executor is None and isinstance(self.journal, QueueingBackend):
+            # A control node: the worker holding the run's lease learns the intent and signals.
+            result = CancelRequest(self.journal.request_cancel(run_id, reason))
+        else:
+            result = self.canceller.request(run_id, reason)
         if result is CancelRequest.NOT_FOUND:
             raise NotFoundError(f"run {run_id!r} not found in {self.config.data_dir}; see `ql list`")
         if result in (CancelRequest.REQUESTED, CancelRequest.ALREADY_REQUESTED) and self.executor is not None:

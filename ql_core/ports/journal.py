@@ -319,6 +319,11 @@ class QueueingBackend(Protocol):
         """Commit the queued run (and ``run.created``); a worker claims it later."""
         ...
 
+    def request_cancel(self, run_id: str, reason: str) -> str:
+        """Commit a cancel intent where the workers learn it (on lease renewal); a queued run ends at
+        once. Returns ``requested``, ``already_requested``, ``already_terminal`` or ``not_found``."""
+        ...
+
 
 @runtime_checkable
 class WorkerService(Protocol):
