@@ -100,10 +100,15 @@ class Registry(Generic[T]):
             have = ", ".join(self.names()) or "none"
             raise PluginError(f"{self.kind} {name!r} not found; registered: {have}; "
                               f"is the plugin that provides it installed and enabled?") from None
+        from .ports.journal import StoreError
+        from .ports.receipt_store import ReceiptStoreError
+
         try:
             return factory(context)
-        except QlError:
-            raise  # the plugin's own one-line error (e.g. its [plugin.<name>] table is wrong)
+        except (QlError, StoreError, ReceiptStoreError):
+            # A one-line error written for users: its [plugin.<name>] table is wrong, or the store it
+            # opens is unusable (permissions, a symlink, a damaged database) — not a broken package.
+            raise
         except Exception as exc:
             raise PluginError(f"{self.kind} {name!r} from plugin {self._owner[name]!r} failed to start: "
                               f"{type(exc).__name__}: {exc}; reinstall that plugin's package") from exc
