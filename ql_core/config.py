@@ -1,8 +1,12 @@
 """Configuration: one TOML file, environment overrides, validated against the profile.
 
-Where the settings come from, strongest first: command-line options, the
-environment (``QL_DATA_DIR``, ``QL_PROFILE``, ``QL_DATABASE_URL``), the file
-(``--config`` / ``QL_CONFIG`` / ``./ql.toml``), the built-in edge defaults.
+Where the settings come from, strongest first: the arguments of
+:func:`load_config` (the ``ql`` command's options), the environment
+(``QL_DATA_DIR``, ``QL_PROFILE``, ``QL_DATABASE_URL``), the file
+(``config_path``, else ``QL_CONFIG``, else ``./ql.toml``), the built-in edge
+defaults. A library caller chooses its sources: the environment is read only
+when ``environ`` is given (``environ=os.environ`` for the process's own) and
+``./ql.toml`` only when ``cwd`` is given; the ``ql`` command passes both.
 
 ```toml
 profile = "standalone"            # edge | standalone | cluster-control | cluster-worker
@@ -20,8 +24,10 @@ page_size = 16
 [plugin.nice]                     # handed to that plugin's factories; the plugin validates it
 niceness = 10
 ```
-Every rejection is a :class:`~ql_core.errors.ConfigError` naming the key and
-the allowed values; nothing is silently ignored.
+The file must be UTF-8 TOML, a regular file of at most 1 MiB; it is opened
+without blocking (a FIFO or device named by mistake is refused, never read).
+Every rejection is a :class:`~ql_core.errors.ConfigError` (exit 2) naming the
+key or the file and the fix; nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import ConfigError
+from .errors import ConfigError, DataDirError, UnsafePathError
 from .profiles import LIMIT_RANGES, PROFILES, Profile
 
 __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
@@ -44,6 +50,14 @@ _TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "disable_plugins", "databas
 SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal": "journal backend"}
 #: Deepest nesting accepted inside a ``[plugin.<name>]`` table (a deeper one is a mistake or an attack).
 _MAX_PLUGIN_DEPTH = 8
+#: A config file larger than this is not a config file.
+MAX_CONFIG_BYTES = 1024 * 1024
+#: Longest path component most file systems accept (NAME_MAX).
+_NAME_MAX = 255
+#: Room kept under PATH_MAX for the longest path ql creates inside the data dir
+#: (``receipts/.orphan-quarantine/<xx>/<name>`` and friends).
+_PATH_MAX = 4096
+_LAYOUT_ROOM = 320
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +95,68 @@ class Config:
 
 
 def _default_data_dir() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "ql"
+    """``$XDG_STATE_HOME/ql``, else ``~/.local/state/ql`` (the platform's convention, not a QL_ setting)."""
+    state = os.environ.get("XDG_STATE_HOME")
+    if state and os.path.isabs(state):
+        return Path(state) / "ql"
+    home = os.path.expanduser("~")
+    if home == "~" or not os.path.isdir(home):
+        shown = os.environ.get("HOME", home)
+        raise ConfigError(f"no data dir is configured and the home directory (HOME={shown}) does not exist, so "
+                          f"the default ~/.local/state/ql cannot be used; pass --data-dir, set QL_DATA_DIR, or "
+                          f"set data_dir in ql.toml")
+    return Path(home) / ".local" / "state" / "ql"
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    from .paths import read_small_file
+
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        raw = read_small_file(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist; pass an existing --config or unset QL_CONFIG") from None
+    except (DataDirError, UnsafePathError) as exc:
+        raise ConfigError(str(exc)) from None
+    return _parse_toml(path, raw)
+
+
+def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"config file {path} is UTF-16 text; save it as UTF-8")
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark some editors write: harmless
+    if b"\0" in raw:
+        raise ConfigError(f"config file {path} contains NUL bytes: it is a binary file, not TOML; "
+                          f"point --config / QL_CONFIG at the right file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (invalid byte at offset {exc.start}); "
+                          f"save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a config; "
+                          f"flatten it") from None
+
+
+def _check_path_text(key: str, value: str) -> str:
+    if "\0" in value:
+        raise ConfigError(f"{key} contains a NUL byte, which no path can hold; fix it")
+    return value
+
+
+def _check_path_length(directory: Path) -> None:
+    raw = os.fsencode(directory)
+    for part in raw.split(b"/"):
+        if len(part) > _NAME_MAX:
+            raise ConfigError(f"data dir {str(directory)[:80]}... has a path component of {len(part)} bytes; file "
+                              f"systems allow at most {_NAME_MAX}: choose a shorter --data-dir")
+    if len(raw) + _LAYOUT_ROOM > _PATH_MAX:
+        raise ConfigError(f"data dir {str(directory)[:80]}... is {len(raw)} bytes long; ql needs it under "
+                          f"{_PATH_MAX - _LAYOUT_ROOM} bytes to fit its own files: choose a shorter --data-dir")
 
 
 def _check_limit(key: str, value: object) -> float | int:
@@ -151,9 +213,9 @@ def _validate(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "profile" in raw:
         out["profile"] = _check_str("profile", raw["profile"])
     if "data_dir" in raw:
-        out["data_dir"] = _check_str("data_dir", raw["data_dir"])
+        out["data_dir"] = _check_path_text("data_dir", _check_str("data_dir", raw["data_dir"]))
     if "database_url" in raw:
-        out["database_url"] = _check_str("database_url", raw["database_url"])
+        out["database_url"] = _check_path_text("database_url", _check_str("database_url", raw["database_url"]))
     if "plugins" in raw:
         out["plugins"] = _check_plugins("plugins", raw["plugins"])
     if "disable_plugins" in raw:
@@ -180,15 +242,24 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> Config:
-    """Resolve and validate the configuration (see the module docstring for precedence)."""
-    env = os.environ if environ is None else environ
-    base = Path(cwd) if cwd is not None else Path.cwd()
+    """Resolve and validate the configuration.
+
+    Only the sources the caller names are read: ``config_path`` (a TOML file), ``data_dir`` and
+    ``profile`` (overrides); ``environ`` — a mapping such as ``os.environ`` — supplies
+    ``QL_CONFIG``, ``QL_DATA_DIR``, ``QL_PROFILE`` and ``QL_DATABASE_URL`` (None: no environment
+    is read); ``cwd`` — a directory — is searched for ``ql.toml`` when no file is named (None:
+    none is searched) and anchors a relative ``data_dir`` given without a file. Precedence,
+    strongest first: arguments, environment, file, the built-in edge defaults.
+    Raises :class:`~ql_core.errors.ConfigError` (one line naming the key and the fix).
+    """
+    env: Mapping[str, str] = {} if environ is None else environ
+    base = Path(cwd) if cwd is not None else None
     path: Path | None
     if config_path is not None:
-        path = Path(config_path)
+        path = Path(_check_path_text("--config", os.fspath(config_path)))
     elif env.get("QL_CONFIG"):
-        path = Path(env["QL_CONFIG"])
-    elif (base / DEFAULT_CONFIG_NAME).is_file():
+        path = Path(_check_path_text("QL_CONFIG", env["QL_CONFIG"]))
+    elif base is not None and (base / DEFAULT_CONFIG_NAME).is_file():
         path = base / DEFAULT_CONFIG_NAME
     else:
         path = None
@@ -200,17 +271,23 @@ def load_config(
         raise ConfigError(f"profile {name!r} does not exist; choose one of: {', '.join(PROFILES)}")
     chosen = PROFILES[name].with_overrides(settings["limits"])
 
+    from_file = not (data_dir or env.get("QL_DATA_DIR"))
     raw_dir = data_dir or env.get("QL_DATA_DIR") or settings.get("data_dir")
     if raw_dir:
-        directory = Path(os.path.expanduser(str(raw_dir)))
+        directory = Path(os.path.expanduser(_check_path_text("data_dir", os.fspath(raw_dir))))
         if not directory.is_absolute():
-            # Relative to the config file, like every other tool's config.
-            directory = ((path.parent if path else base) / directory)
+            # In the file: relative to the file, like every other tool's config. On the command
+            # line or in the environment: relative to the working directory, like any path there.
+            anchor = path.parent if (from_file and path) else (base if base is not None else Path.cwd())
+            directory = anchor / directory
     else:
         directory = _default_data_dir()
     directory = Path(os.path.abspath(directory))
+    _check_path_length(directory)
 
     url = env.get("QL_DATABASE_URL") or settings.get("database_url")
+    if url is not None:
+        _check_path_text("database_url", url)
     if url is None:
         if chosen.database != "sqlite":
             raise ConfigError(f"profile {name!r} needs database_url = \"postgresql+psycopg://...\" "

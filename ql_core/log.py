@@ -11,16 +11,30 @@ import sys
 
 from loguru import logger
 
-__all__ = ["logger", "enable_logging"]
+__all__ = ["logger", "enable_logging", "LEVELS"]
 
 logger.disable("ql_core")
 logger.disable("ql_executors")
 logger.disable("ql_plugins")
 
+#: The level names :func:`enable_logging` accepts (any case), quietest last.
+LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+
 
 def enable_logging(level: str = "INFO") -> None:
-    """Route ql's log lines to stderr at ``level``."""
+    """Route ql's log lines to stderr at ``level`` (one of :data:`LEVELS`, any case).
+
+    An unknown level is a :class:`~ql_core.errors.ConfigError` naming the valid ones; nothing
+    is changed then.
+    """
+    from .errors import ConfigError
+
+    name = str(level).strip().upper()
+    if name not in LEVELS:
+        shown = str(level)[:40].encode("unicode_escape").decode("ascii")
+        raise ConfigError(f"log level {shown!r} (QL_LOG_LEVEL) is not one of {', '.join(LEVELS)}; "
+                          f"fix or unset QL_LOG_LEVEL")
     logger.remove()
-    logger.add(sys.stderr, level=level.upper(), format="{time:YYYY-MM-DDTHH:mm:ss.SSS} {level} {message}")
-    for name in ("ql_core", "ql_executors", "ql_plugins"):
-        logger.enable(name)
+    logger.add(sys.stderr, level=name, format="{time:YYYY-MM-DDTHH:mm:ss.SSS} {level} {message}")
+    for module in ("ql_core", "ql_executors", "ql_plugins"):
+        logger.enable(module)

@@ -14,11 +14,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
-from .errors import UnsafePathError
+from .errors import ConfigError, DataDirError, UnsafePathError, explain_os_error
 from .ids import is_uuid7, new_id, shard_of
 
 __all__ = [
@@ -33,10 +34,15 @@ __all__ = [
     "read_or_create_node_id",
     "read_node_id",
     "existing_data_dir",
+    "read_small_file",
 ]
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+#: Virtual file systems that can never hold a data dir (they accept no files, or not for long).
+_VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
+#: ``node_id`` holds one UUIDv7 and a newline; anything bigger is not ours.
+_NODE_ID_MAX_BYTES = 128
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -51,13 +57,49 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
+def _refuse_virtual(path: Path) -> None:
+    real = os.path.realpath(path)
+    for root in _VIRTUAL_ROOTS:
+        if real == root or real.startswith(root + "/"):
+            raise ConfigError(f"data dir {path} is on the virtual file system {root}, which cannot keep ql's "
+                              f"files; point --data-dir / QL_DATA_DIR at a directory on a real disk")
+
+
+def _stat_data_dir(data_dir: Path) -> os.stat_result | None:
+    """The data dir's stat (None: it does not exist); any other failure is one line naming the fix."""
+    try:
+        return os.stat(data_dir)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DataDirError(explain_os_error(exc, "cannot use the data dir", data_dir)) from None
+
+
 def ensure_data_dir(data_dir: Path) -> Path:
-    """Create the data dir (and its parents) with private permissions; return its canonical path."""
+    """Create the data dir (and its parents) with private permissions; return its canonical path.
+
+    Refuses, with one line naming the fix: a path that is not a directory, a data dir on a
+    virtual file system (``/proc``, ``/sys``, ``/dev``), one owned by another user (files created
+    there would belong to the wrong user), and any OS error creating it.
+    """
     data_dir = Path(os.path.abspath(data_dir))
-    if not data_dir.exists():
-        os.makedirs(data_dir, DIR_MODE, exist_ok=True)
-    if not data_dir.is_dir():
-        raise UnsafePathError(f"data dir {data_dir} is not a directory; point --data-dir elsewhere")
+    _refuse_virtual(data_dir)
+    st = _stat_data_dir(data_dir)
+    if st is None:
+        try:
+            os.makedirs(data_dir, DIR_MODE, exist_ok=True)
+        except OSError as exc:
+            raise DataDirError(explain_os_error(exc, "cannot create the data dir", data_dir)) from None
+        st = _stat_data_dir(data_dir)
+        assert st is not None
+    if not stat.S_ISDIR(st.st_mode):
+        raise DataDirError(f"data dir {data_dir} is not a directory; point --data-dir / QL_DATA_DIR elsewhere")
+    if st.st_uid != os.geteuid():
+        from .errors import owner_of
+
+        raise DataDirError(f"data dir {data_dir} belongs to {owner_of(data_dir)}, not to you (uid {os.geteuid()}): "
+                           f"files ql created there would belong to the wrong user; run ql as its owner, or "
+                           f"point --data-dir / QL_DATA_DIR at a directory of your own")
     return Path(os.path.realpath(data_dir))
 
 
@@ -85,9 +127,57 @@ def existing_data_dir(data_dir: Path) -> Path:
     from .errors import NotFoundError
 
     path = Path(os.path.abspath(data_dir))
-    if not path.is_dir():
+    _refuse_virtual(path)
+    st = _stat_data_dir(path)
+    if st is None:
         raise NotFoundError(f"no ql data dir at {path}: nothing has run there; check --data-dir / QL_DATA_DIR")
+    if not stat.S_ISDIR(st.st_mode):
+        raise DataDirError(f"data dir {path} is not a directory; point --data-dir / QL_DATA_DIR elsewhere")
     return Path(os.path.realpath(path))
+
+
+def read_small_file(path: Path, *, max_bytes: int, what: str, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a small regular file, read without ever blocking or reading without bound.
+
+    Opened ``O_NONBLOCK`` (a FIFO cannot hang us), ``O_NOFOLLOW`` unless ``follow_symlinks``,
+    checked to be a regular file of at most ``max_bytes`` before reading (``/dev/zero`` cannot
+    exhaust memory). :class:`FileNotFoundError` is raised as is (callers decide what a missing
+    file means); anything else is a :class:`~ql_core.errors.DataDirError` naming ``what`` and the fix.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise UnsafePathError(f"{what} {path} is a symlink; ql never follows one there: remove it") from None
+        raise DataDirError(explain_os_error(exc, f"cannot read {what}", path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DataDirError(f"{what} {path} is not a regular file (a directory, FIFO, socket or device); "
+                               f"point it at a regular file")
+        if st.st_size > max_bytes:
+            raise DataDirError(f"{what} {path} is {st.st_size} bytes, more than the {max_bytes} it may have; "
+                               f"it is not the file you meant")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1  # a file growing while we read is still cut at the bound
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise DataDirError(explain_os_error(exc, f"cannot read {what}", path)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise DataDirError(f"{what} {path} grew past {max_bytes} bytes while being read; it is not the file "
+                           f"you meant")
+    return data
 
 
 def read_node_id(data_dir: Path) -> str | None:
@@ -100,8 +190,8 @@ def read_node_id(data_dir: Path) -> str | None:
 
 def read_existing_node_id(data_dir: Path) -> str:
     path = Path(data_dir) / "node_id"
-    with open(path, encoding="ascii") as fh:
-        value = fh.read(64).strip()
+    raw = read_small_file(path, max_bytes=_NODE_ID_MAX_BYTES, what="the node id file", follow_symlinks=False)
+    value = raw.decode("ascii", "replace").strip()
     if is_uuid7(value):
         return value
     raise UnsafePathError(f"{path} is corrupt; it must hold one UUIDv7 (restore it from a backup)")
@@ -116,16 +206,25 @@ def read_or_create_node_id(data_dir: Path) -> str:
         pass
     value = new_id()
     tmp = data_dir / f".node_id.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
     try:
-        os.write(fd, value.encode("ascii") + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        raise DataDirError(explain_os_error(exc, "cannot create files in the data dir", data_dir)) from None
     try:
-        os.link(tmp, path)  # no-replace: a concurrent first start keeps the winner's id
-    except FileExistsError:
-        pass
+        try:
+            os.write(fd, value.encode("ascii") + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # no-replace: a concurrent first start keeps the winner's id
+        except FileExistsError:
+            pass
+    except OSError as exc:
+        raise DataDirError(explain_os_error(exc, "cannot create the node id file", path)) from None
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return read_or_create_node_id(data_dir)
