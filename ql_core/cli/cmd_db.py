@@ -1,4 +1,4 @@
-"""``ql db upgrade``: apply the schema migrations (also applied on every start)."""
+"""``ql db upgrade``: apply the schema migrations (also applied by every writing command)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,64 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
+    from sqlalchemy.exc import SQLAlchemyError
 
-    from ql_core.cli.common import config_from_args
-    from ql_core.db.migrate import current_revision, migrate_url
+    from ql_core.cli.common import config_from_args, database_failure
+    from ql_core.db.migrate import current_revision, upgrade
+    from ql_core.errors import DatabaseError
     from ql_core.paths import ensure_data_dir
 
     config = config_from_args(args)
     if config.is_sqlite:
         ensure_data_dir(config.data_dir)
-    engine = create_engine(config.database_url, poolclass=NullPool)
+        _create_private(config.database_url)
+    engine = short_engine(config.database_url)
     try:
         before = current_revision(engine)
+        head = upgrade(engine)
+    except SQLAlchemyError as exc:
+        raise DatabaseError(database_failure(exc, config.database_url)) from None
     finally:
         engine.dispose()
-    head = migrate_url(config.database_url)
-    out.emit({"status": "ok", "from_revision": before, "revision": head},
+    out.emit({"from_revision": before, "revision": head},
              f"schema at {head}" + ("" if before == head else f" (was {before or 'empty'})"))
     return 0
+
+
+#: Seconds a command waits for a PostgreSQL server to answer before it says it is unreachable.
+CONNECT_TIMEOUT_S = 10
+
+
+def short_engine(url: str):  # type: ignore[no-untyped-def]
+    """A one-shot SQLAlchemy engine for maintenance commands (NullPool; bounded connect time)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from ql_core.errors import DatabaseError
+
+    connect_args: dict[str, object] = {}
+    if url.startswith("postgresql"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql-runner[cluster]'") from None
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    return create_engine(url, poolclass=NullPool, connect_args=connect_args)
+
+
+def _create_private(url: str) -> None:
+    """Create the SQLite file 0600 before SQLAlchemy does (it would follow the umask, often 0644)."""
+    import os
+
+    from urllib.parse import unquote
+
+    from ql_core.errors import DataDirError, explain_os_error
+
+    path = os.path.abspath(unquote(url[len("sqlite:///"):]))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise DataDirError(explain_os_error(exc, "cannot create the run database", path)) from None
+    os.close(fd)

@@ -1,4 +1,12 @@
-"""``ql doctor``: can this data dir keep ql's promises? (hard links, O_APPEND, fsync, modes, schema)."""
+"""``ql doctor``: can this data dir keep ql's promises? (owner, modes, hard links, O_APPEND, fsync,
+the database's integrity and schema, the plugins).
+
+Doctor never creates the data dir or the database and never migrates: it
+reports. A missing data dir is a failed check (a mistyped ``--data-dir``
+must not be created); the file-system checks then run in its nearest existing
+parent, which tells whether the directory could be created there. Every check
+that cannot run is a failed check with one line saying why — never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,21 @@ import stat
 from pathlib import Path
 from typing import Callable
 
+from ql_core.cli.common import mask_url  # noqa: F401 - part of this module's API (tests use it)
 from ql_core.cli.output import Output
 
-HELP = ("show the effective config and check it: plugins, the data dir's file system (hard links, O_APPEND, "
-        "fsync, permissions) and the schema")
+HELP = ("show the effective config and check it: plugins, the data dir's file system (owner, permissions, "
+        "hard links, O_APPEND, fsync), the database's integrity and schema")
+EPILOG = ("Nothing is created, migrated or repaired. --json prints the effective config, one object per "
+          "check ({\"check\", \"result\": ok|failed|skipped, \"detail\"}), then a summary "
+          "({\"healthy\", \"checks\", \"data_dir\", \"profile\"}).")
+
+#: The checks, in the order they run and print.
+CHECKS = ("plugins", "data_dir", "owner", "permissions", "hard_links", "o_append", "fsync", "database", "schema")
+
+
+class _Skip(Exception):
+    """A check that does not apply here (its detail says why)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,32 +80,40 @@ def _check_fsync(probe: Path) -> str:
     return "file and directory fsync work"
 
 
-def _check_modes(data_dir: Path) -> str:
+def _check_modes(data_dir: Path, database: Path | None) -> str:
     loose = []
-    for path in [data_dir, *(data_dir / d for d in ("logs", "receipts")) ]:
-        if path.exists():
-            mode = stat.S_IMODE(os.lstat(path).st_mode)
+    for path in [data_dir, *(data_dir / d for d in ("logs", "receipts"))]:
+        if os.path.lexists(path):
+            st = os.lstat(path)
+            if path != data_dir and not stat.S_ISDIR(st.st_mode):
+                loose.append(f"{path} is a symlink or file, not a directory (ql refuses it: remove it; "
+                             f"ql recreates it empty)")
+                continue
+            mode = stat.S_IMODE(st.st_mode)
             if mode & 0o077:
-                loose.append(f"{path} is {mode:o}")
+                loose.append(f"{path} is {mode:o} (expected 0700: chmod 700 it)")
+    if database is not None and database.exists():
+        mode = stat.S_IMODE(os.lstat(database).st_mode)
+        if mode & 0o077:
+            loose.append(f"{database} is {mode:o} (expected 0600: chmod 600 it)")
     if loose:
-        raise AssertionError("; ".join(loose) + " (expected 0700: chmod 700 it)")
-    return "data dir, logs and receipts are 0700"
+        raise AssertionError("; ".join(loose))
+    return "data dir, logs and receipts are 0700" + (", the database 0600" if database is not None else "")
 
 
-def mask_url(url: str) -> str:
-    """``scheme://user:secret@host/db`` -> ``scheme://user:***@host/db`` (never print a password)."""
-    from urllib.parse import urlsplit, urlunsplit
+def _check_owner(data_dir: Path) -> str:
+    from ql_core.errors import owner_of
 
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable database_url>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    st = os.stat(data_dir)
+    if st.st_uid != os.geteuid():
+        raise AssertionError(f"{data_dir} belongs to {owner_of(data_dir)}, not to you (uid {os.geteuid()}): run ql "
+                             f"as its owner, or use a data dir of your own")
+    node_id = data_dir / "node_id"
+    from ql_core.paths import read_node_id
+
+    found = read_node_id(data_dir)
+    return f"owned by you (uid {st.st_uid}); " + (f"node id {found}" if found else
+                                                 f"no {node_id.name} yet (nothing has run here)")
 
 
 def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
@@ -124,12 +151,54 @@ def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     return f"loaded {', '.join(host.loaded) or 'none'}; selected {', '.join(chosen)}"
 
 
-def run(args: argparse.Namespace, out: Output) -> int:
-    import shutil
-    import tempfile
+def _sqlite_file(config) -> Path | None:  # type: ignore[no-untyped-def]
+    from urllib.parse import unquote
 
-    from ql_core.cli.common import config_from_args
-    from ql_core.paths import ensure_data_dir
+    if not config.is_sqlite or not config.database_url.startswith("sqlite:///"):
+        return None
+    return Path(os.path.abspath(unquote(config.database_url[len("sqlite:///"):])))
+
+
+def _nearest_existing(path: Path) -> Path:
+    current = path
+    while not current.exists() and current.parent != current:
+        current = current.parent
+    return current
+
+
+class _Probe:
+    """A private temp dir for the file-system checks, made lazily, removed at the end."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self._path: Path | None = None
+        self._error: str | None = None
+
+    def path(self) -> Path:
+        import tempfile
+
+        from ql_core.errors import explain_os_error
+
+        if self._error is not None:
+            raise AssertionError(self._error)
+        if self._path is None:
+            try:
+                self._path = Path(tempfile.mkdtemp(prefix=".doctor-", dir=self.where))
+            except OSError as exc:
+                self._error = explain_os_error(exc, "cannot create files in", self.where)
+                raise AssertionError(self._error) from None
+        return self._path
+
+    def remove(self) -> None:
+        import shutil
+
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from ql_core.cli.common import config_from_args, printable
+    from ql_core.cli.main import classify
 
     config = config_from_args(args)
     shown = effective_config(config)
@@ -142,53 +211,152 @@ def run(args: argparse.Namespace, out: Output) -> int:
             "limits   " + " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in shown["limits"].items())]
     out.emit({"config": shown}, "\n".join(text))
-    data_dir = ensure_data_dir(config.data_dir)
-    probe = Path(tempfile.mkdtemp(prefix=".doctor-", dir=data_dir))
+
+    data_dir = Path(os.path.abspath(config.data_dir))
+    database = _sqlite_file(config)
+    #: "ok", "missing" (never created: a typo, or nothing ran yet) or "unusable" (cannot be read).
+    state = {"dir": "unusable"}
+
+    def check_data_dir() -> str:
+        from ql_core.errors import NotFoundError, explain_os_error
+        from ql_core.paths import existing_data_dir
+
+        try:
+            real = existing_data_dir(data_dir)  # never creates anything
+        except NotFoundError:
+            state["dir"] = "missing"
+            raise
+        try:
+            os.listdir(real)
+        except OSError as exc:
+            raise AssertionError(explain_os_error(exc, "cannot read the data dir", real)) from None
+        state["dir"] = "ok"
+        return f"{real} exists and is readable"
+
+    probe = _Probe(data_dir)
+
+    def skip_unless_dir() -> None:
+        if state["dir"] == "missing":
+            raise _Skip("the data dir does not exist")
+        if state["dir"] != "ok":
+            raise _Skip("the data dir cannot be used (see data_dir)")
+
+    def fs(check: Callable[[Path], str]) -> Callable[[], str]:
+        def wrapped() -> str:
+            if state["dir"] == "missing":
+                # Could it be created here? Probe where `ql run` would create it.
+                probe.where = _nearest_existing(data_dir)
+                detail = check(probe.path())
+                return f"{detail} (in {probe.where}, the data dir's nearest existing parent)"
+            skip_unless_dir()
+            return check(probe.path())
+        return wrapped
+
+    def needs_dir(check: Callable[[], str]) -> Callable[[], str]:
+        def wrapped() -> str:
+            skip_unless_dir()
+            return check()
+        return wrapped
+
     checks: list[tuple[str, Callable[[], str]]] = [
         ("plugins", lambda: _check_plugins(config)),
-        ("hard_links", lambda: _check_hard_links(probe)),
-        ("o_append", lambda: _check_append(probe)),
-        ("fsync", lambda: _check_fsync(probe)),
-        ("permissions", lambda: _check_modes(data_dir)),
-        ("schema", lambda: _check_schema(config)),
+        ("data_dir", check_data_dir),
+        ("owner", needs_dir(lambda: _check_owner(data_dir))),
+        ("permissions", needs_dir(lambda: _check_modes(data_dir, database))),
+        ("hard_links", fs(_check_hard_links)),
+        ("o_append", fs(_check_append)),
+        ("fsync", fs(_check_fsync)),
+        ("database", lambda: _check_database(config, database, skip_unless_dir)),
+        ("schema", lambda: _check_schema(config, database, skip_unless_dir)),
     ]
-    failed = 0
+    results: dict[str, str] = {}
     try:
         for name, check in checks:
             try:
-                detail, ok = check(), True
-            except (AssertionError, OSError) as exc:
-                detail, ok = str(exc) or type(exc).__name__, False
+                detail, result = check(), "ok"
+            except _Skip as exc:
+                detail, result = str(exc), "skipped"
+            except AssertionError as exc:
+                detail, result = str(exc) or type(exc).__name__, "failed"
             except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
-                from ql_core.errors import QlError
-
-                if not isinstance(exc, QlError):
-                    raise
-                detail, ok = str(exc), False
-            failed += not ok
-            out.emit({"check": name, "status": "ok" if ok else "failed", "detail": detail},
-                     f"{'ok  ' if ok else 'FAIL'} {name:<12} {detail}")
+                detail, result = classify(exc, "doctor")[1], "failed"
+            detail = " ".join(detail.split())
+            results[name] = result
+            label = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}[result]
+            out.emit({"check": name, "result": result, "detail": detail},
+                     f"{label} {name:<12} {printable(detail)}")
     finally:
-        shutil.rmtree(probe, ignore_errors=True)
-    out.emit({"status": "ok" if not failed else "failed", "data_dir": str(data_dir), "profile": config.profile.name},
-             f"data dir {data_dir} (profile {config.profile.name}): " + ("healthy" if not failed else f"{failed} check(s) failed"))
+        probe.remove()
+    failed = sum(1 for r in results.values() if r == "failed")
+    out.emit({"healthy": not failed, "checks": results, "data_dir": str(data_dir), "profile": config.profile.name},
+             f"data dir {data_dir} (profile {config.profile.name}): "
+             + ("healthy" if not failed else f"{failed} check(s) failed"))
     return 0 if not failed else 1
 
 
-def _check_schema(config) -> str:  # type: ignore[no-untyped-def]
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
+_HEALTH: dict[Path, object] = {}
 
-    from ql_core.db.migrate import current_revision, head_revision
 
-    if config.is_sqlite and not os.path.exists(config.database_url[len("sqlite:///"):]):
-        return "no database yet; the schema is created on first start or by `ql db upgrade`"
-    engine = create_engine(config.database_url, poolclass=NullPool)
+def _health(database: Path):  # type: ignore[no-untyped-def]
+    """The integrity check's result, run once per command (it reads the whole file)."""
+    from ql_core.db.integrity import check_sqlite
+
+    if database not in _HEALTH:
+        _HEALTH[database] = check_sqlite(database)
+    return _HEALTH[database]
+
+
+def _check_database(config, database: Path | None, skip_unless_dir: Callable[[], None]) -> str:  # type: ignore[no-untyped-def]
+    """SQLite: the file's own integrity check, read-only. PostgreSQL: reachable (schema check)."""
+    import sqlite3
+
+    if database is None:
+        raise _Skip("not a SQLite run database (the schema check connects to it)")
+    skip_unless_dir()
+    if not database.exists():
+        from ql_core.paths import read_node_id
+
+        if read_node_id(database.parent) is not None:
+            raise AssertionError(f"{database} is missing, but this data dir was used (it has a node_id): the run "
+                                 f"history is gone; restore ql.db from a backup (docs/recovery.md)")
+        raise _Skip(f"no database yet ({database.name} is created by the first writing command)")
     try:
-        current = current_revision(engine)
-    finally:
-        engine.dispose()
-    head = head_revision()
+        health = _health(database)
+    except (sqlite3.Error, OSError) as exc:
+        raise AssertionError(f"cannot read {database}: {exc}; if it is damaged, restore it from a backup "
+                             f"(docs/recovery.md)") from None
+    if not health.ok:
+        raise AssertionError(f"{database} is damaged ({health.check}: {'; '.join(health.problems)[:300]}); stop "
+                             f"every ql process, move it aside and restore it from a backup (docs/recovery.md)")
+    return f"{health.check} ok ({database.stat().st_size} bytes)"
+
+
+def _check_schema(config, database: Path | None, skip_unless_dir: Callable[[], None]) -> str:  # type: ignore[no-untyped-def]
+    from ql_core.db.migrate import SCHEMA_HEAD
+
+    head = SCHEMA_HEAD
+    if database is not None:
+        skip_unless_dir()
+        if not database.exists():
+            raise _Skip("no database yet")
+        health = _health(database)
+        if not health.ok:
+            raise _Skip("the database is damaged (see the database check)")
+        current = health.revision
+    else:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from ql_core.cli.cmd_db import short_engine
+        from ql_core.cli.common import database_failure
+        from ql_core.db.migrate import current_revision
+
+        engine = short_engine(config.database_url)
+        try:
+            current = current_revision(engine)
+        except SQLAlchemyError as exc:
+            raise AssertionError(database_failure(exc, config.database_url)) from None
+        finally:
+            engine.dispose()
     if current == head:
         return f"schema at {head}"
     if current is None:

@@ -1,4 +1,4 @@
-"""``ql events RUN_ID``: the run's events in order."""
+"""``ql events RUN_ID``: the run's events in order (with ``--json``: one event per line)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import printable, reader_from_args
 
-    events = [e.as_dict() for e in runtime_from_args(args).events(args.run_id)]
-    if out.json_mode:
-        out.emit({"run_id": args.run_id, "events": events})
-        return 0
+    rt = reader_from_args(args)
+    try:
+        events = [e.as_dict() for e in rt.events(args.run_id)]
+    finally:
+        rt.close()
     for e in events:
-        extra = " ".join(f"{k}={e[k]}" for k in ("status", "exit_code", "reason") if e[k] is not None)
-        out.text(f"{e['seq']:>4}  {e['type']:<32} {extra}".rstrip())
+        extra = " ".join(f"{k}={printable(str(e[k]))}" for k in ("status", "exit_code", "reason")
+                         if e.get(k) is not None)
+        out.emit(e, f"{e['seq']:>4}  {e['type']:<32} {extra}".rstrip())
     return 0

@@ -3,9 +3,15 @@
 With ``--follow`` it keeps printing until the run has ended and its log is
 drained — even when no supervisor runs (the follower settles the run itself).
 The log's bytes go to stdout untouched; notes (truncated by the quota, deleted
-by retention) go to stderr. ``--json`` prints one object per chunk:
-``{"run_id", "offset", "end", "data"}`` (``data`` decoded as UTF-8 with
-replacement; ``offset``/``end`` are byte offsets — resume with ``--offset END``).
+by retention) go to stderr.
+
+``--json`` prints one object per chunk, ``{"run_id", "offset", "end",
+"encoding", "data"}``: ``encoding`` is ``utf-8`` (``data`` is the text) or
+``base64`` (``data`` is the bytes, base64-encoded: a chunk that is not valid
+UTF-8). A chunk never ends inside a UTF-8 character: an incomplete character
+waits for its next bytes. The last object is the run's state,
+``{"run_id", "status", "exit_code", "reason", "end", "log_truncated",
+"log_deleted"}``; ``end`` is the byte offset to resume from (``--offset END``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import sys
 from ql_core.cli.output import Output
 
 HELP = "print a run's log from a byte offset; --follow until the run ends"
+EPILOG = ("--json: one object per chunk {run_id, offset, end, encoding: utf-8|base64, data}, then one "
+          "with the run's state {run_id, status, exit_code, reason, end, log_truncated, log_deleted}. "
+          "Resume with --offset END.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,26 +33,80 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offset", type=int, default=0, metavar="N", help="start at this byte offset")
 
 
+def utf8_incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` start a UTF-8 character that is not complete yet (0-3)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        if byte & 0x80 == 0:  # ASCII: complete
+            return 0
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 0
+        return back if need > back else 0
+    return 0
+
+
+class JsonChunks:
+    """Turns log chunks into ``--json`` records that never split a UTF-8 character."""
+
+    def __init__(self, run_id: str, offset: int) -> None:
+        self.run_id = run_id
+        self.end = offset  # the offset after the last byte emitted
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[dict[str, object]]:
+        buf = self._pending + data
+        keep = utf8_incomplete_tail(buf)
+        ready, self._pending = (buf[:-keep], buf[-keep:]) if keep else (buf, b"")
+        return [self._record(ready)] if ready else []
+
+    def flush(self) -> list[dict[str, object]]:
+        """The held-back bytes of an incomplete character at the very end (kept, as base64)."""
+        ready, self._pending = self._pending, b""
+        return [self._record(ready)] if ready else []
+
+    def _record(self, data: bytes) -> dict[str, object]:
+        import base64
+
+        try:
+            encoding, text = "utf-8", data.decode("utf-8")
+        except UnicodeDecodeError:
+            encoding, text = "base64", base64.b64encode(data).decode("ascii")
+        record = {"run_id": self.run_id, "offset": self.end, "end": self.end + len(data),
+                  "encoding": encoding, "data": text}
+        self.end += len(data)
+        return record
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import reader_from_args
     from ql_core.errors import UsageError
     from ql_core.follow import follow_log
     from ql_core.logs import log_facts
 
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
-    rt = runtime_from_args(args)
+    rt = reader_from_args(args)
     try:
+        chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
         for chunk in follow_log(rt, args.run_id, offset=args.offset, follow=args.follow):
-            if out.json_mode:
-                out.emit({"run_id": args.run_id, "offset": chunk.offset, "end": chunk.end,
-                          "data": chunk.data.decode("utf-8", "replace")})
+            if chunks is not None:
+                for record in chunks.feed(chunk.data):
+                    out.emit(record)
             else:
                 sys.stdout.buffer.write(chunk.data)
                 sys.stdout.buffer.flush()
         view = rt.status(args.run_id)
         facts = log_facts(rt, view.log_artifact_id) if view.log_artifact_id else None
-        if facts is not None and not out.json_mode:
+        if chunks is not None:
+            if view.terminal:  # nothing will complete a character cut at the very end any more
+                for record in chunks.flush():
+                    out.emit(record)
+            out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
+                      "reason": view.reason, "end": chunks.end,
+                      "log_truncated": bool(facts is not None and facts.truncated),
+                      "log_deleted": bool(facts is not None and facts.deleted)})
+        elif facts is not None:
             if facts.deleted:
                 sys.stderr.write(f"ql: the log of run {args.run_id} was deleted by retention\n")
             elif facts.truncated:

@@ -1,4 +1,11 @@
-"""``ql plugins``: what is installed in ``ql.plugins``, what is active, what fails to load."""
+"""``ql plugins``: what is installed in ``ql.plugins``, what is active, and every problem.
+
+Problems (each one line, exit 1): an active plugin that fails to load, an
+enabled plugin that is not installed, a plugin name declared by two
+distributions, a seam name registered by two active plugins, and a seam the
+config selects (``executor``, ``receipt_store``, ``journal``) that no active
+plugin registers — for example because its plugin is disabled.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,34 @@ import argparse
 
 from ql_core.cli.output import Output
 
-HELP = "list installed plugins, the active ones, and load errors"
+HELP = "list installed plugins, the active ones, and problems (load errors, duplicates, disabled but selected)"
+EPILOG = ("--json prints one object per plugin {name, state: active|installed|error|missing, target, "
+          "distribution, error}, then one per problem {problem, name, detail}.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     pass
 
 
+def _declarations() -> dict[str, list[tuple[str, str | None]]]:
+    """Entry-point name -> every (target, distribution) that declares it (nothing is imported)."""
+    from importlib import metadata
+
+    from ql_core.plugins import ENTRY_POINT_GROUP
+
+    found: dict[str, list[tuple[str, str | None]]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        entry = (ep.value, dist.name if dist else None)
+        if entry not in found.setdefault(ep.name, []):
+            found[ep.name].append(entry)
+    return found
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args
     from ql_core.errors import PluginError
-    from ql_core.plugins import installed_plugins, load_plugin_host, select_plugin_names
+    from ql_core.plugins import explain_unregistered, installed_plugins, load_plugin_host, select_plugin_names
 
     config = config_from_args(args)
     active = select_plugin_names(config.plugins)
@@ -41,4 +65,33 @@ def run(args: argparse.Namespace, out: Output) -> int:
             msg = f"plugin {name!r} is enabled by profile {config.profile.name!r} or the config but not installed"
             out.emit({"name": name, "state": "missing", "target": None, "distribution": None, "error": msg},
                      f"{name:<16} missing    {msg}")
+
+    problems: list[tuple[str, str, str]] = []
+    for name, declared in sorted(_declarations().items()):
+        if len(declared) > 1:
+            who = "; ".join(f"{target} (distribution {dist or '?'})" for target, dist in declared)
+            problems.append(("duplicate_plugin", name,
+                             f"plugin name {name!r} is declared {len(declared)} times: {who}; only one is ever "
+                             f"loaded: uninstall the distribution you do not want"))
+    # The plugins a runtime would load together: registrations collide only then.
+    try:
+        host = load_plugin_host(config.plugins, optional=config.seam_plugins)
+    except PluginError as exc:
+        text = str(exc)
+        if "registered twice" in text:
+            problems.append(("duplicate_registration", "-", text))
+        elif status == 0:  # not already shown as a plugin's own load error above
+            problems.append(("load_error", "-", text))
+        host = None
+    if host is not None:
+        for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
+                              ("journal", host.journal_backends)):
+            name = getattr(config, key)
+            if name is not None and name not in registry.names():
+                kind = ("disabled_but_selected" if name in config.disabled_plugins
+                        or name not in select_plugin_names([name]) else "unregistered_seam")
+                problems.append((kind, name, explain_unregistered(key, name, config, host)))
+    for kind, name, detail in problems:
+        status = 1
+        out.emit({"problem": kind, "name": name, "detail": detail}, f"problem: {detail}")
     return status

@@ -8,6 +8,14 @@ from ql_core.cli.output import Output
 
 HELP = "one reconciliation pass (receipts, identities, deadlines, retention); prints counts"
 
+#: The counters ``ql reconcile --json`` always prints (0 when nothing happened), in this order.
+#: Any other counter a round reports goes under ``other`` (keys may change between releases).
+COUNT_KEYS = ("applied", "already_terminal", "quarantined", "still_running", "still_starting", "lost",
+              "blocked", "timed_out", "cancelled", "timeouts_requested", "journal_registered",
+              "journal_purged", "quarantine_purged", "errors")
+EPILOG = ("--json prints one object with a fixed set of keys: complete, rounds, attempts_checked, "
+          "journal_checked, " + ", ".join(COUNT_KEYS) + ", and other (every further counter).")
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rounds", type=int, default=10_000, metavar="N",
@@ -29,11 +37,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
                             f"check the database with `ql doctor`") from None
     finally:
         rt.close()
-    counts = report.as_dict()
+    counts = dict(report.counts)
     # A pass cut short by --max-rounds says so: its cursors had not wrapped yet.
     complete = not report.attempt_cursor and not report.journal_cursor
-    out.emit({"status": "ok" if complete else "incomplete", "rounds": rounds,
-              "attempts_checked": report.attempts_touched, "journal_checked": report.journal_touched, **counts},
-             " ".join(f"{k}={v}" for k, v in counts.items()) + f" rounds={rounds}"
+    record = {"complete": complete, "rounds": rounds, "attempts_checked": report.attempts_touched,
+              "journal_checked": report.journal_touched}
+    record.update({key: int(counts.pop(key, 0)) for key in COUNT_KEYS})
+    record["other"] = {key: int(value) for key, value in sorted(counts.items()) if value}
+    shown = report.as_dict()
+    out.emit(record, " ".join(f"{k}={v}" for k, v in shown.items()) + f" rounds={rounds}"
              + ("" if complete else " (incomplete: --max-rounds reached)"))
     return 0

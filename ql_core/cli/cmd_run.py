@@ -1,7 +1,9 @@
 """``ql run``: submit a command, stream its log, exit with its exit code.
 
 124 timed out, 130 cancelled, 75 lost. Ctrl-C cancels the run (a second
-Ctrl-C detaches). Killing ``ql run`` itself leaves the task running.
+Ctrl-C detaches: 125). Killing ``ql run`` itself leaves the task running.
+When our stdout goes away (``ql run ... | head -1``), streaming stops and
+``ql run`` keeps waiting: it still exits with the task's code.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import sys
 from ql_core.cli.output import Output
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
+EPILOG = ("The task's output (stdout and stderr, merged) streams to our stdout; ql's own notes go to stderr. "
+          "Ctrl-C commits a cancel intent (the run ends cancelled unless the task had already finished); "
+          "a second Ctrl-C detaches. If our stdout is closed or its reader leaves, streaming stops and we "
+          "keep waiting. The log stays on disk: ql logs RUN_ID.")
+#: ``ql run`` stopped waiting (second Ctrl-C); the run goes on. Distinct from 130 (the run was cancelled).
+EXIT_DETACHED = 125
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +58,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--retries must be >= 0")
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
                     max_attempts=args.retries + 1)
+    # From here on the run exists: a reader that leaves our stdout must not change our exit status.
+    out.tolerate_broken_pipe = True
+    state = "queued" if sub.attempt_id is None else "running"
     if args.detach:
-        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"},
+        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state},
                  f"run_id={sub.run_id} attempt_id={sub.attempt_id}")
         return 0
     if out.json_mode:
-        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": "running"})
+        out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state})
     streamer = (_LogStreamer(rt, sub.log_artifact_id)
                 if not out.json_mode and sub.log_artifact_id is not None else None)
 
@@ -63,11 +74,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if streamer is not None:
             streamer.pump()
         if interrupts["n"] >= 2:
-            sys.stderr.write(f"ql: detached; run {sub.run_id} goes on (ql status / ql cancel)\n")
-            raise SystemExit(130)
+            _note(f"ql: detached; run {sub.run_id} goes on (ql status / ql cancel)")
+            raise SystemExit(EXIT_DETACHED)
         if interrupts["n"] == 1 and not interrupts["cancelled"]:
             interrupts["cancelled"] = True
-            sys.stderr.write(f"ql: cancelling run {sub.run_id} (Ctrl-C again to detach)\n")
+            _note(f"ql: cancelling run {sub.run_id} (Ctrl-C again to detach)")
             rt.cancel(sub.run_id, "user")
 
     try:
@@ -82,9 +93,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
                   "exit_code": view.exit_code, "reason": view.reason})
     elif view.status not in ("succeeded", "failed"):
         # stdout is the task's output; our own verdict goes to stderr.
-        sys.stderr.write(f"ql: run {view.run_id} ended {view.status}"
-                         + (f" ({view.reason})" if view.reason else "") + "\n")
+        _note(f"ql: run {view.run_id} ended {view.status}" + (f" ({view.reason})" if view.reason else ""))
     return status
+
+
+def _note(line: str) -> None:
+    """A line of ours on stderr; a closed stderr never changes the outcome."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 class _LogStreamer:
@@ -101,16 +120,35 @@ class _LogStreamer:
         facts = log_facts(rt, log_artifact_id)  # type: ignore[arg-type]
         self._max_bytes = facts.max_bytes if facts is not None else None
         self._offset = 0
+        #: Our stdout went away (its reader left): stop streaming, keep waiting for the task.
+        self.stopped = False
 
     def pump(self, *, drain: bool = False) -> None:
         from ql_core.logs import LOG_CHUNK_BYTES, read_log_chunk
 
-        while True:
+        while not self.stopped:
             chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
             if not chunk:
                 return
             self._offset += len(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+            try:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, ValueError):
+                self._stop()
+                return
+            except OSError as exc:
+                import errno
+
+                if exc.errno not in (errno.EPIPE, errno.EBADF):
+                    raise
+                self._stop()
+                return
             if not drain and len(chunk) < LOG_CHUNK_BYTES:
                 return
+
+    def _stop(self) -> None:
+        from ql_core.cli.main import _silence_stdout
+
+        self.stopped = True
+        _silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere

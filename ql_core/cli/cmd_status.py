@@ -1,4 +1,4 @@
-"""``ql status RUN_ID``: run status, exit code, attempts."""
+"""``ql status RUN_ID``: run status, exit code, attempts (a run whose task ended is settled first)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import argparse
 from ql_core.cli.output import Output
 
 HELP = "show a run's status, exit code and attempts"
+EPILOG = ("A run that is not terminal is settled first, as a supervisor round would: its task's receipt "
+          "or process identity decides, and a passed deadline becomes a timeout. Nothing is created: a "
+          "mistyped --data-dir is an error.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -14,14 +17,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import printable, reader_from_args, settle_shown
 
-    view = runtime_from_args(args).status(args.run_id)
+    rt = reader_from_args(args)
+    try:
+        (view,) = settle_shown(rt, [rt.status(args.run_id)], limit=1)
+    finally:
+        rt.close()
     lines = [f"run {view.run_id}  {view.status}" + (f"  exit {view.exit_code}" if view.exit_code is not None else "")
-             + (f"  ({view.reason})" if view.reason else "")]
+             + (f"  ({printable(view.reason)})" if view.reason else "")]
+    if view.name:
+        lines.append(f"  name {printable(view.name)}")
     for a in view.attempts:
         lines.append(f"  attempt {a.attempt_id}  {a.status}"
                      + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
-                     + (f"  ({a.reason})" if a.reason else ""))
+                     + (f"  ({printable(a.reason)})" if a.reason else ""))
     out.emit(view.as_dict(), "\n".join(lines))
     return 0

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from typing import Any, Callable
 
 from ql_core.cli.output import Output
 
 HELP = "run the periodic supervisor until SIGTERM/SIGINT (bounded drain on stop)"
+EPILOG = ("The stop handlers are installed first: a SIGTERM that arrives while ql is still starting stops "
+          "it cleanly (exit 0), never kills it. --json prints {\"type\": \"round\", <counts>} for each round "
+          "that did something and {\"type\": \"stopped\", \"drained\", \"rounds\"} at the end.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +20,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from ql_core.cli.common import early_stop
+
+    armed = early_stop()  # `ql supervise` from the command line: main() armed it before parsing
+    stop = armed if armed is not None else threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    # Before anything slow (imports, opening the database): an early TERM must stop us, not kill us.
+    previous: dict[int, Callable[..., Any] | int | None] = {
+        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _supervise(args, out, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(args: argparse.Namespace, out: Output, stop: threading.Event) -> int:
     from ql_core.cli.common import runtime_from_args
     from ql_core.errors import UsageError
     from ql_core.supervisor import Supervisor
@@ -23,14 +46,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.interval is not None and not 0.05 <= args.interval <= 3600:
         raise UsageError("--interval must be between 0.05 and 3600 seconds")
     rt = runtime_from_args(args)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    if stop.is_set():  # asked to stop while we were starting: nothing ran, nothing to drain
+        rt.close()
+        out.emit({"type": "stopped", "drained": True, "rounds": 0}, "ql: stopped before the first round")
+        return 0
 
     def report(r) -> None:  # type: ignore[no-untyped-def]
         busy = {k: v for k, v in r.as_dict().items() if v}
         if busy:
-            out.emit({"status": "round", **r.as_dict()}, " ".join(f"{k}={v}" for k, v in busy.items()))
+            out.emit({"type": "round", **r.as_dict()}, " ".join(f"{k}={v}" for k, v in busy.items()))
 
     supervisor = Supervisor(rt, interval_s=args.interval, on_round=report)
     watcher = rt.start_wakeups(supervisor)
@@ -43,6 +67,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
     drained = supervisor.stop()
     if drained:
         rt.close()  # (a loop still draining keeps the engine; the process exits right after anyway)
-    out.emit({"status": "stopped", "drained": drained, "rounds": supervisor.rounds},
+    out.emit({"type": "stopped", "drained": drained, "rounds": supervisor.rounds},
              f"ql: stopped after {supervisor.rounds} rounds" + ("" if drained else " (drain timed out)"))
     return 0 if drained else 1

@@ -1,29 +1,140 @@
-"""Helpers shared by the command modules: config from the global options, the runtime."""
+"""Helpers shared by the command modules: config from the global options, the runtime, safe text."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ql_core.config import Config
+    from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["config_from_args", "runtime_from_args"]
+__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown", "printable"]
+
+
+#: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
+_early_stop = None
+
+
+def install_early_stop() -> None:
+    """Arm SIGTERM/SIGINT to set an event instead of killing us (the command picks it up later)."""
+    import signal
+    import threading
+
+    global _early_stop
+    event = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        event.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    _early_stop = event
+
+
+def early_stop():  # type: ignore[no-untyped-def]
+    """The stop event armed by :func:`install_early_stop` (None when nothing armed one)."""
+    return _early_stop
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
+    """The config the command line asks for: options, then ``QL_*`` variables, then the file."""
     from ql_core.config import load_config
 
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None  # the working directory was removed: there is no ./ql.toml to find
     return load_config(
         config_path=getattr(args, "config", None),
         data_dir=getattr(args, "data_dir", None),
         profile=getattr(args, "profile", None),
+        environ=os.environ,
+        cwd=cwd,
     )
 
 
 def runtime_from_args(args: argparse.Namespace) -> Runtime:
-    """An opened runtime (schema migrated, plugins loaded) for the command's config."""
+    """An opened runtime for a command that writes (run, cancel, reconcile, supervise): the data dir
+    and its database are created and migrated when missing."""
     from ql_core.runtime import Runtime
 
     return Runtime.open(config_from_args(args))
+
+
+def reader_from_args(args: argparse.Namespace) -> Runtime:
+    """An opened runtime for a command that reads (status, list, events, logs): nothing is created or
+    migrated; a missing data dir or database is a one-line error naming the fix."""
+    from ql_core.runtime import Runtime
+
+    return Runtime.open(config_from_args(args), create=False)
+
+
+def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunView]:
+    """Settle the non-terminal runs a reader is about to show (at most ``limit`` of them), so a run
+    whose task ended is shown ended even when no supervisor runs; returns the views to show."""
+    from ql_core.ports.journal import StoreBusyError, ConflictError
+
+    shown: list[RunView] = []
+    budget = limit
+    for view in views:
+        if not view.terminal and budget > 0:
+            budget -= 1
+            try:
+                rt.settle(view)
+            except (StoreBusyError, ConflictError):
+                pass  # another process is writing right now: show what is committed, settle next time
+            else:
+                view = rt.status(view.run_id)
+        shown.append(view)
+    return shown
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str | None) -> str:
+    """``text`` safe for a terminal: control characters (newlines, escapes), bidi overrides and
+    backslashes are escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``); other text is unchanged."""
+    if not text:
+        return ""
+
+    def escape(match: re.Match[str]) -> str:
+        ch = match.group(0)
+        if ch == "\\":
+            return "\\\\"
+        if ch in "\n\r\t":
+            return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
+        code = ord(ch)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _UNPRINTABLE.sub(escape, text)
+
+
+def mask_url(url: str) -> str:
+    """``scheme://user:secret@host/db`` -> ``scheme://user:***@host/db`` (never print a password)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:
+        return "<unparsable database_url>"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def database_failure(exc: BaseException, url: str) -> str:
+    """One line for a database that cannot be reached or read, naming the fix."""
+    orig = getattr(exc, "orig", None) or exc
+    first = " ".join(str(orig).split())[:240] or type(orig).__name__
+    if url.startswith("postgresql"):
+        return (f"cannot use the database {mask_url(url)}: {first}; check database_url and that the "
+                f"PostgreSQL server is up and reachable")
+    return f"cannot use the database {mask_url(url)}: {first}; check the data dir with `ql doctor`"

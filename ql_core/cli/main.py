@@ -1,9 +1,14 @@
-"""Entry point of the ``ql`` command (contract: DESIGN.md §7).
+"""Entry point of the ``ql`` command (contract: ``docs/cli.md``).
 
 Parsing is cheap and imports nothing heavy; each command's module is imported
 only when it runs, so ``ql --help`` and ``ql plugins`` never load SQLAlchemy.
-Expected failures (:class:`~ql_core.errors.QlError`) print one line on stderr
-and exit with their code (2 for usage and config errors); no traceback.
+
+Every failure is one line on stderr (with ``--json``: one JSON object), never a
+traceback: expected failures (:class:`~ql_core.errors.QlError`, the run
+store's and receipt store's own errors, OS errors) name the cause and the fix;
+anything else is reported as an internal error of the command, with
+``QL_DEBUG=1`` to see the traceback. Exit 2 for usage and configuration errors,
+1 for operational failures.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_CODES"]
 
 #: subcommand -> module; each module defines ``configure(parser)`` and ``run(args, out) -> int``.
 COMMANDS: dict[str, str] = {
@@ -34,32 +39,106 @@ COMMANDS: dict[str, str] = {
     "db": "ql_core.cli.cmd_db",
 }
 
+_FAIL = ("1", "an operational failure (one line on stderr names the cause and the fix)")
+_USAGE = ("2", "a usage or configuration error")
+#: Each command's exit codes, as its ``--help`` lists them (and docs/cli.md).
+EXIT_CODES: dict[str, list[tuple[str, str]]] = {
+    "run": [("N", "the task's own exit code (0-255) when it succeeded or failed"),
+            ("124", "the run timed out (its deadline passed)"),
+            ("130", "the run was cancelled (ql cancel, or Ctrl-C)"),
+            ("75", "the run was lost: nothing proves how it ended"),
+            ("125", "detached (a second Ctrl-C): the run goes on, this command stopped waiting"),
+            ("0", "with --detach: the run was submitted"),
+            ("1", "ql itself failed (one line on stderr says so; e.g. nothing could be started)"), _USAGE],
+    "status": [("0", "the run was found and shown"), _FAIL, _USAGE],
+    "events": [("0", "the run was found and its events shown"), _FAIL, _USAGE],
+    "list": [("0", "the runs were listed (none is not an error)"), _FAIL, _USAGE],
+    "logs": [("0", "the log was printed (with --follow: up to the run's end)"), _FAIL, _USAGE],
+    "cancel": [("0", "answered: requested, already requested or already terminal (see outcome)"),
+               _FAIL, _USAGE],
+    "reconcile": [("0", "the pass ran (complete or cut short by --max-rounds)"),
+                  ("1", "the pass failed closed (a cursor did not advance) or another failure"), _USAGE],
+    "supervise": [("0", "stopped by SIGTERM/SIGINT and drained in time"),
+                  ("1", "the drain timed out, or ql failed"), _USAGE],
+    "worker": [("0", "stopped by SIGTERM/SIGINT and drained"), _FAIL, _USAGE],
+    "control": [("0", "stopped by SIGTERM/SIGINT"), _FAIL, _USAGE],
+    "audit": [("0", "the shards were audited"), _FAIL, _USAGE],
+    "plugins": [("0", "every active plugin loads and every selected seam is registered"),
+                ("1", "a problem: a load error, a missing or duplicate plugin, a disabled but selected one"),
+                _USAGE],
+    "doctor": [("0", "every check passed"), ("1", "a check failed (its line says why and the fix)"), _USAGE],
+    "db": [("0", "the schema is at head"), _FAIL, _USAGE],
+}
+
+#: The longest error line we print (a driver's message can be a page long).
+_MAX_MESSAGE = 2000
+
+
+#: Global options that take a value (``--data-dir DIR``), for finding the command before parsing.
+_VALUED = ("--data-dir", "--config", "--profile")
+#: Commands that run until SIGTERM: their stop handler is installed before anything else.
+_EARLY_STOP_COMMANDS = ("supervise",)
+def _peek_command(argv: Sequence[str]) -> str | None:
+    """The subcommand, found without argparse (and without importing any command module)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _VALUED:
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        return arg
+    return None
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    """``--json`` among the options (before a ``--`` that starts a task's command)."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (usage errors exit 2, no usage dump)."""
 
+    json_errors = False
+
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        _report(f"{message} (see {self.prog} --help)", kind="usage", exit_code=2,
+                json_mode=_Parser.json_errors, prefix=f"{self.prog}: error: ")
         raise SystemExit(2)
+
+
+def _exit_epilog(name: str) -> str:
+    rows = EXIT_CODES.get(name, [])
+    return "exit codes:\n" + "\n".join(f"  {code:<5} {text}" for code, text in rows)
 
 
 def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument("--data-dir", default=default, metavar="DIR",
-                        help="data directory (env QL_DATA_DIR)")
+                        help="data directory (env QL_DATA_DIR; default $XDG_STATE_HOME/ql or ~/.local/state/ql)")
     parser.add_argument("--config", default=default, metavar="FILE",
                         help="TOML config (env QL_CONFIG; default ./ql.toml if present)")
     parser.add_argument("--profile", default=default, metavar="NAME",
                         help="edge | standalone | cluster-control | cluster-worker (env QL_PROFILE)")
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                        help="machine-readable output: one JSON object per line")
+                        help="machine-readable output: one JSON object per line (errors: one on stderr)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; cheap, imports only the small command modules."""
     from ql_core import __version__
 
-    parser = _Parser(prog="ql", description="Run local commands so that nothing is lost when the host dies.")
+    parser = _Parser(prog="ql", description="Run local commands so that nothing is lost when the host dies.",
+                     epilog="Each command's --help lists its exit codes. Errors are one line on stderr; "
+                            "QL_DEBUG=1 adds the traceback of an internal error. Docs: docs/cli.md.")
     parser.add_argument("--version", action="version", version=f"ql {__version__}")
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -71,41 +150,182 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name == module_name:
                 continue  # a command whose module is not part of this build
             raise
-        child = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        child = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
         _global_options(child, suppress=True)
         module.configure(child)
+        extra = getattr(module, "EPILOG", None) or child.epilog
+        child.epilog = (f"{extra}\n\n" if extra else "") + _exit_epilog(name)
         child.set_defaults(_module=module)
     return parser
 
 
+# -- the one-line error contract ------------------------------------------------------------------
+def _one_line(text: str) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= _MAX_MESSAGE else line[:_MAX_MESSAGE - 3] + "..."
+
+
+def _report(message: str, *, kind: str, exit_code: int, json_mode: bool, prefix: str = "ql: error: ") -> None:
+    """Print one error line on stderr (or one JSON object with ``--json``); never raises."""
+    import json
+
+    message = _one_line(message)
+    if json_mode:
+        line = json.dumps({"error": kind, "message": message, "exit_code": exit_code}, separators=(",", ":"))
+    else:
+        line = prefix + message
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr is gone too: the exit status is all we can give
+
+
+def classify(exc: BaseException, command: str | None) -> tuple[str, str, int]:
+    """(kind, one-line message, exit code) for an exception that ended a command."""
+    from ql_core.errors import (
+        ConfigError,
+        DatabaseError,
+        DataDirError,
+        NotFoundError,
+        PluginError,
+        QlError,
+        UnsafePathError,
+        UsageError,
+        explain_os_error,
+    )
+
+    if isinstance(exc, QlError):
+        kind = next((k for cls, k in ((UsageError, "usage"), (ConfigError, "config"), (PluginError, "plugin"),
+                                      (NotFoundError, "not_found"), (DatabaseError, "database"),
+                                      (DataDirError, "data_dir"), (UnsafePathError, "unsafe_path"))
+                     if isinstance(exc, cls)), "error")
+        return kind, str(exc), exc.exit_code
+    family = _known_family(exc)
+    if family == "receipts":
+        return family, (f"receipt store: {str(exc) or type(exc).__name__}; `ql doctor` checks the data dir's "
+                        f"receipts directory"), 1
+    if family is not None:
+        return family, str(exc) or type(exc).__name__, 1
+    if isinstance(exc, OSError):
+        return "os", explain_os_error(exc, f"`ql {command}` failed" if command else "ql failed"), 1
+    if isinstance(exc, RecursionError):
+        return "internal", (f"`ql {command}` hit Python's recursion limit (input nested too deeply?); "
+                            f"rerun with QL_DEBUG=1 for the traceback and report it"), 1
+    if isinstance(exc, MemoryError):
+        return "internal", f"`ql {command}` ran out of memory; free memory or lower limits, then retry", 1
+    text = _one_line(str(exc))[:300]
+    where = f"`ql {command}`" if command else "ql"
+    return "internal", (f"internal error in {where}: {type(exc).__name__}" + (f": {text}" if text else "")
+                        + "; this is a bug: rerun with QL_DEBUG=1 for the traceback and report it"), 1
+
+
+def _known_family(exc: BaseException) -> str | None:
+    """Errors of ql's stores whose messages are written for users (one line naming the fix)."""
+    from ql_core.ports.journal import StoreError
+    from ql_core.ports.receipt_store import ReceiptStoreError
+
+    if isinstance(exc, StoreError):
+        return "database"
+    if isinstance(exc, ReceiptStoreError):
+        return "receipts"
+    if type(exc).__name__ == "CursorStuckError":
+        return "database"
+    mod = type(exc).__module__ or ""
+    if mod.startswith("ql_plugins.cluster_fenced") and type(exc).__name__.endswith("Error"):
+        return "database"
+    if mod.startswith(("sqlite3", "psycopg", "sqlalchemy")):
+        return "database"
+    return None
+
+
+def _ensure_std_fds() -> None:
+    """Give closed stdin/stdout/stderr a /dev/null, before anything else opens a file.
+
+    A command started with ``>&-`` would otherwise hand fd 1 to the first file ql opens — the
+    run database, a log — and our output would be written into it.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    import io
+
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        if getattr(sys, name) is None:
+            raw = io.FileIO(fd, mode, closefd=False)
+            stream = io.TextIOWrapper(raw if mode == "r" else io.BufferedWriter(raw), encoding="utf-8",
+                                      errors="backslashreplace", line_buffering=mode == "w")
+            setattr(sys, name, stream)
+
+
+def _silence_stdout() -> None:
+    """The reader of our stdout left: send the rest (and Python's final flush) to /dev/null."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ql`` command; returns (and exits with) its status."""
-    from ql_core.cli.output import Output
-    from ql_core.errors import QlError
+    _ensure_std_fds()
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if _peek_command(args_in) in _EARLY_STOP_COMMANDS:
+        # First thing: a SIGTERM while we import and open the database must stop us cleanly.
+        from ql_core.cli.common import install_early_stop
 
-    args = build_parser().parse_args(argv)
-    out = Output(json_mode=bool(args.json))
-    if os.environ.get("QL_LOG_LEVEL"):
-        from ql_core.log import enable_logging
-
-        enable_logging(os.environ["QL_LOG_LEVEL"])
+        install_early_stop()
+    json_mode = _wants_json(args_in)
+    _Parser.json_errors = json_mode
+    command: str | None = None
+    debug = os.environ.get("QL_DEBUG", "") not in ("", "0")
     try:
-        status = int(args._module.run(args, out))
-    except QlError as exc:
-        sys.stderr.write(f"ql: error: {exc}\n")
-        status = exc.exit_code
+        args = build_parser().parse_args(args_in)
+        command = args.command
+        from ql_core.cli.output import Output
+
+        out = Output(json_mode=bool(args.json))
+        if os.environ.get("QL_LOG_LEVEL"):
+            from ql_core.log import enable_logging
+
+            enable_logging(os.environ["QL_LOG_LEVEL"])
+        return int(args._module.run(args, out))
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except KeyboardInterrupt:
-        status = 130
+        return 130
     except BrokenPipeError:
-        # `ql logs ... | head`: the reader left; not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        status = 0
-    return status
+        # `ql list | head`: the reader left; not an error of ours.
+        _silence_stdout()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
+        kind, message, code = classify(exc, command)
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        _report(message, kind=kind, exit_code=code, json_mode=json_mode)
+        return code
 
 
 def console_main() -> NoReturn:
-    raise SystemExit(main())
+    status = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Human or ``--json`` output: one JSON object per line, stable field names (DESIGN.md §7)."""
+"""Human or ``--json`` output: one JSON object per line, stable field names (``docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ class Output:
 
     def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
         self.json_mode = json_mode
-        self.stream = stream or sys.stdout
+        self._stream = stream
+        #: True once the command's effect is committed (``ql run`` after submit): a reader that
+        #: leaves our stdout then only stops the output, never the command or its exit status.
+        self.tolerate_broken_pipe = False
+        self.broken = False
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stdout
 
     def emit(self, record: dict[str, Any], text: str | None = None) -> None:
         """Print ``record`` as JSON, or ``text`` (default: key=value pairs) for people."""
@@ -22,11 +30,23 @@ class Output:
             line = json.dumps(record, separators=(",", ":"), sort_keys=False)
         else:
             line = text if text is not None else " ".join(f"{k}={v}" for k, v in record.items())
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        self._write(line + "\n")
 
     def text(self, line: str) -> None:
         """Print a line only in human mode (progress, tables)."""
         if not self.json_mode:
-            self.stream.write(line + "\n")
+            self._write(line + "\n")
+
+    def _write(self, data: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.write(data)
             self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            if not self.tolerate_broken_pipe:
+                raise BrokenPipeError from None
+            from ql_core.cli.main import _silence_stdout
+
+            self.broken = True
+            _silence_stdout()

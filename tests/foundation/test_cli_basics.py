@@ -48,11 +48,17 @@ def test_cluster_profile_refuses_sqlite_on_the_command_line(ql_env: dict[str, st
 def test_doctor_and_db_upgrade(ql_env: dict[str, str], data_dir: Path) -> None:
     out = run_ql(["doctor", "--json"], ql_env)
     assert out.returncode == 0, out.stderr
-    checks = {r["check"]: r["status"] for r in json_lines(out.stdout) if "check" in r}
-    assert checks == {"plugins": "ok", "hard_links": "ok", "o_append": "ok", "fsync": "ok", "permissions": "ok",
-                      "schema": "ok"}
+    checks = {r["check"]: r["result"] for r in json_lines(out.stdout) if "check" in r}
+    assert checks == {"plugins": "ok", "data_dir": "ok", "owner": "ok", "permissions": "ok", "hard_links": "ok",
+                      "o_append": "ok", "fsync": "ok", "database": "skipped", "schema": "skipped"}
+    assert json_lines(out.stdout)[-1]["checks"] == checks and json_lines(out.stdout)[-1]["healthy"] is True
+    assert list(data_dir.iterdir()) == []  # doctor created nothing, not even the database
     up = run_ql(["db", "upgrade", "--json"], ql_env)
     assert up.returncode == 0 and json_lines(up.stdout)[0]["revision"] == SCHEMA_HEAD
+    assert (data_dir / "ql.db").stat().st_mode & 0o777 == 0o600
+    out = run_ql(["doctor", "--json"], ql_env)
+    checks = {r["check"]: r["result"] for r in json_lines(out.stdout) if "check" in r}
+    assert out.returncode == 0 and checks["database"] == "ok" and checks["schema"] == "ok", out.stdout
     assert not any(p.name.startswith(".doctor-") for p in data_dir.iterdir())
 
 
@@ -68,8 +74,13 @@ def test_plugins_lists_active_and_errors(ql_env: dict[str, str]) -> None:
     rows = {r["name"]: r for r in json_lines(out.stdout)}
     assert rows["local"]["state"] == "active" and rows["edge-sqlite"]["state"] == "active"
     env = dict(ql_env, QL_PLUGINS="local")
-    rows = {r["name"]: r for r in json_lines(run_ql(["plugins", "--json"], env).stdout)}
+    out = run_ql(["plugins", "--json"], env)
+    rows = {r["name"]: r for r in json_lines(out.stdout) if "state" in r}
     assert rows["edge-sqlite"]["state"] == "installed"
+    # ...and the journal and receipt store the profile selects are then registered by nothing: problems.
+    problems = {r["name"]: r["problem"] for r in json_lines(out.stdout) if "problem" in r}
+    assert problems == {"file": "disabled_but_selected", "edge-sqlite": "disabled_but_selected"}
+    assert out.returncode == 1
 
 
 def test_version(ql_env: dict[str, str]) -> None:
