@@ -159,5 +159,5 @@ def test_doctor_fails_when_a_selected_plugin_cannot_load(ql_env: dict[str, str],
     out = run_ql(["--config", str(toml), "--json", "doctor"], ql_env)
     assert out.returncode == 1
     checks = {r["check"]: r for r in json_lines(out.stdout) if "check" in r}
-    assert checks["plugins"]["status"] == "failed"
+    assert checks["plugins"]["result"] == "failed"
     assert "slurm" in checks["plugins"]["detail"]
