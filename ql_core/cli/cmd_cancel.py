@@ -21,7 +21,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import reader_from_args
 
     # Only what exists: a run to cancel lives in a data dir that was used (a typo creates nothing).
-    rt = reader_from_args(args)
+    rt = reader_from_args(args, run_id=args.run_id)
     try:
         result = rt.cancel(args.run_id, "user")
     finally:

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import printable, reader_from_args
 
-    rt = reader_from_args(args)
+    rt = reader_from_args(args, run_id=args.run_id)
     try:
         events = [e.as_dict() for e in rt.events(args.run_id)]
     finally:

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
-    rt = reader_from_args(args)
+    rt = reader_from_args(args, run_id=args.run_id)
     try:
         chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
         for chunk in follow_log(rt, args.run_id, offset=args.offset, follow=args.follow):

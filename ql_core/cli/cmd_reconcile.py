@@ -11,8 +11,10 @@ HELP = "one reconciliation pass (receipts, identities, deadlines, retention); pr
 #: The counters ``ql reconcile --json`` always prints (0 when nothing happened), in this order.
 #: Any other counter a round reports goes under ``other`` (keys may change between releases).
 COUNT_KEYS = ("applied", "already_terminal", "quarantined", "still_running", "still_starting", "lost",
-              "blocked", "timed_out", "cancelled", "timeouts_requested", "journal_registered",
-              "journal_purged", "quarantine_purged", "errors")
+              "blocked", "timed_out", "cancelled", "timeouts_requested", "dispatch_signalled",
+              "dispatch_killed", "dispatch_already_exited", "dispatch_blocked", "dispatch_retry",
+              "journal_registered", "journal_purged", "quarantine_purged", "log_finalized", "log_truncated",
+              "log_expired", "log_evicted", "log_errors", "errors")
 EPILOG = ("--json prints one object with a fixed set of keys: complete, rounds, attempts_checked, "
           "journal_checked, " + ", ".join(COUNT_KEYS) + ", and other (every further counter).")
 

@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import printable, reader_from_args, settle_shown
 
-    rt = reader_from_args(args)
+    rt = reader_from_args(args, run_id=args.run_id)
     try:
         (view,) = settle_shown(rt, [rt.status(args.run_id)], limit=1)
     finally:

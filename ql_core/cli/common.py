@@ -65,12 +65,19 @@ def runtime_from_args(args: argparse.Namespace) -> Runtime:
     return Runtime.open(config_from_args(args))
 
 
-def reader_from_args(args: argparse.Namespace) -> Runtime:
+def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> Runtime:
     """An opened runtime for a command that reads (status, list, events, logs): nothing is created or
-    migrated; a missing data dir or database is a one-line error naming the fix."""
+    migrated; a missing data dir or database is a one-line error naming the fix (with ``run_id``:
+    "run X not found: <why>")."""
+    from ql_core.errors import NotFoundError
     from ql_core.runtime import Runtime
 
-    return Runtime.open(config_from_args(args), create=False)
+    try:
+        return Runtime.open(config_from_args(args), create=False)
+    except NotFoundError as exc:
+        if run_id is None:
+            raise
+        raise NotFoundError(f"run {printable(run_id[:80])!r} not found: {exc}") from None
 
 
 def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunView]:
