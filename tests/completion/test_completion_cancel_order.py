@@ -93,7 +93,7 @@ def test_completion_first_then_cancel_is_a_no_op(runtime: Any, running: Any, ql_
     assert _complete(runtime, sub, exit_code=0).status == "succeeded"
     before = runtime.events(sub.run_id)
     assert runtime.cancel(sub.run_id) is CancelRequest.ALREADY_TERMINAL
-    assert ql_json(ql_env, "cancel", sub.run_id)["status"] == "already_terminal"
+    assert ql_json(ql_env, "cancel", sub.run_id)["outcome"] == "already_terminal"
     assert runtime.events(sub.run_id) == before
     assert dispatch_row(runtime, sub.run_id) is None
     assert runtime.status(sub.run_id).cancel_reason is None

@@ -52,7 +52,7 @@ def test_run_json_and_the_query_commands(ql_env, data_dir: Path) -> None:
     status = json_lines(run_ql(["status", run_id, "--json"], ql_env).stdout)[0]
     assert status["status"] == "succeeded" and status["exit_code"] == 0 and status["name"] == "nightly"
     assert [a["status"] for a in status["attempts"]] == ["succeeded"]
-    events = json_lines(run_ql(["events", run_id, "--json"], ql_env).stdout)[0]["events"]
+    events = json_lines(run_ql(["events", run_id, "--json"], ql_env).stdout)  # one event per line
     assert [e["type"] for e in events] == ["run.created", "attempt.spawned", "attempt.succeeded", "run.succeeded"]
     assert [e["seq"] for e in events] == [1, 2, 3, 4]
     listed = json_lines(run_ql(["list", "--json", "--status", "succeeded"], ql_env).stdout)
@@ -114,7 +114,7 @@ def test_ctrl_c_cancels_the_run(ql_env, data_dir: Path) -> None:
     assert host.returncode == 130, stderr
     assert "cancelling run" in stderr and "ended cancelled" in stderr
     run_id = json_lines(run_ql(["list", "--json"], ql_env).stdout)[0]["run_id"]
-    types = [e["type"] for e in json_lines(run_ql(["events", run_id, "--json"], ql_env).stdout)[0]["events"]]
+    types = [e["type"] for e in json_lines(run_ql(["events", run_id, "--json"], ql_env).stdout)]
     assert types.index("run.cancel_requested") < types.index("run.cancelled")
 
 

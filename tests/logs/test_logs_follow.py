@@ -168,8 +168,9 @@ def test_ql_logs_follow_ends_the_run_without_a_supervisor(ql_env) -> None:
     # from an offset, and as JSON chunks with byte offsets
     again = run_ql(["--json", "logs", run_id, "--offset", "6"], ql_env)
     records = [json.loads(line) for line in again.stdout.splitlines()]
-    assert records[0]["offset"] == 6 and "".join(r["data"] for r in records) == "second\n"
-    assert records[-1]["end"] == len("first\nsecond\n")
+    chunks, state = records[:-1], records[-1]  # the last record is the run's state
+    assert chunks[0]["offset"] == 6 and "".join(r["data"] for r in chunks) == "second\n"
+    assert chunks[-1]["end"] == state["end"] == len("first\nsecond\n") and state["status"] == "failed"
 
 
 def test_ql_logs_rejects_a_negative_offset_and_an_unknown_run(ql_env) -> None:

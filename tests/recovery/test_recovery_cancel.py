@@ -57,7 +57,7 @@ def test_ql_cancel_stops_a_waiting_ql_run_with_130(data_dir: Path, ql_env: dict[
         _wait_log(rt, first["run_id"], b"ready")
 
         out = ql_json(["cancel", first["run_id"]], ql_env)
-        assert out == [{"run_id": first["run_id"], "status": "requested"}]
+        assert out == [{"run_id": first["run_id"], "outcome": "requested"}]
         stdout, stderr = host.communicate(timeout=30)
     finally:
         if host.poll() is None:
@@ -82,7 +82,7 @@ def test_cancel_after_terminal_is_a_no_op(data_dir: Path, ql_env: dict[str, str]
     before = rt.events(done["run_id"])
 
     out = ql_json(["cancel", done["run_id"]], ql_env)
-    assert out == [{"run_id": done["run_id"], "status": "already_terminal"}]
+    assert out == [{"run_id": done["run_id"], "outcome": "already_terminal"}]
     assert rt.events(done["run_id"]) == before  # no event
     assert dispatch_row(rt, done["run_id"]) is None  # nothing that could ever signal
     assert rt.status(done["run_id"]).status == "succeeded"

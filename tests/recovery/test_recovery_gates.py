@@ -201,7 +201,7 @@ def test_gate6_supervise_enforces_deadline(data_dir: Path, ql_env: dict[str, str
         out, err = supervise.communicate(timeout=30)
         rt.close()
     assert supervise.returncode == 0, err
-    assert '"status":"stopped","drained":true' in out
+    assert '"type":"stopped","drained":true' in out
 
 
 def test_reconcile_cli_reports_incomplete_pass(data_dir: Path, ql_env: dict[str, str], tmp_path: Path,
@@ -215,9 +215,9 @@ def test_reconcile_cli_reports_incomplete_pass(data_dir: Path, ql_env: dict[str,
         rt.close()
     config = write_config(tmp_path / "ql.toml", page_size=2, pages_per_round=1)
     (line,) = ql_json(["reconcile", "--max-rounds", "2"], ql_env, config=config)
-    assert line["status"] == "incomplete" and line["rounds"] == 2 and line["attempts_checked"] == 4
+    assert line["complete"] is False and line["rounds"] == 2 and line["attempts_checked"] == 4
     (line,) = ql_json(["reconcile"], ql_env, config=config)
-    assert line["status"] == "ok" and line["still_running"] == 10 and line["rounds"] == 6
+    assert line["complete"] is True and line["still_running"] == 10 and line["rounds"] == 6
     assert ql(["reconcile", "--max-rounds", "0"], ql_env, check=False).returncode == 2
 
 
