@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import threading
 from typing import Any, AsyncIterator
 
@@ -91,7 +92,8 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         owned = state["rt"] is None
         if owned:
-            state["rt"] = await anyio.to_thread.run_sync(Runtime.open, config or load_config())
+            chosen = config or load_config(environ=os.environ, cwd=os.getcwd())  # QL_* and ./ql.toml
+            state["rt"] = await anyio.to_thread.run_sync(Runtime.open, chosen)
         rt: Runtime = state["rt"]
         supervisor = watch = None
         if supervise:
@@ -227,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", help="ql data dir (default: QL_DATA_DIR or the config's)")
     parser.add_argument("--config", help="ql.toml (e.g. with plugins = [\"watchfiles\"])")
     args = parser.parse_args(argv)
-    config = load_config(config_path=args.config, data_dir=args.data_dir)
+    # Like the ql command: options, then QL_* variables, then the file (--config or ./ql.toml).
+    config = load_config(config_path=args.config, data_dir=args.data_dir, environ=os.environ, cwd=os.getcwd())
     uvicorn.run(create_app(config=config), host=args.host, port=args.port, log_level="info")
 
 
