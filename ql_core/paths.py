@@ -189,6 +189,11 @@ def read_node_id(data_dir: Path) -> str | None:
 
 
 def read_existing_node_id(data_dir: Path) -> str:
+    st = _stat_data_dir(Path(data_dir))
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, "no data dir", str(data_dir))
+    if not stat.S_ISDIR(st.st_mode):
+        raise DataDirError(f"data dir {data_dir} is not a directory; point --data-dir / QL_DATA_DIR elsewhere")
     path = Path(data_dir) / "node_id"
     raw = read_small_file(path, max_bytes=_NODE_ID_MAX_BYTES, what="the node id file", follow_symlinks=False)
     value = raw.decode("ascii", "replace").strip()
