@@ -98,6 +98,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if config.profile.name == "cluster-control":
         raise UsageError("the cluster control plane never scans worker-local paths; "
                          "run `ql audit receipts` on the worker (profile cluster-worker)")
+    from ql_core.paths import existing_data_dir
+
+    existing_data_dir(config.data_dir)  # a mistyped --data-dir is an error, not 256 "missing" shards
     report = audit_receipts(config.data_dir, config.database_url, shard=shard, shards=shards,
                             limit=limit, min_age_s=min_age, quarantine=bool(args.quarantine))
     for line in _human_lines(report):
