@@ -58,20 +58,36 @@ class JsonChunks:
         buf = self._pending + data
         keep = utf8_incomplete_tail(buf)
         ready, self._pending = (buf[:-keep], buf[-keep:]) if keep else (buf, b"")
-        return [self._record(ready)] if ready else []
+        return self._records(ready)
 
     def flush(self) -> list[dict[str, object]]:
         """The held-back bytes of an incomplete character at the very end (kept, as base64)."""
         ready, self._pending = self._pending, b""
-        return [self._record(ready)] if ready else []
+        return [self._record("base64", ready)] if ready else []
 
-    def _record(self, data: bytes) -> dict[str, object]:
+    def _records(self, data: bytes) -> list[dict[str, object]]:
+        """Valid UTF-8 as text; a line holding bytes that are not UTF-8 as base64 (from the first bad
+        byte to the end of its line), so text around binary stays readable."""
+        out: list[dict[str, object]] = []
+        while data:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if exc.start:
+                    out.append(self._record("utf-8", data[:exc.start]))
+                newline = data.find(b"\n", exc.end - 1)
+                cut = len(data) if newline < 0 else newline + 1
+                out.append(self._record("base64", data[exc.start:cut]))
+                data = data[cut:]
+                continue
+            out.append(self._record("utf-8", data))
+            break
+        return out
+
+    def _record(self, encoding: str, data: bytes) -> dict[str, object]:
         import base64
 
-        try:
-            encoding, text = "utf-8", data.decode("utf-8")
-        except UnicodeDecodeError:
-            encoding, text = "base64", base64.b64encode(data).decode("ascii")
+        text = data.decode("utf-8") if encoding == "utf-8" else base64.b64encode(data).decode("ascii")
         record = {"run_id": self.run_id, "offset": self.end, "end": self.end + len(data),
                   "encoding": encoding, "data": text}
         self.end += len(data)
