@@ -196,6 +196,7 @@ def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = N
             f"or disable it with QL_DISABLE_PLUGINS={entry_point.name}"
         ) from exc
 
+    _refuse_duplicate_names(selected)
     manager = NamedExtensionManager(
         namespace=ENTRY_POINT_GROUP,
         names=list(selected),
@@ -225,6 +226,21 @@ def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = N
     host = PluginHost(pm=pm, loaded=tuple(ext.name for ext in manager), environ=env)
     host._collect()
     return host
+
+
+def _refuse_duplicate_names(selected: Iterable[str]) -> None:
+    """A plugin name two distributions declare: which one loads is an accident, so neither does."""
+    wanted = set(selected)
+    seen: dict[str, str] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in wanted:
+            continue
+        dist = getattr(ep, "dist", None)
+        where = f"{ep.value} (distribution {dist.name if dist else '?'})"
+        if ep.name in seen and seen[ep.name] != where:
+            raise PluginError(f"plugin name {ep.name!r} is declared twice in {ENTRY_POINT_GROUP!r}: {seen[ep.name]} "
+                              f"and {where}; uninstall the distribution you do not want (`ql plugins` shows both)")
+        seen[ep.name] = where
 
 
 def explain_unregistered(key: str, name: str, config: Config, host: PluginHost) -> str:
