@@ -39,7 +39,7 @@ def _declarations() -> dict[str, list[tuple[str, str | None]]]:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args
-    from ql_core.errors import PluginError
+    from ql_core.cli.main import classify
     from ql_core.plugins import explain_unregistered, installed_plugins, load_plugin_host, select_plugin_names
 
     config = config_from_args(args)
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if plugin.name in active:
             try:
                 load_plugin_host([plugin.name])
-            except PluginError as exc:
-                error, status = str(exc), 1
+            except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
+                error, status = classify(exc, "plugins")[1], 1
         state = "active" if plugin.name in active else "installed"
         if error:
             state = "error"
@@ -71,13 +71,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if len(declared) > 1:
             who = "; ".join(f"{target} (distribution {dist or '?'})" for target, dist in declared)
             problems.append(("duplicate_plugin", name,
-                             f"plugin name {name!r} is declared {len(declared)} times: {who}; only one is ever "
-                             f"loaded: uninstall the distribution you do not want"))
+                             f"plugin name {name!r} is declared {len(declared)} times: {who}; no runtime loads it "
+                             f"until one is uninstalled: uninstall the distribution you do not want"))
     # The plugins a runtime would load together: registrations collide only then.
     try:
         host = load_plugin_host(config.plugins, optional=config.seam_plugins)
-    except PluginError as exc:
-        text = str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported as a problem
+        text = classify(exc, "plugins")[1]
         if "registered twice" in text:
             problems.append(("duplicate_registration", "-", text))
         elif status == 0:  # not already shown as a plugin's own load error above
