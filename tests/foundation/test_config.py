@@ -122,3 +122,91 @@ def test_cluster_profiles_refuse_sqlite(tmp_path: Path, profile: str) -> None:
 def test_config_adds_plugins_to_the_profile(tmp_path: Path) -> None:
     config = load(tmp_path, 'plugins = ["extra", "local"]\n')
     assert config.plugins == ("local", "file", "edge-sqlite", "extra")
+
+
+# -- explicit sources: a library caller reads QL_* and ./ql.toml only when it asks -------------------------
+def test_the_process_environment_is_read_only_when_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("QL_PROFILE", "standalone")
+    monkeypatch.setenv("QL_DATA_DIR", str(tmp_path / "from-env"))
+    monkeypatch.setenv("QL_DATABASE_URL", "postgresql+psycopg://u@h/db")
+    quiet = load_config(data_dir=tmp_path / "d")
+    assert (quiet.profile.name, quiet.data_dir) == ("edge", tmp_path / "d")
+    assert quiet.database_url == f"sqlite:///{tmp_path / 'd' / 'ql.db'}"
+    asked = load_config(environ=os.environ)
+    assert (asked.profile.name, asked.data_dir) == ("standalone", tmp_path / "from-env")
+
+
+def test_the_working_directory_is_searched_only_when_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, 'profile = "standalone"\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_config(data_dir=tmp_path / "d").profile.name == "edge"
+    assert load_config(data_dir=tmp_path / "d", cwd=tmp_path).profile.name == "standalone"
+    assert load_config(data_dir=tmp_path / "d", cwd=tmp_path).source == str(tmp_path / "ql.toml")
+
+
+def test_a_relative_data_dir_on_the_command_line_is_relative_to_the_working_directory(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    path = write(elsewhere, 'data_dir = "state"\n')
+    assert load_config(config_path=path, cwd=tmp_path).data_dir == elsewhere / "state"
+    assert load_config(config_path=path, data_dir="mine", cwd=tmp_path).data_dir == tmp_path / "mine"
+    env = {"QL_DATA_DIR": "env-dir"}
+    assert load_config(config_path=path, environ=env, cwd=tmp_path).data_dir == tmp_path / "env-dir"
+
+
+def test_default_data_dir_follows_xdg_and_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert load_config().data_dir == tmp_path / "state" / "ql"
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")  # the XDG spec: relative paths are invalid
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_config().data_dir == tmp_path / ".local" / "state" / "ql"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "gone"))
+    with pytest.raises(ConfigError, match=r"HOME=.*gone\) does not exist"):
+        load_config()
+    assert not (tmp_path / "gone").exists()
+    assert load_config(data_dir=tmp_path / "d").data_dir == tmp_path / "d"  # not needed: no error
+
+
+@pytest.mark.parametrize("data,fragment", [
+    (b"\x00\x01binary", "NUL bytes"),
+    ('profile = "edge"\n'.encode("utf-16"), "UTF-16"),
+    (b"profile = \"\xe9\"\n", "not UTF-8"),
+    (b"a = " + b"[" * 100_000 + b"]" * 100_000, "too deeply"),
+    (b"# " + b"x" * (1 << 20), "more than the 1048576"),
+    (b'data_dir = "a\\u0000b"\n', "NUL byte"),
+])
+def test_files_that_are_not_config_files(tmp_path: Path, data: bytes, fragment: str) -> None:
+    (tmp_path / "ql.toml").write_bytes(data)
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(config_path=tmp_path / "ql.toml")
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "ql.toml").write_bytes(b'\xef\xbb\xbfprofile = "standalone"\n')
+    assert load_config(config_path=tmp_path / "ql.toml", data_dir=tmp_path).profile.name == "standalone"
+
+
+def test_a_fifo_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    os.mkfifo(tmp_path / "ql.toml")
+    result: list[BaseException] = []
+    worker = threading.Thread(target=lambda: result.append(pytest.raises(ConfigError, load_config,
+                                                                         config_path=tmp_path / "ql.toml").value))
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "load_config blocked on a FIFO"
+    assert "not a regular file" in str(result[0])
+
+
+@pytest.mark.parametrize("data_dir,fragment", [
+    ("/tmp/" + "a" * 256, "component of 256 bytes"),
+    ("/tmp/" + "/".join(["b" * 200] * 20), "bytes long"),
+])
+def test_data_dirs_too_long_for_the_file_system(data_dir: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(data_dir=data_dir)
