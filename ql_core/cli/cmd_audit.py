@@ -67,7 +67,7 @@ def _human_lines(report: AuditReport) -> list[str]:
              f"shards {span} ({len(shards)}), limit {report.limit} per shard, "
              f"min age {report.min_age_s} s",
              "",
-             f"{'SHARD':<6}{'STATUS':<10}{'ENTRIES':>7}"]
+             f"{'SHARD':<6}{'STATE':<10}{'ENTRIES':>7}"]
     lines += [f"{s.shard:<6}{s.status:<10}{s.entries:>7}" for s in shards]
     if report.entries:
         width = max(len(e.ref) for e in report.entries) + 2
@@ -107,5 +107,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.text(line)
     summary = f"moved {report.moved}; next shard {report.next_shard} " \
               f"(continue with: ql audit receipts --shard {report.next_shard})"
-    out.emit(report.to_dict(), summary)
+    record = report.to_dict()
+    # "status" is reserved for run and attempt states (docs/cli.md): a shard has a "state".
+    record["shards"] = [{"shard": s["shard"], "state": s["status"], "entries": s["entries"]}
+                        for s in record["shards"]]
+    out.emit(record, summary)
     return 0

@@ -42,6 +42,7 @@ def test_every_command_uses_status_only_for_run_and_attempt_states(env, tmp_path
     records += _json(env, "status", run_id) + _json(env, "list") + _json(env, "events", run_id)
     records += _json(env, "logs", run_id) + _json(env, "cancel", run_id) + _json(env, "reconcile")
     records += _json(env, "doctor") + _json(env, "db", "upgrade") + _json(env, "plugins")
+    records += _json(env, "audit", "receipts", "--shards", "32")
     found = _statuses(records)
     assert found and {s for s in found if s is not None} <= STATES, found
 
