@@ -157,10 +157,10 @@ def test_cli_json_has_the_contract_fields(audit_dir: DataDir) -> None:
     assert doc["moved"] == 0
     assert set(doc["counts"]) == {c.value for c in EntryClass}
     assert doc["shards"] == [
-        {"shard": "02", "status": "missing", "entries": 0},
-        {"shard": "03", "status": "ok", "entries": 1},
-        {"shard": "04", "status": "missing", "entries": 0},
-        {"shard": "05", "status": "ok", "entries": 1},
+        {"shard": "02", "state": "missing", "entries": 0},
+        {"shard": "03", "state": "ok", "entries": 1},
+        {"shard": "04", "state": "missing", "entries": 0},
+        {"shard": "05", "state": "ok", "entries": 1},
     ]
     assert [(e["ref"], e["class"], e["action"]) for e in doc["entries"]] == [
         (f"03/{attempt_id}.json", "journal_registered", "keep"),

@@ -169,8 +169,8 @@ def test_overflow_moves_nothing_in_that_shard(audit_dir: DataDir) -> None:
         d.put("51", f"junk-{i}")
     before = snapshot(d.receipts / "50")
     doc = run_ql(d.path, "--shard", "50", "--shards", "2", "--limit", "3", "--quarantine").json()
-    assert doc["shards"] == [{"shard": "50", "status": "overflow", "entries": 3},
-                             {"shard": "51", "status": "ok", "entries": 3}]
+    assert doc["shards"] == [{"shard": "50", "state": "overflow", "entries": 3},
+                             {"shard": "51", "state": "ok", "entries": 3}]
     by_shard = {}
     for entry in doc["entries"]:
         by_shard.setdefault(entry["ref"][:2], set()).add(entry["action"])
@@ -186,7 +186,7 @@ def test_overflow_in_report_mode(audit_dir: DataDir) -> None:
     for i in range(65):
         d.put("52", f"junk-{i:02d}")
     doc = run_ql(d.path, "--shard", "52", "--shards", "1", "--limit", "64").json()
-    assert doc["shards"] == [{"shard": "52", "status": "overflow", "entries": 64}]
+    assert doc["shards"] == [{"shard": "52", "state": "overflow", "entries": 64}]
     assert len(doc["entries"]) == 64
 
 
