@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
         _global_options(child, suppress=True)
         module.configure(child)
         extra = getattr(module, "EPILOG", None) or child.epilog
+        if extra:
+            import textwrap
+
+            extra = "\n\n".join(textwrap.fill(p, 78) for p in extra.split("\n\n"))
         child.epilog = (f"{extra}\n\n" if extra else "") + _exit_epilog(name)
         child.set_defaults(_module=module)
     return parser
