@@ -88,7 +88,9 @@ def test_e2big_says_the_argument_list_is_too_long(env, tmp_path: Path) -> None:
     proc = subprocess.Popen([*QL, "--config", str(config), "run", "--", "echo", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_STACK)
+        _wait_for_open(proc.pid, "ql.db")  # its runtime is open; the create commit waits for our lock
+        time.sleep(0.3)
+        _soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_STACK)
         resource.prlimit(proc.pid, resource.RLIMIT_STACK, (1 << 20, hard))
     finally:
         holder.execute("COMMIT")
