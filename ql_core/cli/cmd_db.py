@@ -71,6 +71,11 @@ def _create_private(url: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
+        import stat
+
+        if not stat.S_ISREG(os.stat(path).st_mode):  # SQLite would block on a FIFO forever
+            raise DataDirError(f"{path} is not a regular file (a FIFO, device or directory); move it aside "
+                               f"and restore ql.db from a backup") from None
         return
     except OSError as exc:
         raise DataDirError(explain_os_error(exc, "cannot create the run database", path)) from None

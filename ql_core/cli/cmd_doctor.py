@@ -320,6 +320,10 @@ def _check_database(config, database: Path | None, skip_unless_dir: Callable[[],
             raise AssertionError(f"{database} is missing, but this data dir was used (it has a node_id): the run "
                                  f"history is gone; restore ql.db from a backup (docs/recovery.md)")
         raise _Skip(f"no database yet ({database.name} is created by the first writing command)")
+    kind = os.stat(database).st_mode
+    if not stat.S_ISREG(kind):
+        raise AssertionError(f"{database} is not a regular file (a FIFO, device or directory): it is not a run "
+                             f"database; move it aside and restore ql.db from a backup (docs/recovery.md)")
     try:
         health = _health(database)
     except (sqlite3.Error, OSError) as exc:
@@ -339,6 +343,8 @@ def _check_schema(config, database: Path | None, skip_unless_dir: Callable[[], N
         skip_unless_dir()
         if not database.exists():
             raise _Skip("no database yet")
+        if not stat.S_ISREG(os.stat(database).st_mode):
+            raise _Skip("the database is not a regular file (see the database check)")
         health = _health(database)
         if not health.ok:
             raise _Skip("the database is damaged (see the database check)")

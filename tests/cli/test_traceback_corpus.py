@@ -41,6 +41,8 @@ class Case:
     not_created: tuple[Path, ...] = ()
     #: Shell words run before the command, e.g. to remove the working directory under it.
     cwd: Path | None = None
+    #: Seconds before a hang is a failure.
+    timeout: float = 60
     cleanup: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -362,6 +364,25 @@ for _name, _make_node in NODE_IDS.items():
         case(f"node_id/{_name}_{_cmd}")(_node)
 
 
+# -- ql.db that is not a database file (a FIFO must never hang a command) -----------------------------------
+for _cmd in ("list", "doctor", "db upgrade", "run", "fresh_run"):
+    def _db_fifo(base: Path, cmd: str = _cmd) -> Case:
+        if cmd == "fresh_run":
+            d = base / "data"
+            d.mkdir(mode=0o700)
+        else:
+            d = used_dir(base)
+            for name in ("ql.db", "ql.db-wal", "ql.db-shm"):
+                (d / name).unlink(missing_ok=True)
+        os.mkfifo(d / "ql.db", 0o600)
+        args = {"list": ["list"], "doctor": ["doctor"], "db upgrade": ["db", "upgrade"], "run": ["run", "--", "true"],
+                "fresh_run": ["run", "--", "true"]}[cmd]
+        says = {"doctor": ("not a regular file",), "db upgrade": ("not a regular file",),
+                "fresh_run": ("run database",)}.get(cmd, ("ql.db",))
+        return Case(dd(d, *args), env_for(base), 1, says=says, reports_on_stdout=cmd == "doctor", timeout=20)
+    case(f"ql_db_fifo/{_cmd.replace(' ', '_')}")(_db_fifo)
+
+
 # -- environment and standard streams ---------------------------------------------------------------------
 @case("env/QL_LOG_LEVEL_bogus")
 def _log_level(base: Path) -> Case:
@@ -431,7 +452,7 @@ def _run_case(c: Case) -> subprocess.CompletedProcess[str]:
         script = f"cd {shlex.quote(str(c.cwd))} && rmdir {shlex.quote(str(c.cwd))} && exec " + \
             " ".join(shlex.quote(a) for a in [*QL, *c.args])
         return subprocess.run(["sh", "-c", script], env=c.env, capture_output=True, text=True, timeout=60)
-    return ql_proc(c.args, c.env, user=c.user, close_stdout=c.close_stdout, cwd=c.cwd)
+    return ql_proc(c.args, c.env, user=c.user, close_stdout=c.close_stdout, cwd=c.cwd, timeout=c.timeout)
 
 
 @pytest.mark.parametrize("name", _params())
@@ -477,9 +498,9 @@ def test_corpus_is_complete() -> None:
               "damaged_database/reconcile", "damaged_database/doctor_index", "config/binary", "config/utf16",
               "config/deeply_nested", "config/nul_in_data_dir", "data_dir/component_too_long",
               "data_dir/proc_self_list", "env/QL_LOG_LEVEL_bogus", "stdout_closed/run", "config/fifo",
-              "config/dev_zero", "node_id/fifo_list"]
+              "config/dev_zero", "node_id/fifo_list", "ql_db_fifo/doctor"]
     assert [w for w in wanted if w not in CASES] == []
-    assert len(CASES) >= 75
+    assert len(CASES) >= 80
 
 
 # -- inputs whose fix belongs to the core (strict xfail until the core owner fixes them) -----------------
