@@ -305,12 +305,12 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
 
 
 def _settle(rt: Runtime, run_id: str, attempt_id: str) -> bool:
-    """Is the run over? If not, try to end it from its receipt or its exited process."""
+    """Is the run over? If not, try to end it: its passed deadline, its receipt or its exited process."""
     view = rt.status(run_id)
     if view.terminal:
         return True
     if rt.consumer is not None:
-        rt.recover_attempt(attempt_id)
+        rt.settle(view)
         return rt.status(run_id).terminal
     return False
 

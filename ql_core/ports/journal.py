@@ -73,6 +73,7 @@ __all__ = [
     "QueueingBackend",
     "WorkerService",
     "ControlService",
+    "HistoryRetention",
 ]
 
 T = TypeVar("T")
@@ -341,4 +342,26 @@ class ControlService(Protocol):
 
     def run_control(self, runtime: object, stop: threading.Event) -> int:
         """Sweep leases, deadlines and retention in bounded pages until ``stop`` is set; exit status."""
+        ...
+
+
+@runtime_checkable
+class HistoryRetention(Protocol):
+    """A run store that can forget old history (runs, attempts, events, dispatch and log rows).
+
+    Core calls it from the reconciler's round, bounded by the round's cap; without this
+    capability nothing is ever purged.
+    """
+
+    def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
+                           limit: int) -> dict[str, list[str]]:
+        """At most ``limit`` terminal runs, oldest first, that are past the history limits —
+        finished before ``finished_before_ms``, or not among the ``keep_newest`` newest runs — whose
+        attempts all belong to ``owner`` and none of which still has a receipt-journal row.
+        Returns ``run_id -> [undeleted log artifact ids]`` (core deletes those files first)."""
+        ...
+
+    def purge_runs(self, run_ids: list[str]) -> int:
+        """Delete these runs and all their rows in one transaction; a run that is not terminal is
+        never touched. Returns how many runs were deleted."""
         ...
