@@ -39,7 +39,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -286,7 +286,7 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
                     _quietly(finalize_log, rt, log_id)
                     continue  # drain what was written before the end
                 if facts is not None and _quietly(enforce_log_quota, rt, facts):
-                    facts = replace(facts, truncated=True)
+                    facts = facts._replace(truncated=True)
             if heartbeat_s is not None and now - last_yield >= heartbeat_s:
                 yield LogChunk(offset, b"")
                 last_yield = time.monotonic()

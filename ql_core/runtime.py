@@ -20,8 +20,8 @@ cancel and wait always go back to that executor.
 
 from __future__ import annotations
 
+import functools
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +36,6 @@ from .ids import new_id
 from . import paths
 from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
 from .ports.context import RuntimeContext
-from .ports.executor import SpawnRequest, check_handle
 from .records import NewRun, RunView
 
 if TYPE_CHECKING:
@@ -82,10 +81,6 @@ class Runtime:
 
     def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, create: bool = True,
                  data_dir_in_use: bool = False) -> None:
-        from .cancellation import Canceller
-        from .completion import CompletionService
-        from .consumer import ReceiptConsumer
-
         self.config = config
         self.profile = config.profile
         self.plugins = plugins
@@ -94,30 +89,57 @@ class Runtime:
         self.context = RuntimeContext(config=config, node_id=node_id, existing_only=not create,
                                       data_dir_in_use=data_dir_in_use)
         self._executors: dict[str, Executor | None] = {}
-        self._executors_lock = threading.Lock()
-        # The selected seams fail at start, with a one-line error naming what is installed.
-        self.executor: Executor | None = None
-        if config.executor is not None:
-            self.executor = self._create("executor", plugins.executors, config.executor)
-            self._executors[config.executor] = self.executor
-        self.receipts: ReceiptStore | None = (
-            self._create("receipt_store", plugins.receipt_stores, config.receipt_store)
-            if config.receipt_store is not None else None)
-        self.journal: JournalBackend = self._create("journal", plugins.journal_backends, config.journal)
-        self.completion: CompletionService = CompletionService(
-            self.journal, node_id=node_id, retries=self.profile.completion_retries, notify=plugins.notify_event,
-            executor_known=lambda name: self.executor_for(name) is not None)
-        self.consumer: ReceiptConsumer | None = (
-            ReceiptConsumer(self.receipts, self.journal, self.completion) if self.receipts is not None else None)
-        self.canceller: Canceller = Canceller(self.journal, self.executor_for, node_id, self.profile,
-                                              plugins.notify_event)
+        self._lazy_lock = threading.RLock()
+        # Every selected seam must be registered (one-line error naming what is installed) — checked
+        # now; the executor and receipt store are *built* on first use, so a reader (`ql status`)
+        # never imports the launcher, subprocess or the receipt codec.
+        for key, registry in (("executor", plugins.executors), ("receipt_store", plugins.receipt_stores),
+                              ("journal", plugins.journal_backends)):
+            self._require_registered(key, registry, getattr(config, key))
+        self.journal: JournalBackend = plugins.journal_backends.create(config.journal, self.context)
+        if create:
+            # A runtime that runs tasks builds them now, so a bad [plugin.<name>] table fails at start.
+            _ = self.executor, self.receipts
 
-    def _create(self, key: str, registry: Any, name: str) -> Any:
+    def _require_registered(self, key: str, registry: Any, name: str | None) -> None:
         from .plugins import explain_unregistered
 
-        if name not in registry.names():
+        if name is not None and name not in registry.names():
             raise PluginError(explain_unregistered(key, name, self.config, self.plugins))
-        return registry.create(name, self.context)
+
+    @property
+    def executor(self) -> Executor | None:
+        """The selected executor (built on first use); None on a node that runs no tasks."""
+        return self.executor_for(self.config.executor) if self.config.executor is not None else None
+
+    @functools.cached_property
+    def receipts(self) -> ReceiptStore | None:
+        """The selected receipt store (built on first use); None on a node that runs no tasks."""
+        if self.config.receipt_store is None:
+            return None
+        with self._lazy_lock:
+            return self.plugins.receipt_stores.create(self.config.receipt_store, self.context)
+
+    @functools.cached_property
+    def completion(self) -> CompletionService:
+        from .completion import CompletionService
+
+        return CompletionService(self.journal, node_id=self.node_id, retries=self.profile.completion_retries,
+                                 notify=self.plugins.notify_event,
+                                 executor_known=lambda name: self.executor_for(name) is not None)
+
+    @functools.cached_property
+    def consumer(self) -> ReceiptConsumer | None:
+        from .consumer import ReceiptConsumer
+
+        receipts = self.receipts
+        return ReceiptConsumer(receipts, self.journal, self.completion) if receipts is not None else None
+
+    @functools.cached_property
+    def canceller(self) -> Canceller:
+        from .cancellation import Canceller
+
+        return Canceller(self.journal, self.executor_for, self.node_id, self.profile, self.plugins.notify_event)
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -162,7 +184,7 @@ class Runtime:
 
     def executor_for(self, name: str) -> Executor | None:
         """The executor registered as ``name`` (built once), or None when it is not installed here."""
-        with self._executors_lock:
+        with self._lazy_lock:
             if name not in self._executors:
                 if name in self.plugins.executors.names():
                     self._executors[name] = self.plugins.executors.create(name, self.context)
@@ -232,6 +254,8 @@ class Runtime:
     def _create_run(self, *, name: str | None, timeout_s: float | None,
                     log_max_bytes: int | None = None) -> Submission:
         """The *create* commit. Any failure here means: nothing is spawned."""
+        import secrets
+
         from .completion import hash_token
         from .retrying import retrying
 
@@ -261,6 +285,7 @@ class Runtime:
     def _spawn(self, executor: Executor, sub: Submission, command: tuple[str, ...], *, shell: bool,
                cwd: str | None, env: dict[str, str] | None) -> Submission:
         from .logs import open_log_artifact
+        from .ports.executor import SpawnRequest
 
         assert self.receipts is not None
         try:
@@ -293,6 +318,8 @@ class Runtime:
 
     def _record_spawned(self, executor: Executor, sub: Submission, task: SpawnedTask) -> None:
         """Second commit: the durable handle. Without it the task must not run (ADR-0007 §2.2)."""
+        from .ports.executor import check_handle
+
         try:
             handle = check_handle(task.handle)
             if handle is None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "MAX_HANDLE_BYTES",
@@ -104,8 +104,7 @@ class SpawnedTask:
     live: Any = field(default=None, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class ExitObservation:
+class ExitObservation(NamedTuple):
     """What the spawning host saw when its task ended.
 
     ``exit_code`` is the task's own status (0-255; 128+N for signal N), or

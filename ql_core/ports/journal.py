@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar, runtime_checkable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ..records import (
@@ -91,8 +92,7 @@ class ConflictError(StoreError):
     """A compare-and-set lost against another writer: retry the whole transaction."""
 
 
-@dataclass(frozen=True, slots=True)
-class EventSpec:
+class EventSpec(NamedTuple):
     """An event to append: only ids, type, status, exit code and reason (low sensitivity)."""
 
     type: str
@@ -113,8 +113,7 @@ DISPATCH_COLUMNS = frozenset({"state", "outcome", "tries", "next_attempt_at_ms",
                               "kill_sent_at_ms"})
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """What a decision sees, read inside the write transaction that will apply it.
 
     ``attempt`` is the one asked for (for :meth:`JournalBackend.run_transition`:
@@ -130,12 +129,11 @@ class Snapshot:
     now_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
     """A decided change, applied by the backend with compare-and-set, or not at all."""
 
-    attempt: Mapping[str, object] = field(default_factory=dict)
-    run: Mapping[str, object] = field(default_factory=dict)
+    attempt: Mapping[str, object] = MappingProxyType({})
+    run: Mapping[str, object] = MappingProxyType({})
     events: tuple[EventSpec, ...] = ()
     #: The attempt ended: start its receipt-journal row's retention clock in the same transaction.
     terminal: bool = False
@@ -150,8 +148,7 @@ class Transition:
 Decide = Callable[[Snapshot], "tuple[T, Transition | None]"]
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchClaim:
+class DispatchClaim(NamedTuple):
     """A cancellation dispatch record whose lease this node now holds (``record.version`` is the fence)."""
 
     record: DispatchRecord

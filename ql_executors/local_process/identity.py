@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from loguru import logger
+from ql_core.log import logger
 
 __all__ = [
     "ProcessHandle",

@@ -370,10 +370,8 @@ class SqliteJournal:
             cur = c.execute(sql.CLAIM_DISPATCH, (owner, now + lease_ms, now, run_id, record.version, now))
             if cur.rowcount != 1:
                 return None
-        from dataclasses import replace
-
-        held = replace(record, version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
-                       updated_at_ms=now)
+        held = record._replace(version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
+                               updated_at_ms=now)
         return DispatchClaim(record=held, owner=owner, now_ms=now)
 
     def finish_dispatch(self, claim: DispatchClaim, values: Mapping[str, object]) -> bool:
