@@ -57,6 +57,10 @@ class Profile:
     busy_timeout_ms: int = 5000
     #: Time cap of the supervisor's drain on stop().
     stop_drain_s: float = 5.0
+    #: Terminal runs (with their attempts, events and logs) older than this are forgotten (seconds).
+    history_retention_s: float = 30 * 24 * 3600.0
+    #: At most this many runs are kept; the oldest terminal ones beyond it are forgotten.
+    history_max_runs: int = 100_000
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """Return a copy with validated numeric overrides applied."""
@@ -85,6 +89,8 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "completion_retries": (int, 1, 50),
     "busy_timeout_ms": (int, 100, 600_000),
     "stop_drain_s": (float, 0.1, 300.0),
+    "history_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
+    "history_max_runs": (int, 10, 10_000_000),
 }
 
 _MIN = 60.0
@@ -97,7 +103,7 @@ PROFILES: dict[str, Profile] = {
         default_executor="local", default_receipt_store="file", default_journal="edge-sqlite",
         scan_interval_s=30.0, page_size=8, pages_per_round=2, publish_grace_ms=50,
         terminal_journal_retention_s=2 * _MIN, quarantine_retention_s=5 * _MIN,
-        file_watcher="never",
+        file_watcher="never", history_retention_s=7 * 24 * _H, history_max_runs=10_000,
     ),
     "standalone": Profile(
         name="standalone", database="sqlite", runs_tasks=True,

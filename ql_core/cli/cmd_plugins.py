@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         error = None
         if plugin.name in active:
             try:
-                load_plugin_host([plugin.name])
+                load_plugin_host([plugin.name], use_cache=False)
             except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
                 error, status = classify(exc, "plugins")[1], 1
         state = "active" if plugin.name in active else "installed"

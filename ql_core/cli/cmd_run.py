@@ -120,14 +120,22 @@ class _LogStreamer:
         facts = log_facts(rt, log_artifact_id)  # type: ignore[arg-type]
         self._max_bytes = facts.max_bytes if facts is not None else None
         self._offset = 0
-        #: Our stdout went away (its reader left): stop streaming, keep waiting for the task.
+        #: Our stdout went away (its reader left), or the log file was replaced: stop streaming,
+        #: keep waiting for the task.
         self.stopped = False
 
     def pump(self, *, drain: bool = False) -> None:
+        from ql_core.errors import UnsafePathError
         from ql_core.logs import LOG_CHUNK_BYTES, read_log_chunk
 
         while not self.stopped:
-            chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
+            try:
+                chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
+            except UnsafePathError as exc:
+                # Something replaced the log (a FIFO, a directory...): stop streaming, keep waiting.
+                self.stopped = True
+                _note(f"ql: not streaming the log any more: {exc}")
+                return
             if not chunk:
                 return
             self._offset += len(chunk)

@@ -33,13 +33,13 @@ def test_views_are_typed_and_carry_no_token(tmp_path: Path) -> None:
         assert all(isinstance(a, AttemptView) for a in view.attempts)
         assert view.current_attempt is view.attempts[-1] and view.log_artifact_id == sub.log_artifact_id
         for record in (view, *view.attempts):
-            names = {f.name for f in dataclasses.fields(record)}
-            assert not {n for n in names if "token" in n or "handle" in n}, names
+            names = set(getattr(record, "_fields", ())) or {f.name for f in dataclasses.fields(record)}
+            assert names and not {n for n in names if "token" in n or "handle" in n}, names
         assert "token" not in str(view.as_dict()) and sub.token not in repr(view) and sub.token not in repr(sub)
         events = rt.events(sub.run_id)
         assert all(isinstance(e, EventRecord) for e in events) and events[-1].type == "run.failed"
         assert [v.run_id for v in rt.list_runs(status="failed")] == [sub.run_id]
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(AttributeError):  # immutable
             view.status = "succeeded"  # type: ignore[misc]
 
 
