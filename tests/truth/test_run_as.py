@@ -45,6 +45,10 @@ def test_run_as_needs_a_root_host(root: None) -> None:
         data = base / "data"
         data.mkdir()
         data.chmod(0o777)
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+        os.chown(data, nobody.pw_uid, nobody.pw_gid)  # writers refuse a data dir of another user
         toml = base / "ql.toml"
         toml.write_text('[plugin.local]\nrun_as = "nobody"\n')
         toml.chmod(0o644)
