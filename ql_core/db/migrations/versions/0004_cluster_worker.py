@@ -9,8 +9,10 @@ PostgreSQL only (nothing changes on SQLite):
   node's run gets the intent only (its own completion converges to it).
 - ``ql__queue_notify`` + trigger ``ql_run_queued_notify``: every run that enters the worker queue
   (``ql_submit``, a requeue) sends ``NOTIFY ql_queue``; idle workers ``LISTEN`` and claim at once
-  instead of waiting for their next poll. A wake-up only: workers still poll, and the queue table
-  stays the truth.
+  instead of waiting for their next poll. ``ql__intent_notify`` + ``ql_run_intent_notify``: a
+  committed cancel/timeout intent sends ``NOTIFY ql_intent`` with the attempt id; its lease holder
+  renews at once and learns the intent from that renew. Wake-ups only: workers still poll and renew
+  at half life, and the tables stay the truth.
 - ``ql_deregister(worker_id, generation, session)``: a drained worker ends its session lease
   (status ``stopped``); its row is kept, so generations stay monotonic per worker id.
 
@@ -199,6 +201,19 @@ END $$;
 CREATE TRIGGER ql_run_queued_notify AFTER INSERT OR UPDATE OF status ON ql_run
   FOR EACH ROW WHEN (NEW.status = 'queued' AND NEW.current_attempt_id IS NULL)
   EXECUTE FUNCTION ql__queue_notify();
+
+-- A cancel or timeout intent was committed for a running attempt: wake its lease holder (LISTEN
+-- ql_intent, payload = the attempt id), which renews at once and learns the intent from the renew.
+CREATE FUNCTION ql__intent_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('ql_intent', NEW.current_attempt_id);
+  RETURN NULL;
+END $$;
+
+CREATE TRIGGER ql_run_intent_notify AFTER UPDATE OF cancel_reason ON ql_run
+  FOR EACH ROW WHEN (OLD.cancel_reason IS NULL AND NEW.cancel_reason IS NOT NULL
+                     AND NEW.current_attempt_id IS NOT NULL)
+  EXECUTE FUNCTION ql__intent_notify();
 """
 
 _DEREGISTER = r"""
