@@ -107,15 +107,23 @@ def spawn_claimed(runtime: Runtime, *, run_id: str, attempt_id: str, log_id: str
                   command: tuple[str, ...], shell: bool, cwd: str | None, env: dict[str, str] | None,
                   before_spawn: Callable[[], None] | None = None) -> Submission:
     """Mirror a claimed attempt into the local store (same ids, the lease token as callback token)
-    and spawn it through the runtime's own spawn path (log, receipt location, executor, handle)."""
+    and spawn it through the runtime's own spawn path (log, receipt location, executor, handle).
+    The returned submission's ``run_id`` is the *local* run id (see below)."""
     from ql_core.completion import hash_token
     from ql_core.paths import log_relative_path
     from ql_core.records import NewRun
     from ql_core.retrying import retrying
     from ql_core.runtime import Submission
 
+    from ql_core.ids import new_id
+
     executor, receipts = runtime._require_executor()
     assert runtime.config.executor is not None
+    if runtime.journal.run(run_id) is not None:
+        # A later attempt of a run this worker ran before (retried here): the local store holds one
+        # current attempt per run, so this attempt gets a local run of its own. The control plane
+        # never sees the local run id (every fenced call names the attempt).
+        run_id = new_id()
     now = now_ms()
     new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=None,
                  executor=runtime.config.executor, runtime_owner=runtime.node_id,
@@ -539,8 +547,9 @@ class Worker:
     def _apply_intent_locally(self, held: Held, reason: str) -> None:
         """The control plane's cancel/timeout intent: commit it locally and signal (TERM now, KILL later)."""
         try:
-            self.rt.canceller.request(held.run_id, reason)
-            self.rt.canceller.dispatch_one(held.run_id)
+            local_run = held.sub.run_id if held.sub is not None else held.run_id
+            self.rt.canceller.request(local_run, reason)
+            self.rt.canceller.dispatch_one(local_run)
         except Exception as exc:  # noqa: BLE001 - the runner's wait loop dispatches again
             logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
 

@@ -105,8 +105,9 @@ class Harness:
 
     # -- configs ----------------------------------------------------------------------------------
     def write_config(self, path: Path, *, profile: str, data_dir: Path, plugin: dict[str, Any] | None = None,
-                     limits: dict[str, Any] | None = None) -> Path:
-        lines = [f'profile = "{profile}"', f'data_dir = "{data_dir}"', f'database_url = "{self.dsn}"']
+                     limits: dict[str, Any] | None = None, database_url: str | None = None) -> Path:
+        lines = [f'profile = "{profile}"', f'data_dir = "{data_dir}"',
+                 f'database_url = "{database_url or self.dsn}"']
         merged = dict(self.limits, **(limits or {}))
         lines.append("[limits]")
         lines += [f"{k} = {toml_value(v)}" for k, v in merged.items()]
@@ -141,11 +142,12 @@ class Harness:
     def start_worker(self, name: str, *, worker_id: str | None = None, slots: int = 2, drain: str = "finish",
                      drain_timeout_s: float = 10.0, crash: str | None = None, prefix: list[str] | None = None,
                      limits: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                     data_dir: Path | None = None) -> Proc:
+                     data_dir: Path | None = None, database_url: str | None = None) -> Proc:
         d = data_dir or self.worker_dir(name)
         config = self.write_config(self.root / f"{name}.toml", profile="cluster-worker", data_dir=d,
                                    plugin={"worker_id": worker_id or name, "slots": slots, "drain": drain,
-                                           "drain_timeout_s": drain_timeout_s}, limits=limits)
+                                           "drain_timeout_s": drain_timeout_s}, limits=limits,
+                                   database_url=database_url)
         extra = dict(env or {})
         if crash:
             extra["QL_CRASH_POINT"] = crash
@@ -222,6 +224,13 @@ class Harness:
 
         return wait_for(found, timeout=timeout, what=f"attempt {n} of run {run_id} to be {statuses}",
                         diagnose=self.logs)
+
+    def proxied_url(self, port: int) -> str:
+        """This test's database through a proxy on ``port`` (no TLS: the proxy reads message bounds)."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.dsn)
+        return f"postgresql://{parts.username}@127.0.0.1:{port}{parts.path}?sslmode=disable"
 
     def logs(self) -> str:
         return "\n".join(p.tail() for p in self.procs)
