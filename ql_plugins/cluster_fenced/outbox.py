@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from .worker_tables import LeaseRow
 
-__all__ = ["Payload", "DbClock", "build_payload", "NOT_SPAWNED", "DRAINED", "FENCED", "REASON_PATTERN"]
+__all__ = ["Payload", "DbClock", "build_payload", "NOT_SPAWNED", "DRAINED", "FENCED", "SELF_FENCED", "WORKER_FENCED",
+           "REASON_PATTERN"]
 
 #: The database's pattern for an end reason.
 REASON_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,79}")
@@ -34,7 +35,12 @@ REASON_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,79}")
 NOT_SPAWNED = "RECOVERY_NOT_SPAWNED"
 #: stop reasons: the worker stopped the task itself.
 DRAINED = "WORKER_DRAINED"
+#: The database told the worker its lease is gone (or its generation was replaced): permanent.
 FENCED = "FENCED"
+#: The worker's own lease deadline passed without a renewal: it stopped the task itself.
+SELF_FENCED = "SELF_FENCED"
+#: Reason of the ``lost`` report for a task the worker stopped when it fenced itself.
+WORKER_FENCED = "WORKER_FENCED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,10 @@ def build_payload(attempt: AttemptRecord, dispatch: DispatchRecord | None, row: 
     if row.stop_reason == DRAINED and not beat_the_stop:
         # Handed back on drain: the worker stopped it. Its exit status is ours, not the task's.
         return Payload("lost", reason=DRAINED)
+    if row.stop_reason == SELF_FENCED and not beat_the_stop and not signalled:
+        # The worker stopped it on its own deadline: the exit status is ours, and the lease may even
+        # still be live at the database (a renewal that arrived late): report the truth, "lost".
+        return Payload("lost", reason=WORKER_FENCED)
     if attempt.exit_code is not None:
         started = clock.to_db(attempt.started_at_ms, upper=False)
         finished = clock.to_db(attempt.finished_at_ms, upper=True)

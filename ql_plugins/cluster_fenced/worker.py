@@ -12,7 +12,7 @@ Threads, and who may talk to whom:
 - the **fence guard**: never touches the network. Past an attempt's own lease deadline on the
   monotonic clock (renew *sent* + TTL − ``fence_margin_s``, always before the database can expire
   the lease) it fences the attempt itself: stops its process group (verified identity: TERM, KILL
-  after half the margin), keeps receipt and log, records ``FENCED`` locally, stops claiming;
+  after half the margin), keeps receipt and log, records ``SELF_FENCED`` locally, stops claiming;
 - the **queue listener**: ``LISTEN ql_queue`` on its own connection; a notification only wakes the
   control loop early (it polls anyway);
 - the runtime's own **supervisor** (local reconciliation rounds): settles attempts whose runner is
@@ -51,7 +51,7 @@ from ql_core.log import logger
 from ql_core.states import RUN_TERMINAL
 
 from .control_db import ControlDB, ControlDBError, TransientError
-from .outbox import DRAINED, FENCED, NOT_SPAWNED, Payload
+from .outbox import DRAINED, FENCED, NOT_SPAWNED, SELF_FENCED, Payload
 from .results import EndAnswer, EndStatus, LeaseAnswer, LeaseFence, WorkerFence
 
 if TYPE_CHECKING:
@@ -596,16 +596,19 @@ class Worker:
         with self.lock:
             if held.stop_reason is not None:
                 return
-            held.stop_reason = FENCED
+            held.stop_reason = FENCED if by_database else SELF_FENCED
             spawned = held.sub is not None or held.state in _PROCESS
-            # Our completion may go out only once the database surely expired the lease (then it can
-            # only be answered 'fenced'): last extension + TTL + margin, on our clock.
+            # Our report waits until the database must have expired the lease by its own clock (last
+            # extension + TTL + margin): the sweeper decides first. What we then send is true either
+            # way — "lost" for a task we stopped ourselves (outbox.build_payload) — so even a renewal
+            # that reached the database late, keeping the lease live, cannot turn it into a verdict.
             not_before = now_ms() if by_database else now_ms() + int(
                 max(0.0, held.last_ok + self.ttl_s + self.margin_s - now) * 1000)
         self.claim_paused = True
         self._count("self_fenced")
         with contextlib.suppress(Exception):
-            self.leases.mark_stopped(held.attempt_id, FENCED, stopped_at_ms=now_ms(), not_before_ms=not_before)
+            self.leases.mark_stopped(held.attempt_id, held.stop_reason, stopped_at_ms=now_ms(),
+                                     not_before_ms=not_before)
         if not spawned and held.state in ("claimed", "started"):
             self._forget(held, "fenced")  # nothing runs and nothing ever will
             return
@@ -785,6 +788,13 @@ class Worker:
             attempt = self.rt.journal.attempt(row.attempt_id)
             if attempt is None or attempt.status in RUN_TERMINAL:
                 continue
+            if attempt.handle is None:
+                # Spawned (maybe) but its handle never saved: nothing can verify or signal it. Its lease
+                # is fenced; if a receipt comes, the supervisor settles it and the outbox reports it.
+                self.leases.mark_stopped(row.attempt_id, FENCED, stopped_at_ms=now_ms(), not_before_ms=None)
+                logger.warning("attempt {} of the previous process has no durable handle: it cannot be "
+                               "stopped; its lease is fenced", row.attempt_id)
+                continue
             with self.lock:
                 self.held[row.attempt_id] = held
             logger.warning("attempt {} of the previous process still runs without a lease: stopping it",
@@ -822,11 +832,20 @@ class Worker:
                 break
             self.wake.wait(0.1)
             self.wake.clear()
-        left = self.leases.counts()
         if self.worker is not None and not self.taken_over:
             with contextlib.suppress(ControlDBError):
                 self.call(lambda db: db.deregister(self.worker))  # type: ignore[arg-type]
-        pending = left.get("outbox", 0) + left.get("launching", 0) + left.get("claimed", 0)
+        current = (self.worker.generation, self.worker.session) if self.worker is not None else None
+        pending = waiting = 0
+        for row in self.leases.unanswered():
+            if row.state == "outbox" or (row.worker_generation, row.session) == current:
+                pending += 1
+            else:
+                # An attempt of an earlier process that never ended locally (e.g. spawned, handle never
+                # saved: blocked). Its lease is fenced; its row waits for a receipt that may yet come.
+                waiting += 1
+        if waiting:
+            logger.info("{} attempts of earlier processes wait for a receipt (their leases are fenced)", waiting)
         if pending:
             logger.warning("drain ended with {} attempts not answered yet; a restart submits them", pending)
             return 1

@@ -17,13 +17,14 @@ fence              ``worker_id``, ``worker_generation``, ``session``, ``lease_ge
 state              ``claimed`` (claim answered; nothing started) → ``launching`` (written
                    before the spawn) → ``outbox`` (the attempt ended locally; the payload
                    below is fixed) → ``answered`` (a final answer came back)
-stop_reason        the worker stopped the task itself: ``FENCED`` (its lease is gone) or
+stop_reason        the worker stopped the task itself: ``FENCED`` (the database said its lease
+                   is gone), ``SELF_FENCED`` (its own lease deadline passed) or
                    ``WORKER_DRAINED`` (handed back on drain); ``stopped_at_ms`` its wall time
 kind … digest      the outbox payload: ``complete`` (exit code, start, finish — database
                    clock —, signalled, ``completion_digest``) or ``lost`` / ``released``
                    (reason, signalled) — computed once, so a replay is byte-identical
-not_before_ms      a self-fenced attempt's completion is sent only after its lease must have
-                   expired at the database (then it can only be answered ``fenced``)
+not_before_ms      a self-fenced attempt's report is sent only after its lease must have
+                   expired at the database (the sweeper decides first)
 answer             the final answer (``applied``, ``already_completed``, ``fenced``, …)
 =================  =====================================================================
 

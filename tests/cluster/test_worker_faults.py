@@ -51,11 +51,13 @@ def test_paused_worker_is_fenced_and_stops_its_task(harness: Harness, retries: i
     wait_for(lambda: any(r["answer"] == "fenced" for r in harness.lease_rows("a")), what="A's fenced answer",
              diagnose=harness.logs)
     (lease,) = harness.lease_rows("a")
-    assert (lease["stop_reason"], lease["kind"]) == ("FENCED", "complete")
+    # Whichever A noticed first: its own deadline (it reports the stopped task "lost", never the exit
+    # status it caused itself) or the database's "fenced" renewal answer (it reports the completion).
+    assert (lease["stop_reason"], lease["kind"]) in (("SELF_FENCED", "lost"), ("FENCED", "complete")), lease
     local = harness.local_attempt("a", first["id"])
     assert local is not None and local["exit_code"] == 143  # A stopped it: TERM, not the task's own end
     (audit,) = _audit(harness, first["id"])
-    assert audit["reason"] == "LEASE_EXPIRED" and audit["exit_code"] == 143
+    assert audit["reason"] == "LEASE_EXPIRED" and audit["exit_code"] in (143, None)
     after = {k: v for k, v in harness.run_row(run_id).items() if k != "event_seq"}
     assert after == before
     assert a.alive()  # fenced leases only: the worker itself goes on
@@ -161,7 +163,8 @@ def test_a_partitioned_worker_fences_itself_before_its_lease_expires(harness: Ha
         (local_row,) = harness.lease_rows("a")
         local = harness.local_attempt("a", attempt["id"])
         # The worker stopped its task before the database's lease expired (one machine, one clock).
-        assert local_row["stop_reason"] == "FENCED"
+        assert (local_row["stop_reason"], local_row["kind"], local_row["reason"]) == (
+            "SELF_FENCED", "lost", "WORKER_FENCED")
         assert local_row["stopped_at_ms"] < lease["expires_at_ms"], (local_row, lease)
         assert local is not None and local["status"] in ("failed", "lost")
         assert local["finished_at_ms"] is None or local["finished_at_ms"] <= lease["expires_at_ms"] + 50
@@ -202,8 +205,11 @@ def test_a_worker_with_a_skewed_clock_keeps_correct_leases(harness: Harness, ske
         if code is not None:
             assert row["exit_code"] == code
         (attempt,) = harness.attempts(run_id)
-        # Times are on the database's clock: within the attempt's life, never 10 minutes off.
-        assert attempt["created_at_ms"] <= attempt["started_at_ms"] <= attempt["finished_at_ms"] <= row["updated_at_ms"]
+        # Times are on the database's clock: within the attempt's life, never 10 minutes off. (The
+        # finish is an upper bound translated with the offset measured on a call: it may lie up to one
+        # round trip after the commit that recorded it.)
+        assert attempt["created_at_ms"] <= attempt["started_at_ms"] <= attempt["finished_at_ms"]
+        assert attempt["finished_at_ms"] <= row["updated_at_ms"] + 1_000
         assert attempt["finished_at_ms"] - attempt["started_at_ms"] < 120_000
     assert harness.attempts(slow)[0]["finished_at_ms"] - harness.attempts(slow)[0]["started_at_ms"] >= 4_500
     assert not any(r["stop_reason"] for r in harness.lease_rows("skewed"))  # never fenced itself

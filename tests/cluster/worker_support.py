@@ -287,8 +287,11 @@ def kill_local_tasks(data_dirs: Any) -> int:
         if not path.exists():
             continue
         with closing(sqlite3.connect(path, timeout=30)) as conn:
-            rows = conn.execute("SELECT handle FROM ql_run_attempt WHERE status IN ('starting', 'running', 'blocked') "
-                                "AND handle IS NOT NULL").fetchall()
+            try:
+                rows = conn.execute("SELECT handle FROM ql_run_attempt WHERE status IN ('starting', 'running', "
+                                    "'blocked') AND handle IS NOT NULL").fetchall()
+            except sqlite3.OperationalError:  # killed before its schema was complete: it ran nothing
+                continue
         for (handle,) in rows:
             if str(executor.signal(handle, signal.SIGKILL)) == "signalled":
                 killed += 1

@@ -13,6 +13,8 @@ PostgreSQL only (nothing changes on SQLite):
   committed cancel/timeout intent sends ``NOTIFY ql_intent`` with the attempt id; its lease holder
   renews at once and learns the intent from that renew. Wake-ups only: workers still poll and renew
   at half life, and the tables stay the truth.
+- ``ql_end_without_completion`` audits a fenced report (``lost``/``released`` from a worker that no
+  longer holds the lease) as ``attempt.completion_fenced``, exactly like a fenced completion.
 - ``ql_deregister(worker_id, generation, session)``: a drained worker ends its session lease
   (status ``stopped``); its row is kept, so generations stay monotonic per worker id.
 
@@ -190,6 +192,108 @@ BEGIN
 END $$;
 """
 
+_END = r"""
+-- (0004: a fenced report is audited as attempt.completion_fenced, like a fenced completion.)
+-- The holder ends its attempt without a completion receipt:
+--   p_status 'lost'     the task provably exited without a receipt (attempt starting/running):
+--                       attempt 'lost' (p_reason, default RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+--                       — or the committed intent's status when the holder signalled for it —;
+--                       then a new attempt only if the retry policy allows, else run 'lost';
+--   p_status 'released' hand a claimed/starting attempt that was NOT spawned back to the queue
+--                       (drain): no retry consumed; 'refused' for a running attempt (wait for it
+--                       or stop it and submit its completion).
+-- Answers: applied (+ outcome 'requeued' | the run's terminal status), already_ended (replay),
+-- already_terminal, fenced, refused.
+CREATE OR REPLACE FUNCTION ql_end_without_completion(p_worker_id text, p_worker_generation bigint, p_session text,
+                                          p_attempt_id text, p_lease_generation bigint,
+                                          p_lease_token text, p_status text, p_reason text,
+                                          p_signalled boolean,
+                                          OUT answer text, OUT outcome text, OUT fence_reason text,
+                                          OUT db_now_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+  v_run ql_run%ROWTYPE;
+  v_att ql_run_attempt%ROWTYPE;
+  v_lease ql_attempt_lease%ROWTYPE;
+  v_worker ql_worker%ROWTYPE;
+  v_now bigint;
+  v_digest text;
+  v_reason text;
+  v_end text;
+  v_status text;
+  v_key text;
+BEGIN
+  PERFORM ql__check(p_status IN ('lost', 'released'), 'status');
+  PERFORM ql__check(p_reason IS NULL OR p_reason ~ '^[A-Z][A-Z0-9_]{0,79}$', 'reason');
+  v_end := CASE WHEN p_status = 'lost' THEN 'worker_lost' ELSE 'released' END;
+  SELECT * INTO v_run FROM ql_run r WHERE r.id = (SELECT a.run_id FROM ql_run_attempt a WHERE a.id = p_attempt_id)
+     FOR NO KEY UPDATE;
+  SELECT * INTO v_att FROM ql_run_attempt a WHERE a.id = p_attempt_id FOR NO KEY UPDATE;
+  SELECT * INTO v_lease FROM ql_attempt_lease l WHERE l.attempt_id = p_attempt_id FOR NO KEY UPDATE;
+  SELECT * INTO v_worker FROM ql_worker w WHERE w.id = p_worker_id FOR SHARE;
+  v_now := ql__clock_ms();
+  db_now_ms := v_now;
+  IF v_att.id IS NULL THEN answer := 'fenced'; fence_reason := 'UNKNOWN_ATTEMPT'; RETURN; END IF;
+  v_digest := ql__digest(p_lease_token);
+  fence_reason := ql__fence(v_lease, v_worker, p_worker_id, p_worker_generation, p_session,
+                            p_lease_generation, v_digest, v_now, true);
+  IF fence_reason IS NULL AND v_lease.status = 'ended' THEN
+    outcome := CASE WHEN v_run.status = 'queued' THEN 'requeued' ELSE v_run.status END;
+    IF v_lease.end_reason = v_end THEN answer := 'already_ended'; RETURN; END IF;
+    IF v_lease.end_reason IN ('completed', 'worker_lost', 'released') THEN
+      answer := 'already_terminal'; RETURN;
+    END IF;
+    fence_reason := 'LEASE_' || upper(v_lease.end_reason);
+  END IF;
+  IF fence_reason IS NULL THEN
+    fence_reason := ql__fence(v_lease, v_worker, p_worker_id, p_worker_generation, p_session,
+                              p_lease_generation, v_digest, v_now, false);
+  END IF;
+  IF fence_reason IS NULL AND (v_run.current_attempt_id IS DISTINCT FROM p_attempt_id
+                               OR v_run.status <> 'running') THEN
+    fence_reason := 'INCONSISTENT_STATE';
+  END IF;
+  IF fence_reason IS NOT NULL THEN
+    -- 0004: audited like a fenced completion (once per attempt and report; the run never changes).
+    answer := 'fenced';
+    v_key := 'fenced:' || p_attempt_id || ':end:' || p_status || ':' || coalesce(p_reason, '');
+    IF v_run.id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ql_run_event e WHERE e.dedupe_key = v_key) THEN
+      PERFORM ql__event(v_run.id, v_run.event_seq + 1, 'attempt.completion_fenced', p_attempt_id, NULL, NULL,
+                        fence_reason, v_now, v_key);
+      UPDATE ql_run r SET event_seq = r.event_seq + 1 WHERE r.id = v_run.id;
+    END IF;
+    RETURN;
+  END IF;
+
+  IF p_status = 'released' THEN
+    IF v_lease.status = 'running' THEN answer := 'refused'; fence_reason := 'RUNNING'; RETURN; END IF;
+    IF v_run.cancel_reason IS NOT NULL THEN
+      -- Never spawned and the run is being cancelled: end it with the intent's status.
+      v_status := CASE WHEN v_run.cancel_reason = 'timeout' THEN 'timed_out' ELSE 'cancelled' END;
+      PERFORM ql__finish(v_run.id, p_attempt_id, v_status, NULL, v_run.cancel_reason, NULL,
+                         greatest(v_now, v_att.created_at_ms), false, 'released', NULL, v_now);
+      answer := 'applied'; outcome := v_status; RETURN;
+    END IF;
+    PERFORM ql__requeue_unstarted(v_run.id, p_attempt_id, 'RELEASED', 'released', v_now);
+    answer := 'applied'; outcome := 'requeued'; RETURN;
+  END IF;
+
+  IF v_lease.status = 'claimed' THEN answer := 'refused'; fence_reason := 'NOT_STARTED'; RETURN; END IF;
+  v_reason := coalesce(p_reason, 'RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT');
+  IF coalesce(p_signalled, false) AND v_lease.intent_delivered_at_ms IS NOT NULL
+     AND v_run.cancel_reason IS NOT NULL THEN
+    v_status := CASE WHEN v_run.cancel_reason = 'timeout' THEN 'timed_out' ELSE 'cancelled' END;
+    PERFORM ql__finish(v_run.id, p_attempt_id, v_status, NULL, v_run.cancel_reason, NULL,
+                       greatest(v_now, v_att.created_at_ms, coalesce(v_att.started_at_ms, 0)), false,
+                       'worker_lost', NULL, v_now);
+    answer := 'applied'; outcome := v_status; RETURN;
+  END IF;
+  outcome := ql__lose(v_run.id, p_attempt_id, v_reason, 'worker_lost', v_now);
+  answer := 'applied';
+END $$;
+"""
+
 _QUEUE_NOTIFY = r"""
 -- A run entered the worker queue (submitted, or requeued): wake idle workers (LISTEN ql_queue).
 CREATE FUNCTION ql__queue_notify() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -252,4 +356,4 @@ def _statements(*blocks: str) -> list[str]:
 
 
 #: Executed in order by :func:`upgrade` on PostgreSQL.
-SQL_STATEMENTS = _statements(_CLAIM, _CANCEL, _QUEUE_NOTIFY, _DEREGISTER)
+SQL_STATEMENTS = _statements(_CLAIM, _CANCEL, _END, _QUEUE_NOTIFY, _DEREGISTER)
