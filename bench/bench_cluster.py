@@ -6,6 +6,8 @@ Everything runs against one fresh database (created and dropped here), in one ru
 
 - **floor**: bare ``UPDATE … RETURNING`` + COMMIT (autocommit, one row per call, prepared), by 1, 2
   and 4 client processes at once — the cheapest possible "take a row and commit" on this database;
+- **claim() only**: 1, 2, 4 processes claiming queued runs in batches of 8 (``FOR UPDATE SKIP
+  LOCKED`` among them), nothing else;
 - **protocol**: 1, 2, 4 processes that are workers as far as the control plane can tell — they
   register, ``claim`` (batches of 8), ``start``, ``running`` and ``complete`` each attempt of queued
   no-op runs through the fenced functions — but spawn nothing: the control plane's own cost;
@@ -95,6 +97,47 @@ def _protocol_client(dsn: str, name: str, start_at: float, out: mp.Queue) -> Non
     out.put(done)
 
 
+def _claim_client(dsn: str, name: str, start_at: float, out: mp.Queue) -> None:
+    from ql_core.ids import new_id
+    from ql_plugins.cluster_fenced import ControlDB
+
+    db = ControlDB.connect(dsn)
+    worker = db.register(name, str(uuid.uuid4()), slots=64, ql_version="bench").worker
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    done = 0
+    while True:
+        ids = [new_id() for _ in range(8)]
+        claimed = db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=ids,
+                           log_ids=[new_id() for _ in range(8)], lease_ttl_ms=3_600_000).attempts
+        if not claimed:
+            break
+        done += len(claimed)
+    db.close()
+    out.put(done)
+
+
+def claims_only(dsn: str, clients: int, n: int) -> float:
+    """claim() alone (batches of 8, SKIP LOCKED among the clients): attempts claimed per second."""
+    runs = _submit(dsn, n)
+    out: mp.Queue = mp.Queue()
+    start_at = time.time() + 0.5
+    procs = [mp.Process(target=_claim_client, args=(dsn, f"bench-c{clients}-{c}", start_at, out))
+             for c in range(clients)]
+    for p in procs:
+        p.start()
+    total = sum(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    assert total == n, (total, n)
+    claims, _done = _rates(dsn, runs)
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:  # out of the way: a claimed run is cancelled at once
+        conn.execute("SELECT ql_request_cancel(id, 'user') FROM ql_run WHERE id = ANY(%s)", (runs,))
+    return claims
+
+
 def _submit(dsn: str, n: int) -> list[str]:
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB
@@ -119,7 +162,8 @@ def _rates(dsn: str, run_ids: list[str]) -> tuple[float, float]:
         last_done, done = conn.execute("SELECT max(updated_at_ms), count(*) FROM ql_run WHERE id = ANY(%s) "
                                        "AND status = 'succeeded'", (run_ids,)).fetchone()
         claims = conn.execute("SELECT count(*) FROM ql_run_attempt WHERE run_id = ANY(%s)", (run_ids,)).fetchone()[0]
-    return claims / max(0.001, (last_claim - first) / 1000), done / max(0.001, (last_done - first) / 1000)
+    done_rate = done / max(0.001, (last_done - first) / 1000) if last_done is not None else 0.0
+    return claims / max(0.001, (last_claim - first) / 1000), done_rate
 
 
 def protocol(dsn: str, clients: int, n: int) -> tuple[float, float]:
@@ -198,11 +242,12 @@ def main() -> None:
         rows = []
         for k in COUNTS:
             floor = floor_rate(dsn, k, args.floor_n)
+            c_claims = claims_only(dsn, k, args.protocol_n)
             p_claims, p_done = protocol(dsn, k, args.protocol_n)
             e_claims, e_done = end_to_end(dsn, k, args.e2e_n, tmp)
-            rows.append({"workers": k, "floor_per_s": floor, "protocol_claims_per_s": p_claims,
-                         "protocol_completions_per_s": p_done, "e2e_claims_per_s": e_claims,
-                         "e2e_completions_per_s": e_done})
+            rows.append({"workers": k, "floor_per_s": floor, "claim_only_per_s": c_claims,
+                         "protocol_claims_per_s": p_claims, "protocol_completions_per_s": p_done,
+                         "e2e_claims_per_s": e_claims, "e2e_completions_per_s": e_done})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -210,16 +255,20 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"{'workers':>7} {'floor/s':>9} | {'protocol claims/s':>18} {'completions/s':>14} | "
-          f"{'ql worker claims/s':>19} {'completions/s':>14}")
+    def cell(value: float, floor: float) -> str:
+        return f"{value:>7.0f} ({value / floor:.3f}x)"
+
+    print(f"{'workers':>7} {'floor/s':>8} | {'claim() only':>16} | {'protocol claims/s':>17} {'completions/s':>16}"
+          f" | {'ql worker claims/s':>18} {'completions/s':>16}")
     for r in rows:
         f = r["floor_per_s"]
-        print(f"{r['workers']:>7} {f:>9.0f} | {r['protocol_claims_per_s']:>8.0f} ({r['protocol_claims_per_s'] / f:>5.3f}x)"
-              f" {r['protocol_completions_per_s']:>6.0f} ({r['protocol_completions_per_s'] / f:>5.3f}x) | "
-              f"{r['e2e_claims_per_s']:>8.0f} ({r['e2e_claims_per_s'] / f:>5.3f}x)"
-              f" {r['e2e_completions_per_s']:>6.0f} ({r['e2e_completions_per_s'] / f:>5.3f}x)")
-    print("floor = bare UPDATE ... RETURNING + COMMIT by the same number of client processes; protocol = "
-          "claim/start/running/complete without spawning; ql worker = real workers (4 slots) running `true`")
+        print(f"{r['workers']:>7} {f:>8.0f} | {cell(r['claim_only_per_s'], f):>16} | "
+              f"{cell(r['protocol_claims_per_s'], f):>17} {cell(r['protocol_completions_per_s'], f):>16} | "
+              f"{cell(r['e2e_claims_per_s'], f):>18} {cell(r['e2e_completions_per_s'], f):>16}")
+    print("floor: bare UPDATE ... RETURNING + COMMIT (one row per transaction) by as many client processes.\n"
+          "claim() only: batches of 8 under SKIP LOCKED, nothing else. protocol: claim + start + running + complete\n"
+          "per attempt through the fenced functions, nothing spawned. ql worker: real `ql worker` processes\n"
+          "(4 slots) running `true` (launcher, receipt, local journal, outbox). Ratios: rate / floor.")
 
 
 if __name__ == "__main__":

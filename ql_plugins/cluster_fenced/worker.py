@@ -334,6 +334,16 @@ class Worker:
                 self.stop.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            except ControlDBError as exc:
+                if exc.sqlstate not in ("42883", "42P01"):  # anything but "no such function / table"
+                    raise
+                # The control database has no (current) schema yet: `ql control` or `ql db upgrade`
+                # creates it. A worker never migrates the control plane; it waits.
+                logger.warning("the control database has no ql schema yet (start `ql control` or run "
+                               "`ql db upgrade` with the control profile); retried in {:.1f}s", delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
             self.worker = reg.worker
             self.heartbeat_due = time.monotonic() + self.profile.heartbeat_interval_s
             return True

@@ -79,8 +79,13 @@ class Proc:
         return self.popen.poll() is None
 
     def signal(self, signum: int) -> None:
+        """To the whole process group it leads (a wrapper such as faketime forks the real process);
+        its tasks are in sessions of their own and are not hit."""
         if self.alive():
-            os.kill(self.popen.pid, signum)
+            try:
+                os.killpg(self.popen.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def wait(self, timeout: float = 60) -> int:
         return self.popen.wait(timeout=timeout)
