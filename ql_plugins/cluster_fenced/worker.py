@@ -309,6 +309,10 @@ class Worker:
         except ControlDBError as exc:  # a final error of one call (a bug or a schema mismatch)
             logger.error("control call failed: {}", exc)
             self.stop.wait(1.0)
+        except Exception as exc:  # noqa: BLE001 - e.g. the local disk: the loop (and its leases) go on
+            # Type only: a traceback's variables could hold a token or a spec.
+            logger.error("worker round failed ({}); retried in 1s", type(exc).__name__)
+            self.stop.wait(1.0)
 
     def _events(self) -> None:
         while True:
