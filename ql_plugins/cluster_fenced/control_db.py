@@ -23,7 +23,7 @@ Privacy
     operation, the exception class and the SQLSTATE only — never a parameter or a server message
     that could quote one).
 
-psycopg is imported lazily, when a connection is made: ``pip install 'ql[cluster]'``.
+psycopg is imported lazily, when a connection is made: ``pip install 'ql-runner[cluster]'``.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise MissingDriverError("the cluster control plane needs psycopg 3: pip install 'ql[cluster]'") from exc
+        raise MissingDriverError("the cluster control plane needs psycopg 3: pip install 'ql-runner[cluster]'") from exc
     return psycopg
 
 
