@@ -63,7 +63,7 @@ def main() -> None:
         def ql_submit(cmd: list[str]) -> None:
             sub = rt.submit(cmd)
             # (ql before the plugin seams kept the launcher's Popen as sub.process)
-            children.append(sub.task.live if hasattr(sub, "task") else sub.process)
+            children.append(sub.task.live.process if hasattr(sub, "task") else sub.process)
 
         env = dict(os.environ, QL_DATA_DIR=str(data))
 

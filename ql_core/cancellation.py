@@ -20,8 +20,9 @@ pid is gone or carries another start time names a process that *exited*
 (pid reuse), so nothing is sent and the outcome is ``already_exited``; a handle
 that is not a group leader's, whose process sits in another group, or that
 cannot be verified at all is ``blocked``. A ``starting`` attempt whose host has
-not committed the handle yet is retried (backoff) for the spawn grace, then
-blocked.
+not committed the handle yet is retried (backoff) while its host lives; once the
+host is gone the command provably never started (``already_exited``); a host
+that cannot be identified is retried for the spawn grace, then blocked.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .crashpoints import crashpoint
+from .never_started import StartState, start_state
 from .ports.context import RunEventInfo
 from .ports.executor import SignalOutcome
 from .ports.journal import EventSpec, Snapshot, Transition
@@ -150,9 +152,15 @@ class Canceller:
             # The executor that started it is not installed here: nothing can verify it, so nothing is sent.
             self._finish(claim, state="blocked", outcome="blocked")
             return "blocked"
-        if attempt.handle is None and attempt.status == "starting" and now - attempt.created_at_ms < _SPAWN_GRACE_MS:
-            # Its host is between spawn and the handle commit: signal once the handle exists.
-            return self._retry(claim)
+        if attempt.handle is None and attempt.status == "starting":
+            proof = start_state(self.executor_for, attempt)
+            if proof is StartState.NEVER_STARTED:
+                # Its host died before releasing it: the command never ran, there is nothing to signal.
+                self._finish(claim, state="done", outcome="already_exited")
+                return "already_exited"
+            if proof is StartState.HOST_ALIVE or now - attempt.created_at_ms < _SPAWN_GRACE_MS:
+                # Its host is between spawn and the handle commit: signal once the handle exists.
+                return self._retry(claim)
         grace_ms = int(self.profile.cancel_grace_s * 1000)
         kill = record.state == "term_sent"
         if kill and record.term_sent_at_ms is not None and now < record.term_sent_at_ms + grace_ms:

@@ -110,13 +110,15 @@ class CompletionService:
         return result
 
     # -- a claim: a parsed receipt, or the spawning host's own observation ------------------
-    def complete(self, claim: Receipt, *, executor: str | None = None) -> CompletionResult:
+    def complete(self, claim: Receipt, *, executor: str | None = None,
+                 audit: tuple[EventSpec, ...] = ()) -> CompletionResult:
         """Apply ``claim``. ``executor``: the executor that observed it (the live path; it must be the
-        attempt's own); None for a receipt (the attempt's executor must be installed here)."""
-        return self._transition(claim.attempt_id, lambda snap: self._decide_claim(snap, claim, executor))
+        attempt's own); None for a receipt (the attempt's executor must be installed here).
+        ``audit``: events recorded before the terminal ones, in the same transaction, if it applies."""
+        return self._transition(claim.attempt_id, lambda snap: self._decide_claim(snap, claim, executor, audit))
 
-    def _decide_claim(self, snap: Snapshot, claim: Receipt, executor: str | None
-                      ) -> tuple[CompletionResult, Transition | None]:
+    def _decide_claim(self, snap: Snapshot, claim: Receipt, executor: str | None,
+                      audit: tuple[EventSpec, ...] = ()) -> tuple[CompletionResult, Transition | None]:
         attempt, run = snap.attempt, snap.run
         if attempt is None:
             return _rejected(CompletionRejection.UNKNOWN_ATTEMPT)
@@ -138,7 +140,7 @@ class CompletionService:
         verdict = decide_outcome(exit_code=claim.exit_code, finished_at_ms=finished,
                                  deadline_at_ms=run.deadline_at_ms, cancel_reason=run.cancel_reason,
                                  cancel_requested_at_ms=run.cancel_requested_at_ms, signalled=snap.signalled)
-        events: tuple[EventSpec, ...] = ()
+        events: tuple[EventSpec, ...] = audit
         if verdict.moot is not None:
             events = (EventSpec("run.cancel_moot", attempt_id=attempt.id, reason=verdict.moot),)
         events += _terminal_events(attempt.id, verdict.status, claim.exit_code, verdict.reason)
@@ -219,6 +221,17 @@ class CompletionService:
                 events=_terminal_events(attempt.id, final, exit_code, why), terminal=True,
                 crash_point="completion.before_commit")
             return CompletionResult(CompletionOutcome.APPLIED, status=final), change
+
+        return self._transition(attempt_id, decide)
+
+    def note(self, attempt_id: str, event: EventSpec) -> CompletionResult:
+        """Record one low-sensitivity event about a still-active attempt (no state change)."""
+        def decide(snap: Snapshot) -> tuple[CompletionResult, Transition | None]:
+            attempt = snap.attempt
+            if attempt is None or snap.run is None or attempt.status not in RECOVERABLE_ATTEMPT:
+                return CompletionResult(CompletionOutcome.ALREADY_TERMINAL,
+                                        status=attempt.status if attempt else None), None
+            return CompletionResult(CompletionOutcome.APPLIED, status=attempt.status), Transition(events=(event,))
 
         return self._transition(attempt_id, decide)
 

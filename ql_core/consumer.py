@@ -16,7 +16,10 @@ Order is the whole point:
 - database, compare-and-set and ordinary file-system errors keep the file for
   the next round; a quarantine slot already taken by an earlier rejected file
   is not transient: the decision stands (``quarantined``) and the file stays
-  in place, never overwriting the earlier one.
+  in place, never overwriting the earlier one;
+- a receipt *slot* that cannot hold a receipt — a directory, FIFO or device
+  planted at its path, a symlinked shard — is ``unusable``: reported, never
+  retried for ever, never moved; the attempt's identity decides instead.
 A quarantine never poisons the attempt: it stays active, and a valid receipt
 published later still completes it.
 """
@@ -31,13 +34,17 @@ from .clock import now_ms
 from .completion import CompletionOutcome, CompletionService
 from .crashpoints import crashpoint
 from .log import logger
-from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError
+from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, UnsafePathError
 
 if TYPE_CHECKING:
     from .ports.journal import JournalBackend
     from .ports.receipt_store import ReceiptStore
 
-__all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer"]
+__all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer", "DISAGREES_WITH_OBSERVED"]
+
+#: Quarantine reason of a receipt whose exit code differs from what the spawning host reaped.
+DISAGREES_WITH_OBSERVED = "disagrees_with_observed_exit"
+_NOT_A_FILE = "codec:not_regular_file"
 
 
 class ConsumeOutcome(enum.StrEnum):
@@ -47,6 +54,8 @@ class ConsumeOutcome(enum.StrEnum):
     QUARANTINED = "quarantined"
     #: transient trouble (database busy, I/O error): the receipt stays for the next round
     RETRY = "retry"
+    #: the slot cannot hold a receipt (not a regular file, symlinked shard): as good as missing
+    UNUSABLE = "unusable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +76,18 @@ class ReceiptConsumer:
         self._journal = journal
         self._completion = completion
 
-    def consume(self, attempt_id: str) -> ConsumeResult:
+    def consume(self, attempt_id: str, *, observed_exit_code: int | None = None) -> ConsumeResult:
+        """Settle the attempt from its receipt, if one is there (see the module doc).
+
+        ``observed_exit_code``: the status the spawning host itself saw when it reaped the task —
+        kernel truth. A valid receipt that disagrees with it is not applied: it is quarantined
+        (``disagrees_with_observed_exit``) and the caller applies what it observed.
+        """
         try:
             read = self._store.read(attempt_id)
+        except UnsafePathError as exc:
+            logger.warning("receipt slot of attempt {} is unusable: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(ConsumeOutcome.UNUSABLE, reason=type(exc).__name__)
         except ReceiptStoreError as exc:
             logger.warning("receipt of attempt {} unreadable this round: {}", attempt_id, type(exc).__name__)
             return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
@@ -79,6 +97,8 @@ class ReceiptConsumer:
             assert read.rejection is not None
             return self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
         assert read.receipt is not None
+        if observed_exit_code is not None and read.receipt.exit_code != observed_exit_code:
+            return self._quarantine(attempt_id, DISAGREES_WITH_OBSERVED)
         try:
             result = self._completion.complete(read.receipt)
         except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep the receipt
@@ -119,6 +139,13 @@ class ReceiptConsumer:
                 logger.warning("receipt of attempt {} rejected ({}); quarantine slot taken, kept in place",
                                attempt_id, reason)
                 return ConsumeResult(ConsumeOutcome.QUARANTINED, reason=reason, kept_in_place=True)
+            except ReceiptStoreError:
+                if reason != _NOT_A_FILE:
+                    raise
+                # Something that is not a file (a directory, a FIFO...) sits in the slot and cannot be
+                # moved aside: reported every round, never retried for ever; the identity decides.
+                logger.warning("receipt slot of attempt {} holds something that is not a file", attempt_id)
+                return ConsumeResult(ConsumeOutcome.UNUSABLE, reason="not_regular_file")
         except Exception as exc:  # noqa: BLE001 - retried next round
             logger.warning("quarantine of attempt {} deferred: {}", attempt_id, type(exc).__name__)
             return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)

@@ -21,7 +21,8 @@ CRASH_EXIT_CODE = 86
 #: Every crash point in the code base, in protocol order.
 CRASH_POINTS: tuple[str, ...] = (
     "create.before_commit",          # persist-before-spawn transaction open
-    "spawn.before_handle_commit",    # launcher running, durable handle not yet committed
+    "spawn.after_log_created",       # log file created, launcher not forked yet
+    "spawn.before_handle_commit",    # launcher held (no token yet), durable handle not yet committed
     "receipt.publish.after_temp",    # temp written, not linked (Python publisher)
     "receipt.publish.after_link",    # final receipt visible, temp not yet removed
     "completion.before_commit",      # terminal transaction open, not committed

@@ -39,7 +39,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -286,7 +286,7 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
                     _quietly(finalize_log, rt, log_id)
                     continue  # drain what was written before the end
                 if facts is not None and _quietly(enforce_log_quota, rt, facts):
-                    facts = replace(facts, truncated=True)
+                    facts = facts._replace(truncated=True)
             if heartbeat_s is not None and now - last_yield >= heartbeat_s:
                 yield LogChunk(offset, b"")
                 last_yield = time.monotonic()
@@ -305,12 +305,12 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
 
 
 def _settle(rt: Runtime, run_id: str, attempt_id: str) -> bool:
-    """Is the run over? If not, try to end it from its receipt or its exited process."""
+    """Is the run over? If not, try to end it: its passed deadline, its receipt or its exited process."""
     view = rt.status(run_id)
     if view.terminal:
         return True
     if rt.consumer is not None:
-        rt.recover_attempt(attempt_id)
+        rt.settle(view)
         return rt.status(run_id).terminal
     return False
 

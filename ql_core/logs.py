@@ -67,6 +67,7 @@ __all__ = [
     "finalize_log",
     "Finalized",
     "enforce_log_retention",
+    "delete_log_file",
 ]
 
 #: Largest chunk one read returns (bounded memory per follower).
@@ -78,16 +79,38 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
-    """Create (or reopen) the artifact; return an ``O_WRONLY|O_APPEND`` fd (close-on-exec)."""
+    """Create (or reopen) the artifact; return an ``O_WRONLY|O_APPEND`` fd (close-on-exec).
+
+    Opened non-blocking (a FIFO planted at the path would otherwise block the host in ``open``)
+    and checked to be a regular file; the task gets a plain blocking descriptor.
+    """
     path = log_path(data_dir, log_artifact_id)
     ensure_private_dir(logs_root(data_dir))
     ensure_private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a symlink sits where the log belongs
             raise UnsafePathError(f"log artifact {log_artifact_id} is a symlink; refusing to follow it") from None
+        if exc.errno == errno.ENXIO:  # a FIFO without reader
+            raise UnsafePathError(f"log artifact {log_artifact_id} is a FIFO, not a file; refusing it") from None
         raise
+    try:
+        _require_regular(fd, log_artifact_id)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _require_regular(fd: int, log_artifact_id: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"log artifact {log_artifact_id} is not a regular file (something replaced it); "
+                              f"refusing to use it")
+    return st
 
 
 class _LogDir:
@@ -118,17 +141,30 @@ class _LogDir:
                 os.close(root)
 
     def open(self, flags: int) -> int | None:
-        """Open the log file itself (``O_NOFOLLOW``); None if it does not exist."""
+        """Open the log file itself; None if it does not exist.
+
+        Never blocks and never follows a link: ``O_NONBLOCK|O_NOFOLLOW``, then the descriptor must be
+        a regular file — a FIFO, device or directory planted at the path (even by the task itself)
+        is :class:`UnsafePathError`, reported by the caller, never waited on.
+        """
         if self.fd is None:
             return None
         try:
-            return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafePathError(f"log artifact {self.name} is a symlink; refusing to follow it") from None
+            if exc.errno in (errno.ENXIO, errno.EISDIR):
+                raise UnsafePathError(f"log artifact {self.name} is not a regular file; refusing it") from None
             raise
+        try:
+            _require_regular(fd, self.name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def close(self) -> None:
         if self.fd is not None:
@@ -185,8 +221,6 @@ def _cut_to(data_dir: Path, log_artifact_id: str, max_bytes: int) -> tuple[int |
             return None, False
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafePathError(f"log artifact {log_artifact_id} is not a regular file")
             if st.st_size <= max_bytes:
                 return st.st_size, False
             # The task's appends land at the new end (O_APPEND): [0, max_bytes) is never rewritten.
@@ -309,6 +343,11 @@ def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Co
             _warn(f"log quota of {facts.id} not enforced this round: {type(exc).__name__}")
     next_cursor = rows[-1].id if len(rows) == limit else ""
     return counts, next_cursor
+
+
+def delete_log_file(rt: Runtime, log_artifact_id: str) -> None:
+    """Remove one log file (never following a link, never a directory); gone already is fine."""
+    _unlink(rt.config.data_dir, log_artifact_id)
 
 
 def _delete(rt: Runtime, facts: LogFacts, now: int) -> None:

@@ -57,6 +57,10 @@ class Profile:
     busy_timeout_ms: int = 5000
     #: Time cap of the supervisor's drain on stop().
     stop_drain_s: float = 5.0
+    #: Terminal runs (with their attempts, events and logs) older than this are forgotten (seconds).
+    history_retention_s: float = 30 * 24 * 3600.0
+    #: At most this many runs are kept; the oldest terminal ones beyond it are forgotten.
+    history_max_runs: int = 100_000
     # -- cluster numbers (the cluster-fenced plugin, DESIGN.md §9); used by cluster profiles only --
     #: Seconds between a worker's heartbeats (renewals of its session lease).
     heartbeat_interval_s: float = 10.0
@@ -110,6 +114,8 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "completion_retries": (int, 1, 50),
     "busy_timeout_ms": (int, 100, 600_000),
     "stop_drain_s": (float, 0.1, 300.0),
+    "history_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
+    "history_max_runs": (int, 10, 10_000_000),
     # cluster (cluster-fenced); the database enforces 1 s..1 h for both leases and 8 / 64 for the pages
     "heartbeat_interval_s": (float, 0.1, 600.0),
     "session_lease_s": (float, 1.0, 3600.0),
@@ -135,7 +141,7 @@ PROFILES: dict[str, Profile] = {
         default_executor="local", default_receipt_store="file", default_journal="edge-sqlite",
         scan_interval_s=30.0, page_size=8, pages_per_round=2, publish_grace_ms=50,
         terminal_journal_retention_s=2 * _MIN, quarantine_retention_s=5 * _MIN,
-        file_watcher="never",
+        file_watcher="never", history_retention_s=7 * 24 * _H, history_max_runs=10_000,
     ),
     "standalone": Profile(
         name="standalone", database="sqlite", runs_tasks=True,

@@ -12,11 +12,11 @@ One round, in this fixed order, every step capped by the profile
    missing → ``lost`` (``RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT``), or the
    intent's state when a committed cancel/timeout was dispatched (TERM sent);
    unverifiable → ``blocked`` (never a signal). A ``starting`` attempt without
-   a handle is left to its host for the spawn grace; after it, an attempt whose
-   log artifact was never created provably never spawned (the host creates the
-   log before every spawn and died first) → ``lost`` (``RECOVERY_NOT_SPAWNED``),
-   otherwise → ``blocked`` (``RECOVERY_NO_DURABLE_HANDLE``: a launcher may
-   exist that nothing can verify; its receipt still completes the attempt).
+   a handle is left alone while its host lives; once its host is gone it
+   provably never started (:mod:`ql_core.never_started`: tasks are held until
+   their handle is committed) → ``lost`` (``RECOVERY_NEVER_STARTED``); when the
+   host's identity cannot be read, after the spawn grace → ``blocked``
+   (``RECOVERY_NO_DURABLE_HANDLE``: nothing proves anything either way).
    Missing journal rows of active attempts are back-registered;
 4. the journal, paged the same way: receipts of attempts that already ended
    are replayed (``already_terminal``, then cleaned), blocked attempts get
@@ -24,7 +24,11 @@ One round, in this fixed order, every step capped by the profile
    gone and quarantined files, after the profile's windows;
 5. log artifacts (:class:`ql_core.logs.LogKeeper`): quota of running logs,
    retention of ended ones by age and total size only — consuming a receipt
-   never deletes a log.
+   never deletes a log;
+6. history: terminal runs past ``history_retention_s`` or beyond the newest
+   ``history_max_runs`` are forgotten (their log files first, then their rows
+   in one transaction) — never a run that is not terminal, never one whose
+   receipt may still exist (it still has a journal row).
 
 A page that does not move the cursor forward stops the round with
 :class:`CursorStuckError` (fail closed) instead of looping. A failure while
@@ -47,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from .clock import now_ms
 from .consumer import ConsumeOutcome
 from .log import logger
+from .never_started import NEVER_STARTED_REASON, StartState, start_state
 from .outcome import LOST_REASON
 from .ports.executor import IdentityState
 from .states import ATTEMPT_ACTIVE, RUN_TERMINAL
@@ -57,15 +62,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS"]
 
-#: A ``starting`` attempt without a handle may belong to a host that is spawning it right now.
+#: A ``starting`` attempt without a handle whose host cannot be identified is left this long before it
+#: is ``blocked`` (nothing proves anything about it; it is never ended by a timer).
 SPAWN_GRACE_MS = 30_000
 #: Counters every report carries (``ql reconcile`` prints them even when zero).
 REPORT_KEYS = ("applied", "already_terminal", "quarantined", "still_running", "lost", "blocked",
                "timed_out", "cancelled")
-#: A ``starting`` attempt past the spawn grace whose log artifact was never created: the host died
-#: between the create commit and the spawn (the log is created before every spawn, ADR-0007 §2.3).
-NOT_SPAWNED_REASON = "RECOVERY_NOT_SPAWNED"
-_NOT_SPAWNED = "not_spawned"
+_NEVER_STARTED = "never_started"
 
 
 class CursorStuckError(RuntimeError):
@@ -124,6 +127,7 @@ class Reconciler:
             if journal:
                 self._journal(report)
             self._logs(report)
+            self._history(report)
         report.attempt_cursor, report.journal_cursor = self.attempt_cursor, self.journal_cursor
         return report
 
@@ -212,9 +216,9 @@ class Reconciler:
                 if self._consume(attempt.id, report):
                     continue
                 state = self._identity(attempt)
-                if state == _NOT_SPAWNED:
+                if state == _NEVER_STARTED:
                     result = self.rt.completion.end_without_receipt(attempt.id, status="lost",
-                                                                    reason=NOT_SPAWNED_REASON)
+                                                                    reason=NEVER_STARTED_REASON)
                     report.counts["lost" if str(result.outcome) == "applied" else "already_terminal"] += 1
                 elif state is IdentityState.RUNNING:
                     report.counts["still_running"] += 1
@@ -246,41 +250,27 @@ class Reconciler:
             self._end_without_receipt(missing, report)
 
     def _identity(self, attempt: AttemptRecord) -> IdentityState | str | None:
-        """The attempt's durable identity; None while a handle may still be coming.
+        """The attempt's durable identity; None while its host may still record the handle.
 
-        Without a handle, past the spawn grace: if the attempt never got its log
-        artifact, no process was ever started (``_NOT_SPAWNED``); otherwise a
-        launcher may exist that nothing can verify or signal (``UNVERIFIABLE``),
-        and only its receipt can still end the attempt. An attempt whose
-        executor is not installed here is ``UNVERIFIABLE`` too.
+        Without a handle, what its host's identity proves decides
+        (:func:`ql_core.never_started.start_state`): host alive → None (wait);
+        host gone → ``_NEVER_STARTED``; unknown → None for the spawn grace,
+        then ``UNVERIFIABLE`` (blocked; a receipt could still end it). An
+        attempt whose executor is not installed here is ``UNVERIFIABLE`` too.
         """
         if attempt.handle is None:
+            proof = start_state(self.rt.executor_for, attempt) if attempt.status == "starting" else None
+            if proof is StartState.HOST_ALIVE:
+                return None
+            if proof is StartState.NEVER_STARTED:
+                return _NEVER_STARTED
             if now_ms() - attempt.created_at_ms < self.spawn_grace_ms:
-                return None  # its host may be between spawn and the handle commit
-            if attempt.status == "starting" and self._never_spawned(attempt):
-                return _NOT_SPAWNED
+                return None
             return IdentityState.UNVERIFIABLE
         executor = self.rt.executor_for(attempt.executor)
         if executor is None:
             return IdentityState.UNVERIFIABLE
         return executor.inspect(attempt.handle)
-
-    def _never_spawned(self, attempt: AttemptRecord) -> bool:
-        """True only when the attempt's log artifact provably never existed (so no launcher did)."""
-        import os
-
-        from .paths import log_path
-
-        facts = self.rt.journal.log_facts(attempt.log_artifact_id)
-        if facts is None or facts.deleted:
-            return False  # no record, or deleted on purpose: absence proves nothing
-        try:
-            os.lstat(log_path(self.rt.config.data_dir, attempt.log_artifact_id))
-        except FileNotFoundError:
-            return True
-        except (OSError, ValueError):
-            return False
-        return False
 
     def _consume(self, attempt_id: str, report: RoundReport) -> bool:
         """True when the receipt settled the attempt (or must be retried): no identity check then."""
@@ -288,6 +278,9 @@ class Reconciler:
         result = self.rt.consumer.consume(attempt_id)
         if result.outcome is ConsumeOutcome.MISSING:
             return False
+        if result.outcome is ConsumeOutcome.UNUSABLE:
+            report.counts["receipt_unusable"] += 1
+            return False  # reported; the identity decides (exited → lost), the run still ends
         if result.outcome is ConsumeOutcome.QUARANTINED:
             report.counts["quarantined"] += 1
             return False  # a bad receipt proves nothing: identity decides, a later valid one still wins
@@ -333,6 +326,33 @@ class Reconciler:
             report.counts["log_errors"] += 1
             logger.warning("log maintenance deferred: {}", type(exc).__name__)
 
+    # -- step 6: history retention (bounded; terminal runs only) ---------------------------------
+    def _history(self, report: RoundReport) -> None:
+        from .logs import delete_log_file
+        from .ports.journal import HistoryRetention
+
+        journal = self.rt.journal
+        if not isinstance(journal, HistoryRetention):
+            return
+        try:
+            cutoff = now_ms() - int(self.profile.history_retention_s * 1000)
+            candidates = journal.history_candidates(self.rt.node_id, finished_before_ms=cutoff,
+                                                    keep_newest=self.profile.history_max_runs, limit=self.limit)
+            ready = []
+            for run_id, log_ids in candidates.items():
+                try:
+                    for log_id in log_ids:
+                        delete_log_file(self.rt, log_id)  # files first: a crash leaves rows, never orphans
+                    ready.append(run_id)
+                except Exception as exc:  # noqa: BLE001 - this run waits for the next round
+                    report.counts["history_errors"] += 1
+                    logger.warning("history of run {} kept this round: {}", run_id, type(exc).__name__)
+            if ready:
+                report.counts["history_purged"] += journal.purge_runs(ready)
+        except Exception as exc:  # noqa: BLE001 - history is never a reason to fail recovery
+            report.counts["history_errors"] += 1
+            logger.warning("history retention deferred: {}", type(exc).__name__)
+
     # -- step 4: the journal -------------------------------------------------------------
     def _journal(self, report: RoundReport) -> None:
         now = now_ms()
@@ -350,6 +370,9 @@ class Reconciler:
                         # Ended (or blocked) attempt: a receipt left behind is replayed and cleaned.
                         result = self.rt.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
                         outcome, kept_in_place = result.outcome, getattr(result, "kept_in_place", False)
+                        if outcome is ConsumeOutcome.UNUSABLE:
+                            report.counts["receipt_unusable"] += 1
+                            outcome = ConsumeOutcome.MISSING  # nothing there can ever be a receipt
                         if outcome is not ConsumeOutcome.MISSING:
                             report.counts[str(outcome)] += 1
                     if row.state == "quarantined":

@@ -1,16 +1,17 @@
 """Typed records of the run store: what a journal backend returns and what the views show.
 
-Plain frozen dataclasses, one per table row or read view, with the column
-names of the declared schema (:mod:`ql_core.db.models`). They carry no
-behaviour beyond small derived properties; decisions live in
-:mod:`ql_core.outcome` and the services. Nothing here holds a command,
-argv, environment, token or output: an attempt carries only its token's hash.
+Immutable named tuples, one per table row or read view, with the column
+names of the declared schema (:mod:`ql_core.db.models`), so a store builds
+one with ``Record(*row)``. (Tuples, not dataclasses: defining them costs a
+fifth, and every ``ql status`` pays for it.) They carry no behaviour beyond
+small derived properties; decisions live in :mod:`ql_core.outcome` and the
+services. Nothing here holds a command, argv, environment, token or output: an
+attempt carries only its token's hash.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .states import RUN_TERMINAL
 
@@ -28,8 +29,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
+class RunRecord(NamedTuple):
     id: str
     name: str | None
     status: str
@@ -50,8 +50,7 @@ class RunRecord:
         return self.status in RUN_TERMINAL
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
     id: str
     run_id: str
     attempt_no: int
@@ -61,7 +60,7 @@ class AttemptRecord:
     exit_code: int | None
     reason: str | None
     log_artifact_id: str
-    callback_token_hash: str = field(repr=False)
+    callback_token_hash: str
     callback_sequence: int
     deadline_at_ms: int | None
     created_at_ms: int
@@ -72,8 +71,7 @@ class AttemptRecord:
     version: int
 
 
-@dataclass(frozen=True, slots=True)
-class EventRecord:
+class EventRecord(NamedTuple):
     run_id: str
     seq: int
     type: str
@@ -84,11 +82,10 @@ class EventRecord:
     at_ms: int
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
+class JournalEntry(NamedTuple):
     """A receipt-journal row, with the status and owner of its attempt (None: attempt unknown)."""
 
     attempt_id: str
@@ -103,8 +100,7 @@ class JournalEntry:
     attempt_owner: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchRecord:
+class DispatchRecord(NamedTuple):
     """A run's cancellation dispatch record (one per run, bound to one attempt)."""
 
     run_id: str
@@ -123,8 +119,7 @@ class DispatchRecord:
     updated_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class LogFacts:
+class LogFacts(NamedTuple):
     """What the run store knows about one log artifact."""
 
     id: str
@@ -141,8 +136,7 @@ class LogFacts:
         return self.deleted_at_ms is not None
 
 
-@dataclass(frozen=True, slots=True)
-class NewRun:
+class NewRun(NamedTuple):
     """Everything the *create* commit writes (run, first attempt, log artifact, journal row, event)."""
 
     run_id: str
@@ -151,7 +145,7 @@ class NewRun:
     name: str | None
     executor: str
     runtime_owner: str
-    callback_token_hash: str = field(repr=False)
+    callback_token_hash: str
     created_at_ms: int
     deadline_at_ms: int | None
     log_relative_path: str
@@ -160,8 +154,7 @@ class NewRun:
     host_handle: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class NewDispatch:
+class NewDispatch(NamedTuple):
     """The cancellation dispatch record a cancel intent creates (due at ``due_at_ms``)."""
 
     attempt_id: str
@@ -169,8 +162,7 @@ class NewDispatch:
     due_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptView:
+class AttemptView(NamedTuple):
     """One attempt as ``ql status`` shows it: low-sensitivity facts only (no token, no handle)."""
 
     attempt_id: str
@@ -185,11 +177,10 @@ class AttemptView:
     log_artifact_id: str
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
 
-@dataclass(frozen=True, slots=True)
-class RunView:
+class RunView(NamedTuple):
     """A run as ``ql status`` shows it, with its attempts in order (oldest first)."""
 
     run_id: str

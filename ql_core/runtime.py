@@ -20,8 +20,8 @@ cancel and wait always go back to that executor.
 
 from __future__ import annotations
 
+import functools
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .clock import now_ms
 from .config import Config
+from .crashpoints import crashpoint
 from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError, UsageError
 from .ids import new_id
 from . import paths
 from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
 from .ports.context import RuntimeContext
-from .ports.executor import SpawnRequest, check_handle
 from .records import NewRun, RunView
 
 if TYPE_CHECKING:
@@ -81,41 +81,65 @@ class Runtime:
 
     def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, create: bool = True,
                  data_dir_in_use: bool = False) -> None:
-        from .cancellation import Canceller
-        from .completion import CompletionService
-        from .consumer import ReceiptConsumer
-
         self.config = config
         self.profile = config.profile
         self.plugins = plugins
         self.node_id = node_id
+        self._data_dir_identity = _dir_identity(config.data_dir)
         self.context = RuntimeContext(config=config, node_id=node_id, existing_only=not create,
                                       data_dir_in_use=data_dir_in_use)
         self._executors: dict[str, Executor | None] = {}
-        self._executors_lock = threading.Lock()
-        # The selected seams fail at start, with a one-line error naming what is installed.
-        self.executor: Executor | None = None
-        if config.executor is not None:
-            self.executor = self._create("executor", plugins.executors, config.executor)
-            self._executors[config.executor] = self.executor
-        self.receipts: ReceiptStore | None = (
-            self._create("receipt_store", plugins.receipt_stores, config.receipt_store)
-            if config.receipt_store is not None else None)
-        self.journal: JournalBackend = self._create("journal", plugins.journal_backends, config.journal)
-        self.completion: CompletionService = CompletionService(
-            self.journal, node_id=node_id, retries=self.profile.completion_retries, notify=plugins.notify_event,
-            executor_known=lambda name: self.executor_for(name) is not None)
-        self.consumer: ReceiptConsumer | None = (
-            ReceiptConsumer(self.receipts, self.journal, self.completion) if self.receipts is not None else None)
-        self.canceller: Canceller = Canceller(self.journal, self.executor_for, node_id, self.profile,
-                                              plugins.notify_event)
+        self._lazy_lock = threading.RLock()
+        # Every selected seam must be registered (one-line error naming what is installed) — checked
+        # now; the executor and receipt store are *built* on first use, so a reader (`ql status`)
+        # never imports the launcher, subprocess or the receipt codec.
+        for key, registry in (("executor", plugins.executors), ("receipt_store", plugins.receipt_stores),
+                              ("journal", plugins.journal_backends)):
+            self._require_registered(key, registry, getattr(config, key))
+        self.journal: JournalBackend = plugins.journal_backends.create(config.journal, self.context)
+        if create:
+            # A runtime that runs tasks builds them now, so a bad [plugin.<name>] table fails at start.
+            _ = self.executor, self.receipts
 
-    def _create(self, key: str, registry: Any, name: str) -> Any:
+    def _require_registered(self, key: str, registry: Any, name: str | None) -> None:
         from .plugins import explain_unregistered
 
-        if name not in registry.names():
+        if name is not None and name not in registry.names():
             raise PluginError(explain_unregistered(key, name, self.config, self.plugins))
-        return registry.create(name, self.context)
+
+    @property
+    def executor(self) -> Executor | None:
+        """The selected executor (built on first use); None on a node that runs no tasks."""
+        return self.executor_for(self.config.executor) if self.config.executor is not None else None
+
+    @functools.cached_property
+    def receipts(self) -> ReceiptStore | None:
+        """The selected receipt store (built on first use); None on a node that runs no tasks."""
+        if self.config.receipt_store is None:
+            return None
+        with self._lazy_lock:
+            return self.plugins.receipt_stores.create(self.config.receipt_store, self.context)
+
+    @functools.cached_property
+    def completion(self) -> CompletionService:
+        from .completion import CompletionService
+
+        return CompletionService(self.journal, node_id=self.node_id, retries=self.profile.completion_retries,
+                                 notify=self.plugins.notify_event,
+                                 executor_known=lambda name: self.executor_for(name) is not None)
+
+    @functools.cached_property
+    def consumer(self) -> ReceiptConsumer | None:
+        from .consumer import ReceiptConsumer
+
+        receipts = self.receipts
+        return ReceiptConsumer(receipts, self.journal, self.completion) if receipts is not None else None
+
+    @functools.cached_property
+    def canceller(self) -> Canceller:
+        from .cancellation import Canceller
+
+        return Canceller(self.journal, self.executor_for, self.node_id, self.profile, self.plugins.notify_event)
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -160,7 +184,7 @@ class Runtime:
 
     def executor_for(self, name: str) -> Executor | None:
         """The executor registered as ``name`` (built once), or None when it is not installed here."""
-        with self._executors_lock:
+        with self._lazy_lock:
             if name not in self._executors:
                 if name in self.plugins.executors.names():
                     self._executors[name] = self.plugins.executors.create(name, self.context)
@@ -230,6 +254,8 @@ class Runtime:
     def _create_run(self, *, name: str | None, timeout_s: float | None,
                     log_max_bytes: int | None = None) -> Submission:
         """The *create* commit. Any failure here means: nothing is spawned."""
+        import secrets
+
         from .completion import hash_token
         from .retrying import retrying
 
@@ -259,11 +285,13 @@ class Runtime:
     def _spawn(self, executor: Executor, sub: Submission, command: tuple[str, ...], *, shell: bool,
                cwd: str | None, env: dict[str, str] | None) -> Submission:
         from .logs import open_log_artifact
+        from .ports.executor import SpawnRequest
 
         assert self.receipts is not None
         try:
             location = self.receipts.prepare(sub.attempt_id)
             log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
+            crashpoint("spawn.after_log_created")
         except (OSError, QlError, ValueError) as exc:
             self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="LOG_ARTIFACT_UNAVAILABLE")
             detail = getattr(exc, "strerror", None) or type(exc).__name__
@@ -285,23 +313,26 @@ class Runtime:
             os.close(log_fd)
         sub.task = task
         self._record_spawned(executor, sub, task)
+        executor.release(task)  # only now may the command start: its handle is durable
         return sub
 
     def _record_spawned(self, executor: Executor, sub: Submission, task: SpawnedTask) -> None:
         """Second commit: the durable handle. Without it the task must not run (ADR-0007 §2.2)."""
+        from .ports.executor import check_handle
+
         try:
             handle = check_handle(task.handle)
             if handle is None:
                 raise QlError("the executor could not read the task's identity")
             self.completion.record_spawned(sub.attempt_id, handle=handle, started_at_ms=sub.started_at_ms)
-        except Exception as exc:  # noqa: BLE001 - compensate: stop the task, mark it lost
+        except Exception as exc:  # noqa: BLE001 - compensate: the command must never start
             executor.abort(task)
             try:
-                self.completion.end_without_receipt(sub.attempt_id, status="lost", reason="HANDLE_NOT_SAVED")
+                self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="HANDLE_NOT_SAVED")
             except Exception:  # noqa: BLE001 - recovery will classify it
                 pass
-            raise QlError(f"the task started but its durable handle could not be saved "
-                          f"({type(exc).__name__}); it was stopped and run {sub.run_id} marked lost") from None
+            raise QlError(f"the task's durable handle could not be saved ({type(exc).__name__}), so its command "
+                          f"was never started; run {sub.run_id} marked failed") from None
 
     # -- wait: the live fast path -------------------------------------------------------
     def wait(self, sub: Submission | str, *, on_tick: Callable[[], None] | None = None,
@@ -325,6 +356,7 @@ class Runtime:
         assert executor is not None
         intent = False
         while True:
+            self._check_data_dir()
             if on_tick is not None:
                 on_tick()
             if not intent:
@@ -344,12 +376,25 @@ class Runtime:
         if on_tick is not None:
             on_tick()
         self.complete_from_wait(sub, observed)
+        view = self.status(sub.run_id)
+        if not view.terminal:
+            # Our child (the launcher) is gone but the run is not over: its command runs on in its
+            # process group, or its end is still being proven. Watch it like a re-attached host.
+            view = self._watch(sub.run_id, on_tick=on_tick)
         self._finalize_log(sub.log_artifact_id)
-        return self.status(sub.run_id)
+        return view
+
+    def _check_data_dir(self) -> None:
+        """Fail loudly if the data dir was deleted or replaced under us: never recreate a history."""
+        if _dir_identity(self.config.data_dir) != self._data_dir_identity:
+            raise QlError(f"the data dir {self.config.data_dir} was deleted or replaced while this runtime used "
+                          f"it: its run history is gone there. Restore it from a backup; the task may still be "
+                          f"running (its log and receipt went with the directory)")
 
     def _watch(self, run_id: str, *, on_tick: Callable[[], None] | None) -> RunView:
         """Wait for a run this runtime is not the parent of: look, settle, sleep, until it is terminal."""
         while True:
+            self._check_data_dir()
             if on_tick is not None:
                 on_tick()
             view = self.status(run_id)
@@ -380,18 +425,33 @@ class Runtime:
         return run is not None and run.cancel_reason is not None
 
     def complete_from_wait(self, sub: Submission, observed: ExitObservation) -> CompletionResult | None:
-        """Consume the receipt; if publication failed, the waited status is a trusted live observation."""
-        from .consumer import ConsumeOutcome
+        """End the attempt from what this host saw when it reaped the task.
+
+        The status the host reaped is kernel truth: the receipt is applied only when it agrees; one
+        that disagrees (forged by a same-user task) is quarantined and an ``attempt.receipt_rejected``
+        audit event records it beside the observed outcome. Without a receipt (publication failed),
+        the observation alone decides.
+        """
+        from .consumer import DISAGREES_WITH_OBSERVED, ConsumeOutcome
+        from .ports.journal import EventSpec
         from .receipts.codec import Receipt
 
-        assert self.consumer is not None
-        consumed = self.consumer.consume(sub.attempt_id)
+        assert self.consumer is not None and sub.attempt_id is not None
+        consumed = self.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
         if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
             return None
+        audit: tuple[EventSpec, ...] = ()
+        if consumed.outcome is ConsumeOutcome.QUARANTINED and consumed.reason == DISAGREES_WITH_OBSERVED:
+            audit = (EventSpec("attempt.receipt_rejected", attempt_id=sub.attempt_id,
+                               reason=DISAGREES_WITH_OBSERVED.upper()),)
         if observed.exit_code is None:
             # The executor cannot vouch for the task's status (its launcher died, or lost the
-            # status): without a receipt, recovery decides (lost, or the intent's state when our
-            # dispatcher signalled it) — never a guess.
+            # status): say so in an event, then recovery decides — the command may run on (the
+            # waiter keeps watching it), and without a receipt it ends lost, or in the intent's
+            # state when our dispatcher signalled it — never a guess.
+            if observed.detail:
+                self.completion.note(sub.attempt_id, EventSpec("attempt.observation_lost", attempt_id=sub.attempt_id,
+                                                               reason=observed.detail[:80]))
             self.recover_attempt(sub.attempt_id)
             return None
         observation = Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
@@ -399,8 +459,8 @@ class Runtime:
                               started_at_ms=sub.started_at_ms,
                               finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms),
                               exit_code=observed.exit_code)
-        result = self.completion.complete(observation, executor=sub.executor)
-        if consumed.outcome is ConsumeOutcome.MISSING:
+        result = self.completion.complete(observation, executor=sub.executor, audit=audit)
+        if consumed.outcome in (ConsumeOutcome.MISSING, ConsumeOutcome.UNUSABLE):
             # No receipt will ever come (the launcher is gone): the row rides out with the next create
             # commit or retention — no extra commit here.
             self.journal.note_consumed(sub.attempt_id)
@@ -483,6 +543,14 @@ class Runtime:
         view = self.status(run_id)
         assert view.log_artifact_id is not None
         return paths.log_path(self.config.data_dir, view.log_artifact_id)
+
+
+def _dir_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _spawn_failure(exc: BaseException) -> str:

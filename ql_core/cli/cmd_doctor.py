@@ -111,7 +111,7 @@ def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
     from ql_core.plugins import explain_unregistered, load_plugin_host
 
-    host = load_plugin_host(config.plugins, optional=config.seam_plugins)
+    host = load_plugin_host(config.plugins, optional=config.seam_plugins, use_cache=False)
     chosen = []
     for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
                           ("journal", host.journal_backends)):

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         error = None
         if plugin.name in active:
             try:
-                load_plugin_host([plugin.name])
+                load_plugin_host([plugin.name], use_cache=False)
             except PluginError as exc:
                 error, status = str(exc), 1
         state = "active" if plugin.name in active else "installed"

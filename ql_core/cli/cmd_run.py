@@ -101,12 +101,20 @@ class _LogStreamer:
         facts = log_facts(rt, log_artifact_id)  # type: ignore[arg-type]
         self._max_bytes = facts.max_bytes if facts is not None else None
         self._offset = 0
+        self._stopped = False
 
     def pump(self, *, drain: bool = False) -> None:
+        from ql_core.errors import UnsafePathError
         from ql_core.logs import LOG_CHUNK_BYTES, read_log_chunk
 
-        while True:
-            chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
+        while not self._stopped:
+            try:
+                chunk = read_log_chunk(self._data_dir, self._log_id, self._offset, max_bytes=self._max_bytes)
+            except UnsafePathError as exc:
+                # Something replaced the log (a FIFO, a directory...): stop streaming, keep waiting.
+                self._stopped = True
+                sys.stderr.write(f"ql: not streaming the log any more: {exc}\n")
+                return
             if not chunk:
                 return
             self._offset += len(chunk)

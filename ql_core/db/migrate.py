@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import TYPE_CHECKING
 
 from ..errors import DatabaseError
@@ -18,6 +17,8 @@ SCHEMA_HEAD = "0004_cluster_worker"
 
 
 def _alembic_config(connection=None):  # type: ignore[no-untyped-def]
+    from importlib import resources
+
     from alembic.config import Config as AlembicConfig
 
     cfg = AlembicConfig()

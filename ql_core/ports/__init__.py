@@ -10,43 +10,99 @@ Each seam has a contract suite in :mod:`ql_core.testing`. Everything exported
 here is public API (see ``docs/plugins.md`` for the stability promise).
 """
 
-from .context import RunEventInfo, RuntimeContext
-from .executor import (
-    MAX_HANDLE_BYTES,
-    Executor,
-    ExitObservation,
-    IdentityState,
-    SignalOutcome,
-    SpawnedTask,
-    SpawnRequest,
-)
-from .journal import (
-    ConflictError,
-    ControlService,
-    Decide,
-    DispatchClaim,
-    EventSpec,
-    JournalBackend,
-    QueuedRun,
-    QueueingBackend,
-    Snapshot,
-    StoreBusyError,
-    StoreError,
-    TaskSpec,
-    Transition,
-    WorkerService,
-)
-from .receipt_store import (
-    PublishOutcome,
-    QuarantineConflictError,
-    ReadStatus,
-    ReceiptPublishError,
-    ReceiptRead,
-    ReceiptStore,
-    ReceiptStoreError,
-    UnsafePathError,
-)
-from .wakeup import ChangeKind, OnChange, WakeupSource, WakeupWatch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .context import RunEventInfo, RuntimeContext
+    from .executor import (
+        MAX_HANDLE_BYTES,
+        Executor,
+        ExitObservation,
+        IdentityState,
+        SignalOutcome,
+        SpawnedTask,
+        SpawnRequest,
+    )
+    from .journal import (
+        ConflictError,
+        ControlService,
+        Decide,
+        DispatchClaim,
+        EventSpec,
+        JournalBackend,
+        QueuedRun,
+        QueueingBackend,
+        Snapshot,
+        StoreBusyError,
+        StoreError,
+        TaskSpec,
+        Transition,
+        WorkerService,
+    )
+    from .receipt_store import (
+        PublishOutcome,
+        QuarantineConflictError,
+        ReadStatus,
+        ReceiptPublishError,
+        ReceiptRead,
+        ReceiptStore,
+        ReceiptStoreError,
+        UnsafePathError,
+    )
+    from .wakeup import ChangeKind, OnChange, WakeupSource, WakeupWatch
+
+# Imported on first use (PEP 562): a reader that needs one protocol does not pay for all four.
+_WHERE = {
+    "RunEventInfo": "context",
+    "RuntimeContext": "context",
+    "MAX_HANDLE_BYTES": "executor",
+    "Executor": "executor",
+    "ExitObservation": "executor",
+    "IdentityState": "executor",
+    "SignalOutcome": "executor",
+    "SpawnedTask": "executor",
+    "SpawnRequest": "executor",
+    "ConflictError": "journal",
+    "ControlService": "journal",
+    "Decide": "journal",
+    "DispatchClaim": "journal",
+    "EventSpec": "journal",
+    "JournalBackend": "journal",
+    "QueuedRun": "journal",
+    "QueueingBackend": "journal",
+    "Snapshot": "journal",
+    "StoreBusyError": "journal",
+    "StoreError": "journal",
+    "TaskSpec": "journal",
+    "Transition": "journal",
+    "WorkerService": "journal",
+    "PublishOutcome": "receipt_store",
+    "QuarantineConflictError": "receipt_store",
+    "ReadStatus": "receipt_store",
+    "ReceiptPublishError": "receipt_store",
+    "ReceiptRead": "receipt_store",
+    "ReceiptStore": "receipt_store",
+    "ReceiptStoreError": "receipt_store",
+    "UnsafePathError": "receipt_store",
+    "ChangeKind": "wakeup",
+    "OnChange": "wakeup",
+    "WakeupSource": "wakeup",
+    "WakeupWatch": "wakeup",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ql_core.ports' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "RuntimeContext",

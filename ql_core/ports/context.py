@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -12,8 +11,7 @@ if TYPE_CHECKING:
 __all__ = ["RuntimeContext", "RunEventInfo"]
 
 
-@dataclass(frozen=True, slots=True)
-class RuntimeContext:
+class RuntimeContext(NamedTuple):
     """Handed to every plugin factory when a runtime first needs that plugin.
 
     ``config`` is the validated configuration; ``node_id`` this node's stable
@@ -32,7 +30,6 @@ class RuntimeContext:
     #: This node's data dir existed before this runtime (it holds a node id): a store that finds its
     #: database missing or empty must refuse to start a fresh one (history would vanish silently).
     data_dir_in_use: bool = False
-    _extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def data_dir(self) -> Path:
@@ -43,8 +40,7 @@ class RuntimeContext:
         return dict(self.config.plugin_settings.get(name, {}))
 
 
-@dataclass(frozen=True, slots=True)
-class RunEventInfo:
+class RunEventInfo(NamedTuple):
     """A committed run event, reduced to low-sensitivity fields (never a command, env or output)."""
 
     run_id: str

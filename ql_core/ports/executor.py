@@ -9,12 +9,17 @@ wait always go to that executor.
 
 Contract (checked by :class:`ql_core.testing.ExecutorContract`):
 
-- :meth:`Executor.spawn` starts the task *detached from the host*: the task
-  outlives the host process, writes its stdout/stderr to ``log_fd``, and on
-  its end publishes a completion receipt (``request.token``,
-  ``request.callback_sequence``, its true exit code, 128+N when killed by
-  signal N) through the receipt store's ``request.receipt_location``. It
-  raises ``OSError``/``ValueError`` only when nothing was started.
+- :meth:`Executor.spawn` prepares the task *detached from the host* and
+  **held**: the command must not start until :meth:`Executor.release`, which
+  core calls only after the task's durable handle is committed — and if the
+  host dies before that, the command never starts at all. That is what lets
+  recovery *prove* "never started" (host gone, no handle) instead of guessing.
+  Once released, the task outlives the host process, writes its stdout/stderr
+  to ``log_fd``, and on its end publishes a completion receipt
+  (``request.token``, ``request.callback_sequence``, its true exit code,
+  128+N when killed by signal N) through the receipt store's
+  ``request.receipt_location``. ``spawn`` raises ``OSError``/``ValueError``
+  only when nothing was started.
 - ``SpawnedTask.handle`` is a JSON document of at most :data:`MAX_HANDLE_BYTES`
   bytes that identifies the task for ever (a pid alone does not); ``None``
   when identity could not be read — core then stops the task with
@@ -30,7 +35,7 @@ Contract (checked by :class:`ql_core.testing.ExecutorContract`):
 
 Threading: one executor instance serves a whole runtime; ``spawn``,
 ``inspect``, ``signal`` and ``host_handle`` may be called from several threads
-at once; ``wait`` and ``abort`` only by the thread that spawned the task.
+at once; ``release``, ``wait`` and ``abort`` only by the thread that spawned the task.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "MAX_HANDLE_BYTES",
@@ -99,8 +104,7 @@ class SpawnedTask:
     live: Any = field(default=None, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class ExitObservation:
+class ExitObservation(NamedTuple):
     """What the spawning host saw when its task ended.
 
     ``exit_code`` is the task's own status (0-255; 128+N for signal N), or
@@ -111,6 +115,9 @@ class ExitObservation:
 
     exit_code: int | None
     finished_at_ms: int
+    #: Why there is no exit code, as a low-sensitivity reason code (e.g. ``LAUNCHER_KILLED_BY_SIGNAL_9``);
+    #: core records it in an ``attempt.observation_lost`` event.
+    detail: str | None = None
 
 
 @runtime_checkable
@@ -118,7 +125,12 @@ class Executor(Protocol):
     """Starts tasks and later tells, from a stored handle, whether they still run."""
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
-        """Start the task detached from the host; raise (OSError, ValueError) only if nothing started."""
+        """Prepare the task detached from the host, held until :meth:`release`; raise (OSError,
+        ValueError) only if nothing was started."""
+        ...
+
+    def release(self, task: SpawnedTask) -> None:
+        """The task's handle is committed: let its command start (spawning host only, once)."""
         ...
 
     def inspect(self, handle: str | None) -> IdentityState:
@@ -134,7 +146,8 @@ class Executor(Protocol):
         ...
 
     def abort(self, task: SpawnedTask) -> None:
-        """Stop a task this host just spawned and reap it (its handle could not be saved)."""
+        """A task this host spawned must never run (its handle could not be saved): make sure its
+        command never starts (or stop it if it did) and reap it."""
         ...
 
     def host_handle(self) -> str | None:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar, runtime_checkable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ..records import (
@@ -73,6 +74,7 @@ __all__ = [
     "QueueingBackend",
     "WorkerService",
     "ControlService",
+    "HistoryRetention",
 ]
 
 T = TypeVar("T")
@@ -90,8 +92,7 @@ class ConflictError(StoreError):
     """A compare-and-set lost against another writer: retry the whole transaction."""
 
 
-@dataclass(frozen=True, slots=True)
-class EventSpec:
+class EventSpec(NamedTuple):
     """An event to append: only ids, type, status, exit code and reason (low sensitivity)."""
 
     type: str
@@ -112,8 +113,7 @@ DISPATCH_COLUMNS = frozenset({"state", "outcome", "tries", "next_attempt_at_ms",
                               "kill_sent_at_ms"})
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """What a decision sees, read inside the write transaction that will apply it.
 
     ``attempt`` is the one asked for (for :meth:`JournalBackend.run_transition`:
@@ -129,12 +129,11 @@ class Snapshot:
     now_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
     """A decided change, applied by the backend with compare-and-set, or not at all."""
 
-    attempt: Mapping[str, object] = field(default_factory=dict)
-    run: Mapping[str, object] = field(default_factory=dict)
+    attempt: Mapping[str, object] = MappingProxyType({})
+    run: Mapping[str, object] = MappingProxyType({})
     events: tuple[EventSpec, ...] = ()
     #: The attempt ended: start its receipt-journal row's retention clock in the same transaction.
     terminal: bool = False
@@ -149,8 +148,7 @@ class Transition:
 Decide = Callable[[Snapshot], "tuple[T, Transition | None]"]
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchClaim:
+class DispatchClaim(NamedTuple):
     """A cancellation dispatch record whose lease this node now holds (``record.version`` is the fence)."""
 
     record: DispatchRecord
@@ -341,4 +339,26 @@ class ControlService(Protocol):
 
     def run_control(self, runtime: object, stop: threading.Event) -> int:
         """Sweep leases, deadlines and retention in bounded pages until ``stop`` is set; exit status."""
+        ...
+
+
+@runtime_checkable
+class HistoryRetention(Protocol):
+    """A run store that can forget old history (runs, attempts, events, dispatch and log rows).
+
+    Core calls it from the reconciler's round, bounded by the round's cap; without this
+    capability nothing is ever purged.
+    """
+
+    def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
+                           limit: int) -> dict[str, list[str]]:
+        """At most ``limit`` terminal runs, oldest first, that are past the history limits —
+        finished before ``finished_before_ms``, or not among the ``keep_newest`` newest runs — whose
+        attempts all belong to ``owner`` and none of which still has a receipt-journal row.
+        Returns ``run_id -> [undeleted log artifact ids]`` (core deletes those files first)."""
+        ...
+
+    def purge_runs(self, run_ids: list[str]) -> int:
+        """Delete these runs and all their rows in one transaction; a run that is not terminal is
+        never touched. Returns how many runs were deleted."""
         ...

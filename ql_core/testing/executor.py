@@ -97,7 +97,7 @@ class ExecutorContract:
         executor, store = make_executor(), make_receipt_store(tmp_path / "receipts")
         started: list[Started] = []
 
-        def spawn(command: list[str], *, shell: bool = False) -> Started:
+        def spawn(command: list[str], *, shell: bool = False, hold: bool = False) -> Started:
             attempt_id = new_id()
             log = tmp_path / f"{attempt_id}.log"
             request = SpawnRequest(run_id=new_id(), attempt_id=attempt_id, callback_sequence=1,
@@ -111,13 +111,15 @@ class ExecutorContract:
                 os.close(fd)
             one = Started(task, request, log)
             started.append(one)
+            if not hold:
+                executor.release(task)  # what core does once the handle is committed
             return one
 
         yield executor, store, spawn, tmp_path
         for one in started:  # never leave a task behind, whatever a test did
             if executor.inspect(one.task.handle) is IdentityState.RUNNING:
                 executor.signal(one.task.handle, signal.SIGKILL)
-            executor.wait(one.task, DEADLINE_S)
+            executor.abort(one.task)
 
     # -- spawn and receipts --------------------------------------------------------------
     def test_task_publishes_a_receipt_with_its_true_exit_code(self, env: Any) -> None:
@@ -144,6 +146,27 @@ class ExecutorContract:
         assert executor.wait(one.task, DEADLINE_S) is not None
         assert one.request.token.encode() not in one.log.read_bytes()
         assert b"PATH=" in one.log.read_bytes()  # the task really printed its environment
+
+    # -- held until released ---------------------------------------------------------------
+    def test_a_task_never_released_never_runs(self, env: Any) -> None:
+        """A host that dies before committing the handle never released it: nothing may run."""
+        executor, store, spawn, tmp_path = env
+        marker = tmp_path / "ran"
+        one = spawn(["sh", "-c", f'touch "{marker}"; exit 0'], hold=True)
+        assert one.task.handle is not None  # it exists (and can be identified) while held
+        executor.abort(one.task)
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "identity exited")
+        assert not marker.exists()
+        assert str(store.read(one.request.attempt_id).status) == "missing"
+        assert one.log.read_bytes() == b""
+
+    def test_a_released_task_runs(self, env: Any) -> None:
+        executor, store, spawn, tmp_path = env
+        marker = tmp_path / "ran"
+        one = spawn(["sh", "-c", f'touch "{marker}"; exit 0'], hold=True)
+        executor.release(one.task)
+        assert executor.wait(one.task, DEADLINE_S).exit_code == 0  # type: ignore[union-attr]
+        assert marker.exists()
 
     # -- the durable handle ----------------------------------------------------------------
     def test_handle_is_a_small_json_document(self, env: Any) -> None:

@@ -288,9 +288,7 @@ class JournalBackendContract:
         claim = store.claim_dispatch(new.run_id, OWNER, 60_000)
         assert claim is not None and claim.record.lease_owner == OWNER
         assert store.claim_dispatch(new.run_id, OWNER, 60_000) is None  # held
-        from dataclasses import replace
-
-        stale = replace(claim, record=replace(claim.record, version=claim.record.version - 1))
+        stale = claim._replace(record=claim.record._replace(version=claim.record.version - 1))
         assert not store.finish_dispatch(stale, {"state": "done"})
         assert store.finish_dispatch(claim, {"state": "done", "outcome": "already_exited"})
         record = store.dispatch(new.run_id)

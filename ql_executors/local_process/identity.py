@@ -13,10 +13,14 @@ Rules this module enforces:
 - signals go only to the process group the launcher leads (``pgid == pid``), after re-verifying the
   identity immediately before ``killpg``; a bare pid is never signalled.
 
-Known limit of this version: identity follows the launcher, the group leader. Once the launcher has
-exited, ``inspect`` says ``EXITED`` even if a grandchild the command left behind still lives in the
-group, and ``signal_group`` then reports ``ALREADY_EXITED`` without signalling it. The launcher only
-exits after its direct child did, so this concerns processes the command itself orphaned.
+A group outlives its leader. When the launcher is gone (killed on its own, say) but its command
+still runs in the launcher's process group, the task is still running: with the ``proc`` source,
+``inspect`` says ``RUNNING`` as long as the group has members — each in the launcher's session and
+started after it — and ``signal_group`` signals that group, so cancel and timeout still reach the
+command and ``lost`` is declared only once the whole group is gone. (A group id cannot be handed to
+another group while any member lives; a member that fails the checks — another session, started
+before our launcher — makes the group foreign: ``EXITED``, never signalled. The ``psutil`` source
+follows the leader only.)
 
 Race note: between the re-verification and ``killpg`` the group id cannot be handed to an unrelated
 group while any of our group's members lives (Linux does not reuse a pid still in use as a pgid);
@@ -48,7 +52,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from loguru import logger
+from ql_core.log import logger
 
 __all__ = [
     "ProcessHandle",
@@ -107,7 +111,11 @@ class _Stat:
     state: str
     pgrp: int
     start_time: int
+    session: int = -1
 
+
+#: Stands for the members of a group whose leader is gone (see _orphaned_group).
+_ORPHANED = "orphaned"
 
 class _Unreadable(Exception):
     """Identity cannot be read at all: no /proc, permission denied, or an unparsable record."""
@@ -129,18 +137,19 @@ def _parse_stat(raw: bytes) -> _Stat:
     if end < 0:
         raise _Unreadable("no ')' in stat")
     fields = raw[end + 1 :].split()
-    # fields[0] is field 3 (state), fields[2] field 5 (pgrp), fields[19] field 22 (starttime)
+    # fields[0] is field 3 (state), [2] field 5 (pgrp), [3] field 6 (session), [19] field 22 (starttime)
     if len(fields) < 20:
         raise _Unreadable("short stat")
     try:
         state = fields[0].decode("ascii")
         pgrp = int(fields[2])
+        session = int(fields[3])
         start_time = int(fields[19])
     except (UnicodeDecodeError, ValueError) as exc:
         raise _Unreadable("bad stat field") from exc
     if len(state) != 1 or start_time < 0:
         raise _Unreadable("bad stat field")
-    return _Stat(state=state, pgrp=pgrp, start_time=start_time)
+    return _Stat(state=state, pgrp=pgrp, start_time=start_time, session=session)
 
 
 def _read_stat(pid: int) -> _Stat | None:
@@ -287,11 +296,49 @@ def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _S
         stat = src.stat(handle.pid)
     except _Unreadable:
         return IdentityState.UNVERIFIABLE, None
+    leader_gone = stat is None or (stat.state in _GONE_STATES and src.same_start(handle.start_time, stat.start_time))
+    if leader_gone and src.name == "proc" and handle.pgid == handle.pid and _orphaned_group(handle):
+        # The launcher is gone (or an unreaped zombie) but its command runs on in its group: still
+        # running, still in reach.
+        return IdentityState.RUNNING, _Stat(state=_ORPHANED, pgrp=handle.pgid, start_time=handle.start_time)
     if stat is None or stat.state in _GONE_STATES:
         return IdentityState.EXITED, stat
     if not src.same_start(handle.start_time, stat.start_time):
         return IdentityState.EXITED, stat
     return IdentityState.RUNNING, stat
+
+
+def _orphaned_group(handle: ProcessHandle) -> bool:
+    """Does the group the (now gone) launcher led still have members, all of them ours?
+
+    Ours: in the launcher's session (it was a session leader: sid == pid == pgid) and started no
+    earlier than the launcher. One member that is not ours makes the whole group foreign (False).
+    One bounded pass over /proc; only called once the leader itself is gone.
+    """
+    try:
+        os.killpg(handle.pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # members exist but are not ours to signal; the checks below decide
+    found = False
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return False
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            member = _read_stat(int(name))
+        except _Unreadable:
+            return False  # cannot tell: fail closed (exited, never signalled)
+        if member is None or member.pgrp != handle.pgid or member.state in _GONE_STATES:
+            continue
+        if member.session != handle.pid or member.start_time < handle.start_time:
+            return False
+        found = True
+    return found
 
 
 def inspect(handle: ProcessHandle, *, source: str | None = None) -> IdentityState:

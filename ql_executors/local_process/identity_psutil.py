@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from loguru import logger
+from ql_core.log import logger
 
 from .identity import _Stat, _Unreadable
 

@@ -25,7 +25,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from ql_core.ids import is_uuid7
 from ql_core.receipts.codec import MAX_SAFE_INTEGER, TOKEN_PATTERN
@@ -37,6 +37,7 @@ __all__ = [
     "launcher_args",
     "launcher_path",
     "spawn_launcher",
+    "release",
 ]
 
 LaunchMode = Literal["argv", "shell"]
@@ -116,25 +117,31 @@ def _spawn_with_fd3(
     log_fd: int,
     cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str] | None,
-) -> subprocess.Popen[bytes]:
-    """Run ``shell + script_argv`` as a new session whose fd 3 is a pipe holding ``fd3_payload``.
+    hold: bool = False,
+) -> tuple[subprocess.Popen[bytes], int | None]:
+    """Run ``shell + script_argv`` as a new session whose fd 3 is a pipe for ``fd3_payload``.
 
+    Returns the process and, with ``hold``, the pipe's write end, still open and empty: the caller
+    writes the payload later (:func:`release`), and if the caller dies first the child reads EOF.
+    Without ``hold`` the payload is written and the write end closed before the spawn.
     ``fd3_payload=None`` starts it with fd 3 closed (tests use this).
     """
     if fd3_payload is None:
-        argv, stdin = [*shell, *script_argv], subprocess.DEVNULL
+        argv, stdin, w = [*shell, *script_argv], subprocess.DEVNULL, None
     else:
         argv = [*shell, "-c", _TRAMPOLINE, "ql-launcher", *shell, *script_argv]
         stdin, w = os.pipe()
-        try:
-            os.write(w, fd3_payload)  # a few hundred bytes at most: fits the pipe buffer, never blocks
-        except BaseException:
-            os.close(stdin)
-            raise
-        finally:
-            os.close(w)
+        if not hold:
+            try:
+                os.write(w, fd3_payload)  # a few hundred bytes at most: fits the pipe buffer, never blocks
+            except BaseException:
+                os.close(stdin)
+                raise
+            finally:
+                os.close(w)
+                w = None
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             argv,
             stdin=stdin,
             stdout=log_fd,
@@ -144,9 +151,22 @@ def _spawn_with_fd3(
             cwd=cwd,
             env=env,
         )
+    except BaseException:
+        if w is not None:
+            os.close(w)
+        raise
     finally:
         if stdin != subprocess.DEVNULL:
             os.close(stdin)  # the child has its own copy; ours must not outlive the spawn
+    return process, w
+
+
+def release(write_fd: int, token: str) -> None:
+    """Hand a held launcher its token (the go-ahead) and close the pipe; it fits the pipe buffer."""
+    try:
+        os.write(write_fd, (token + "\n").encode("ascii"))
+    finally:
+        os.close(write_fd)
 
 
 def spawn_launcher(
@@ -163,8 +183,13 @@ def spawn_launcher(
     log_fd: int,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
+    hold: bool = False,
+) -> Any:
     """Spawn the launcher for one attempt and return its ``Popen``.
+
+    With ``hold`` it returns ``(Popen, write_fd)``: the launcher waits for its token, which the
+    caller hands over with :func:`release` once the launcher's durable handle is committed (if the
+    caller dies first, the launcher reads EOF and exits 125 without running the command).
 
     The child is a new session and process-group leader (``start_new_session``), its stdin is
     ``/dev/null``, its stdout/stderr are ``log_fd`` (opened by the caller with ``O_WRONLY|O_APPEND``),
@@ -184,11 +209,13 @@ def spawn_launcher(
         mode=mode,
         command=command,
     )
-    return _spawn_with_fd3(
+    process, write_fd = _spawn_with_fd3(
         _shell_argv(shell),
         [launcher_path(), *args],
         (token + "\n").encode("ascii"),
         log_fd=log_fd,
         cwd=cwd,
         env=env,
+        hold=hold,
     )
+    return (process, write_fd) if hold else process

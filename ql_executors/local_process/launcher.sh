@@ -4,10 +4,12 @@
 #
 # MODE argv: run CMD ARG... as given; MODE shell: exactly one word after --, run as /bin/sh -c WORD.
 # fd 3: an inherited pipe carrying the callback token as one line; read and closed before CMD
-# starts. stdin is /dev/null, stdout/stderr are the task log: the launcher prints nothing there.
+# starts. The line is the go-ahead too: CMD starts only once a valid token arrives (the host writes
+# it after committing the launcher's handle); EOF or an invalid line ends the launcher with 125 and
+# CMD never runs. stdin is /dev/null, stdout/stderr are the task log: the launcher prints nothing.
 # Exit status: CMD's (128+N when CMD died of signal N), whether or not a receipt could be published;
-# 125 and no receipt when the arguments break this contract (a host bug; nothing is run) or when the
-# shell could not tell CMD's status (see the wait loop).
+# 125 and no receipt when the arguments break this contract or no token came (nothing is run), or
+# when the shell could not tell CMD's status (see the wait loop).
 #
 # Portable to dash, bash and busybox ash. Every variable is prefixed _ql_ and unset first: a
 # variable inherited from the environment stays exported, so reusing its name would leak our value
@@ -111,11 +113,14 @@ if [ -n "$_ql_reset" ] && [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ] 
 	[ -n "$_ql_pipe" ] || exec 4<&-
 fi
 exec 3<&-
-# An invalid token becomes empty: the command still runs, but no receipt is published.
+# The token is also the go-ahead: the host writes it only after it has committed this launcher's
+# durable handle, so a host that dies before that commit closes the pipe and CMD never runs (EOF or
+# an invalid line: exit 125, nothing run, no receipt). That is what lets recovery prove "never
+# started" from a dead host and a missing handle instead of guessing with a timer.
 case $_ql_tok in
-*[!ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-]*) _ql_tok= ;;
+*[!ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-]*) exit 125 ;;
 esac
-[ "${#_ql_tok}" -ge 32 ] && [ "${#_ql_tok}" -le 128 ] || _ql_tok=
+[ "${#_ql_tok}" -ge 32 ] && [ "${#_ql_tok}" -le 128 ] || exit 125
 
 # bash and busybox ash provide $EPOCHREALTIME; a variable of that name merely inherited from the
 # environment would not move, so it is trusted only if it differs from this start value.

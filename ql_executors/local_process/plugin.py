@@ -19,12 +19,14 @@ __all__ = ["ql_register_executors"]
 def _executor(context: RuntimeContext) -> Executor:
     from ql_core.errors import ConfigError
 
-    from .executor import LocalProcessExecutor
+    from .executor import LocalProcessExecutor, run_as_user
 
     settings = context.plugin_config("local")
-    if settings:
-        raise ConfigError(f"[plugin.local] has no setting {sorted(settings)[0]!r}; it takes none")
-    return LocalProcessExecutor()
+    unknown = sorted(set(settings) - {"run_as"})
+    if unknown:
+        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: run_as")
+    run_as = settings.get("run_as")
+    return LocalProcessExecutor(run_as=run_as_user(run_as) if run_as is not None else None)
 
 
 @hookimpl

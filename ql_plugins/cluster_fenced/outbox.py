@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 
     from .worker_tables import LeaseRow
 
-__all__ = ["Payload", "DbClock", "build_payload", "NOT_SPAWNED", "DRAINED", "FENCED", "SELF_FENCED", "WORKER_FENCED",
+__all__ = ["Payload", "DbClock", "build_payload", "NEVER_STARTED", "DRAINED", "FENCED", "SELF_FENCED", "WORKER_FENCED",
            "REASON_PATTERN"]
 
 #: The database's pattern for an end reason.
 REASON_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,79}")
-#: Local reason of an attempt that provably never spawned (the log artifact never existed).
-NOT_SPAWNED = "RECOVERY_NOT_SPAWNED"
+#: Local reason of an attempt that provably never started (its host died before releasing it:
+#: ql_core.never_started) — the command never ran.
+NEVER_STARTED = "RECOVERY_NEVER_STARTED"
 #: stop reasons: the worker stopped the task itself.
 DRAINED = "WORKER_DRAINED"
 #: The database told the worker its lease is gone (or its generation was replaced): permanent.
@@ -123,8 +124,8 @@ def build_payload(attempt: AttemptRecord, dispatch: DispatchRecord | None, row: 
                        signalled=signalled,
                        digest=completion_digest(attempt.id, exit_code=attempt.exit_code, started_at_ms=started,
                                                 finished_at_ms=finished, signalled=signalled))
-    if attempt.reason == NOT_SPAWNED:
-        return Payload("released")  # provably never spawned: back to the queue, no retry consumed
+    if attempt.reason == NEVER_STARTED:
+        return Payload("released")  # provably never started: back to the queue, no retry consumed
     if attempt.status in ("cancelled", "timed_out"):
         # Exited without a receipt after ql signalled it for the intent: the intent decides.
         return Payload("lost", signalled=signalled)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 from ql_core.crashpoints import crashpoint
@@ -366,8 +365,8 @@ class PostgresJournal:
                             prepare=True)
             if cur.rowcount != 1:
                 return None
-        held = replace(record, version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
-                       updated_at_ms=now)
+        held = record._replace(version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
+                               updated_at_ms=now)
         return DispatchClaim(record=held, owner=owner, now_ms=now)
 
     def finish_dispatch(self, claim: DispatchClaim, values: Mapping[str, object]) -> bool:

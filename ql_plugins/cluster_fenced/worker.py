@@ -51,7 +51,7 @@ from ql_core.log import logger
 from ql_core.states import RUN_TERMINAL
 
 from .control_db import ControlDB, ControlDBError, TransientError
-from .outbox import DRAINED, FENCED, NOT_SPAWNED, SELF_FENCED, Payload
+from .outbox import DRAINED, FENCED, NEVER_STARTED, SELF_FENCED, Payload
 from .results import EndAnswer, EndStatus, LeaseAnswer, LeaseFence, WorkerFence
 
 if TYPE_CHECKING:
@@ -768,7 +768,7 @@ class Worker:
                 self.stop.wait(0.2)
 
     def _recover_row(self, row: LeaseRow) -> None:
-        from ql_core.paths import log_path
+        from ql_core.never_started import StartState, start_state
 
         if row.state == "claimed":
             # Never launched (launching is written before any spawn): back to the queue.
@@ -780,15 +780,11 @@ class Worker:
         if attempt is None:
             self.journal.outbox_direct(row.attempt_id, Payload("released"))  # crashed before the local create
             return
-        if attempt.status == "starting" and attempt.handle is None:
-            # The log artifact is opened before every spawn: without it nothing was ever spawned, and no
-            # other process spawns for this data dir (we hold its lock).
-            facts = self.rt.journal.log_facts(attempt.log_artifact_id)
-            if facts is not None and not facts.deleted:
-                try:
-                    os.lstat(log_path(self.rt.config.data_dir, attempt.log_artifact_id))
-                except FileNotFoundError:
-                    self.rt.completion.end_without_receipt(attempt.id, status="lost", reason=NOT_SPAWNED)
+        if attempt.status == "starting" and attempt.handle is None \
+                and start_state(self.rt.executor_for, attempt) is StartState.NEVER_STARTED:
+            # Its host (the previous worker process) is gone and never committed the handle, so it
+            # never released the held task: the command never started (ql_core.never_started).
+            self.rt.completion.end_without_receipt(attempt.id, status="lost", reason=NEVER_STARTED)
 
     def _fence_previous(self) -> None:
         """After registering: every attempt of the previous process still running lost its lease."""

@@ -274,3 +274,21 @@ class WorkerJournal:
 
     def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None:
         self.local.mark_log_deleted(log_id, now_ms, size_bytes)
+
+    # -- history retention (HistoryRetention): the local store forgets old runs, never unanswered ones ----
+    def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
+                           limit: int) -> dict[str, list[str]]:
+        found = self.local.history_candidates(owner, finished_before_ms=finished_before_ms, keep_newest=keep_newest,
+                                              limit=limit)
+        out: dict[str, list[str]] = {}
+        for run_id, logs in found.items():
+            view = self.local.view(run_id)
+            attempts = view.attempts if view is not None else ()
+            rows = [self.leases.get(a.attempt_id) for a in attempts]
+            if any(r is not None and r.state != "answered" for r in rows):
+                continue  # its outbox row is built from these rows until the control plane answered
+            out[run_id] = logs
+        return out
+
+    def purge_runs(self, run_ids: list[str]) -> int:
+        return self.local.purge_runs(run_ids)

@@ -101,4 +101,21 @@ ENDED_LOG_BYTES = ("SELECT COALESCE(SUM(l.size_bytes), 0) FROM ql_log_artifact l
                    "JOIN ql_run_attempt a ON a.log_artifact_id = l.id "
                    f"WHERE a.runtime_owner = ? AND l.deleted_at_ms IS NULL AND a.status IN {ENDED}")
 
+# -- history retention ------------------------------------------------------------------------
+# The run at rank keep+1 (newest first): an index walk of at most keep entries. It and every run
+# older than it are beyond the count.
+NTH_NEWEST_CREATED = "SELECT created_at_ms, id FROM ql_run ORDER BY created_at_ms DESC, id DESC LIMIT 1 OFFSET ?"
+OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run WHERE status IN {ENDED} AND finished_at_ms < ? "
+                     "ORDER BY finished_at_ms, id LIMIT ?")
+OLD_CREATED_RUNS = (f"SELECT id FROM ql_run WHERE (created_at_ms < ? OR (created_at_ms = ? AND id <= ?)) "
+                    f"AND status IN {ENDED} ORDER BY created_at_ms, id LIMIT ?")
+RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id = ?"
+LIVE_LOGS_OF_RUN = "SELECT id FROM ql_log_artifact WHERE run_id = ? AND deleted_at_ms IS NULL"
+_ENDED_RUN = f"(SELECT id FROM ql_run WHERE id = ? AND status IN {ENDED})"
+PURGE_EVENTS = f"DELETE FROM ql_run_event WHERE run_id IN {_ENDED_RUN}"
+PURGE_DISPATCH = f"DELETE FROM ql_cancel_dispatch WHERE run_id IN {_ENDED_RUN}"
+PURGE_LOGS = f"DELETE FROM ql_log_artifact WHERE run_id IN {_ENDED_RUN}"
+PURGE_ATTEMPTS = f"DELETE FROM ql_run_attempt WHERE run_id IN {_ENDED_RUN}"
+PURGE_RUN = f"DELETE FROM ql_run WHERE id = ? AND status IN {ENDED}"
+
 __all__ = [name for name in dir() if name.isupper() and not name.startswith("_")]

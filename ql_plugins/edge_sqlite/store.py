@@ -370,10 +370,8 @@ class SqliteJournal:
             cur = c.execute(sql.CLAIM_DISPATCH, (owner, now + lease_ms, now, run_id, record.version, now))
             if cur.rowcount != 1:
                 return None
-        from dataclasses import replace
-
-        held = replace(record, version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
-                       updated_at_ms=now)
+        held = record._replace(version=record.version + 1, lease_owner=owner, lease_expires_at_ms=now + lease_ms,
+                               updated_at_ms=now)
         return DispatchClaim(record=held, owner=owner, now_ms=now)
 
     def finish_dispatch(self, claim: DispatchClaim, values: Mapping[str, object]) -> bool:
@@ -430,3 +428,31 @@ class SqliteJournal:
     def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None:
         with self._db.write() as c:
             c.execute(sql.MARK_LOG_DELETED, (now_ms, size_bytes, log_id))
+
+    # -- history retention (ql_core.ports.journal.HistoryRetention) -------------------------------
+    def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
+                           limit: int) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        with self._db.read() as c:
+            ids = [r[0] for r in c.execute(sql.OLD_FINISHED_RUNS, (finished_before_ms, limit))]
+            nth = c.execute(sql.NTH_NEWEST_CREATED, (keep_newest,)).fetchone()
+            if nth is not None and len(ids) < limit:
+                ids += [r[0] for r in c.execute(sql.OLD_CREATED_RUNS, (nth[0], nth[0], nth[1], limit))
+                        if r[0] not in ids]
+            for run_id in ids[:limit]:
+                attempts = c.execute(sql.RUN_ATTEMPTS_OWNERS, (run_id,)).fetchall()
+                if any(o != owner for _a, o in attempts):
+                    continue  # another node's attempt: its files are not ours to delete
+                if any(c.execute(sql.JOURNAL_EXISTS, (a,)).fetchone() for a, _o in attempts):
+                    continue  # a receipt may still exist: the journal row goes first
+                out[run_id] = [r[0] for r in c.execute(sql.LIVE_LOGS_OF_RUN, (run_id,))]
+        return out
+
+    def purge_runs(self, run_ids: list[str]) -> int:
+        deleted = 0
+        with self._db.write() as c:
+            for run_id in run_ids:
+                for statement in (sql.PURGE_EVENTS, sql.PURGE_DISPATCH, sql.PURGE_LOGS, sql.PURGE_ATTEMPTS):
+                    c.execute(statement, (run_id,))
+                deleted += c.execute(sql.PURGE_RUN, (run_id,)).rowcount
+        return deleted

@@ -90,3 +90,41 @@ def test_ql_control_and_an_idle_ql_worker_stop_promptly_on_sigterm_and_sigint(ha
     assert control.wait(10) == 0 and worker.wait(15) == 0, harness.logs()
     row = harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone()
     assert row["status"] == "stopped"  # deregistered after its drain
+
+
+def test_the_worker_store_never_forgets_a_run_whose_outbox_is_not_answered(tmp_path: Path) -> None:
+    from ql_core.ids import new_id
+    from ql_core.ports.journal import EventSpec, HistoryRetention, Transition
+    from ql_core.profiles import PROFILES
+    from ql_core.testing.journal import new_run
+    from ql_plugins.cluster_fenced.outbox import Payload
+    from ql_plugins.cluster_fenced.results import LeaseFence
+    from ql_plugins.cluster_fenced.settings import ClusterSettings
+    from ql_plugins.cluster_fenced.worker_store import WorkerJournal
+
+    d = tmp_path / "w"
+    d.mkdir(mode=0o700)
+    store = WorkerJournal(d, control_url="postgresql://unused/db", settings=ClusterSettings(worker_id="w"),
+                          profile=PROFILES["cluster-worker"])
+    try:
+        assert isinstance(store, HistoryRetention)
+        runs = [new_run(created_at_ms=1_000 + i) for i in range(2)]
+        store.leases.insert_claimed([(LeaseFence("w", 1, "s", r.attempt_id, i + 1, new_id()), r.run_id)
+                                     for i, r in enumerate(runs)])
+        for r in runs:
+            store.create(r)
+            store.transition(r.attempt_id, lambda snap: (None, Transition(
+                attempt={"status": "failed", "exit_code": 3, "finished_at_ms": 2_000},
+                run={"status": "failed", "exit_code": 3, "finished_at_ms": 2_000},
+                events=(EventSpec("attempt.failed"), EventSpec("run.failed")), terminal=True)))
+        # Both ended locally and went to the outbox; one got its final answer.
+        assert [store.leases.get(r.attempt_id).state for r in runs] == ["outbox", "outbox"]
+        store.leases.mark_answered(runs[0].attempt_id, "applied")
+        for r in runs:  # no receipt can exist any more: the journal rows may go
+            store.resolve([r.attempt_id])
+        found = store.history_candidates(runs[0].runtime_owner, finished_before_ms=10**13, keep_newest=10**6,
+                                         limit=10)
+        assert list(found) == [runs[0].run_id]
+        assert store.outbox_direct(new_id(), Payload("released")) is False  # no row: nothing to send
+    finally:
+        store.close()

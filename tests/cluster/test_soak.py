@@ -103,9 +103,10 @@ def test_soak(harness: Harness) -> None:
         proc.signal(signal.SIGTERM)
     for name, proc in workers.items():
         assert proc.wait(60) == 0, harness.logs()
-    # Only rows that can never have anything to say stay unanswered: attempts of an earlier process
-    # killed between spawn and its handle commit (blocked: no durable handle, no receipt came), whose
-    # control attempt the sweeper already ended.
+    # Only rows that can never have anything to say may stay unanswered: attempts of an earlier
+    # process that nothing can identify (blocked: no durable handle and no provable host), whose
+    # control attempt the sweeper already ended. (Since launchers are held until their handle is
+    # durable, a host killed before that commit proves its attempt never started: released.)
     blocked = 0
     for n in workers:
         for r in harness.lease_rows(n):

@@ -68,9 +68,10 @@ def test_paused_worker_is_fenced_and_stops_its_task(harness: Harness, retries: i
 CRASH_CASES = {
     "worker.claim.after_answer": (True, None),           # never recorded: the sweeper requeues it
     "worker.start.after_answer": (True, "applied"),      # released on restart (RELEASED)
-    "worker.launch.before_spawn": (True, "applied"),     # no log artifact: released (NOT_SPAWNED)
+    "worker.launch.before_spawn": (True, "applied"),     # its host is gone: never started, released
+    "spawn.after_log_created": (True, "applied"),        # likewise (log file made, nothing forked)
+    "spawn.before_handle_commit": (True, "applied"),     # launcher held, never released: released
     "worker.running.before_call": (False, "fenced"),     # runs on without a lease: stopped, fenced
-    "spawn.before_handle_commit": (False, "fenced"),     # spawned, no handle: its receipt is fenced
     "completion.before_commit": (True, "applied"),       # receipt replayed locally, then submitted
     "worker.outbox.before_insert": (True, "applied"),    # outbox rebuilt from the local terminal row
     "consumer.after_commit": (True, "applied"),
@@ -106,12 +107,14 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
     row = harness.wait_status(run_id)
     assert (row["status"], row["exit_code"]) == ("succeeded", 0), harness.logs()
     attempts = harness.attempts(run_id)
-    # Nothing launched was ever spawned again: every local attempt's log says "started" once.
+    # Nothing launched was ever started twice: every local attempt's log says "started" at most once
+    # (never, for an attempt released because it provably never started).
     for attempt in attempts:
         log = (harness.worker_dir("a") / "logs" / attempt["log_artifact_id"][-2:]
                / f"{attempt['log_artifact_id']}.log")
         if log.exists():
-            assert log.read_text().count("started") == 1, (attempt["id"], log.read_text())
+            expected = 0 if attempt["reason"] == "RELEASED" else 1
+            assert log.read_text().count("started") == expected, (attempt["id"], log.read_text())
     # Every attempt of the run was answered (outbox replayed); nothing left unanswered.
     wait_for(lambda: all(r["state"] == "answered" for r in harness.lease_rows("a")),
              what="every outbox row to get its final answer", diagnose=harness.logs)
@@ -120,7 +123,8 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
         assert attempts[0]["reason"] == "CLAIM_EXPIRED" and attempts[0]["id"] not in answers
     else:
         assert answers[attempts[0]["id"]] == first_answer, (answers, harness.logs())
-    if point in ("worker.start.after_answer", "worker.launch.before_spawn"):
+    if point in ("worker.start.after_answer", "worker.launch.before_spawn", "spawn.after_log_created",
+                 "spawn.before_handle_commit"):
         assert (attempts[0]["status"], attempts[0]["reason"]) == ("lost", "RELEASED")
     # One spawned event per attempt that ran, one terminal pair for the run.
     types = harness.event_types(run_id)

@@ -36,7 +36,7 @@ def tasks() -> Iterator[list[Any]]:
     subs: list[Any] = []
     yield subs
     for sub in subs:
-        process = sub.task.live if sub.task is not None else None
+        process = sub.task.live.process if sub.task is not None else None
         if process is None or process.poll() is not None:
             continue
         try:

@@ -47,7 +47,7 @@ def test_parallel_reconcile_commands_on_real_tasks(runtime: Any, submit: Any, ql
                                                    data_dir: Path) -> None:
     subs = [submit(["sh", "-c", f"exit {i % 7}"]) for i in range(N_RUNS)]
     for sub in subs:
-        sub.task.live.wait(timeout=DEADLINE_S)  # the launcher exits only after publishing
+        sub.task.live.process.wait(timeout=DEADLINE_S)  # the launcher exits only after publishing
         assert receipt_path(data_dir, sub.attempt_id).exists()
     procs = [subprocess.Popen(QL + ["--json", "reconcile"], env=ql_env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(WORKERS)]

@@ -116,23 +116,33 @@ def case_create_before_commit(c: Ctx) -> None:
     assert_one_terminal(c.rt, only_run_id(c.rt), "succeeded", 0)
 
 
+def case_spawn_after_log_created(c: Ctx) -> None:
+    """The host dies between creating the log and forking: no process ever existed. Recovery proves
+    it from the dead host's identity at once (it used to leave the run queued for ever)."""
+    marker = c.tmp_path / "ran"
+    ql_crash(c.env, "spawn.after_log_created", "run", "--", "sh", "-c", f'touch "{marker}"')
+    run_id = only_run_id(c.rt)
+    assert reconcile(c.env)["lost"] == 1
+    assert_one_terminal(c.rt, run_id, "lost", None)
+    assert c.rt.status(run_id).reason == "RECOVERY_NEVER_STARTED"
+    assert not marker.exists()
+
+
 def case_spawn_before_handle_commit(c: Ctx) -> None:
-    trigger = c.trigger()
-    ql_crash(c.env, "spawn.before_handle_commit", "run", "--", *trigger_command(trigger, 7))
+    """The host dies after spawning, before the handle commit: the held command never runs, and
+    recovery proves it from the dead host's identity — no timer, no guess, no orphaned task."""
+    marker = c.tmp_path / "ran"
+    ql_crash(c.env, "spawn.before_handle_commit", "run", "--", "sh", "-c", f'touch "{marker}"; exit 7')
     run_id = only_run_id(c.rt)
     attempt_id = c.rt.status(run_id).attempts[0].attempt_id
     row = attempt_row(c.rt, attempt_id)
-    assert (row["status"], row["handle"]) == ("starting", None)
-    # The task outlived its host; with no handle yet, recovery neither guesses nor gives up.
+    assert (row["status"], row["handle"]) == ("starting", None) and row["host_handle"] is not None
     counts = reconcile(c.env)
-    assert counts["applied"] == counts["lost"] == counts["blocked"] == 0
-    assert counts.get("still_starting") == 1
-    assert_not_terminal(c.rt, run_id)
-    trigger.touch()
-    wait_for(lambda: c.receipt(attempt_id).exists(), what="the launcher's receipt")
-    assert reconcile(c.env)["applied"] == 1
-    assert_one_terminal(c.rt, run_id, "failed", 7)
-    assert event_types(c.rt, run_id) == ["run.created", "attempt.failed", "run.failed"]
+    assert (counts["lost"], counts["applied"], counts["blocked"]) == (1, 0, 0)
+    assert_one_terminal(c.rt, run_id, "lost", None)
+    assert c.rt.status(run_id).reason == "RECOVERY_NEVER_STARTED"
+    assert event_types(c.rt, run_id) == ["run.created", "attempt.lost", "run.lost"]
+    assert not marker.exists() and not c.receipt(attempt_id).exists()  # the command never ran
 
 
 PUBLISHER = """
@@ -161,7 +171,7 @@ def case_receipt_publish_after_temp(c: Ctx) -> None:
     assert_not_terminal(c.rt, sub.run_id)
     assert temp_files(c.data_dir, sub.attempt_id) == temps
     trigger.touch()
-    sub.task.live.wait(timeout=60)
+    sub.task.live.process.wait(timeout=60)
     assert reconcile(c.env)["applied"] == 1
     assert_one_terminal(c.rt, sub.run_id, "failed", 7)
     assert temp_files(c.data_dir, sub.attempt_id) == temps  # orphans belong to `ql audit receipts`
@@ -178,7 +188,7 @@ def case_receipt_publish_after_link(c: Ctx) -> None:
     assert not c.receipt(sub.attempt_id).exists()
     # The launcher's own receipt arrives after the commit: replayed as already_terminal, no 2nd event.
     trigger.touch()
-    sub.task.live.wait(timeout=60)
+    sub.task.live.process.wait(timeout=60)
     assert c.receipt(sub.attempt_id).exists()
     counts = reconcile(c.env)
     assert (counts["applied"], counts["already_terminal"]) == (0, 1)
@@ -213,8 +223,8 @@ def case_completion_before_commit_lost(c: Ctx) -> None:
 
 def case_completion_before_commit_late(c: Ctx) -> None:
     sub = c.submit(trigger_command(c.trigger(), 7))
-    os.killpg(sub.task.live.pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is ours
-    sub.task.live.wait(timeout=30)
+    os.killpg(sub.task.live.process.pid, signal.SIGKILL)  # our own child, not reaped yet: its pid is ours
+    sub.task.live.process.wait(timeout=30)
     assert reconcile(c.env)["lost"] == 1
     # A true receipt surfaces after `lost` was committed: recorded once, never changes the outcome.
     c.rt.receipts.publish(valid_receipt(sub, exit_code=7))
@@ -332,6 +342,7 @@ def case_cancel_after_signal(c: Ctx) -> None:
 
 CASES: dict[str, Callable[[Ctx], None]] = {
     "create.before_commit": case_create_before_commit,
+    "spawn.after_log_created": case_spawn_after_log_created,
     "spawn.before_handle_commit": case_spawn_before_handle_commit,
     "receipt.publish.after_temp": case_receipt_publish_after_temp,
     "receipt.publish.after_link": case_receipt_publish_after_link,
@@ -351,7 +362,7 @@ CASES: dict[str, Callable[[Ctx], None]] = {
 
 
 def test_every_crash_point_has_a_case() -> None:
-    # worker.* points are the cluster worker's steps: tests/cluster/test_worker_crashpoints.py kills there.
+    # worker.* points are the cluster worker's steps: tests/cluster/test_worker_faults.py kills there.
     assert {name.split("[")[0] for name in CASES} == {p for p in CRASH_POINTS if not p.startswith("worker.")}
 
 

@@ -230,7 +230,7 @@ def _second_forgery(runtime: Any, submit: Any, triggers: Any, ql_env: dict[str, 
     # The task ends; its launcher cannot publish over the forgery, so nothing proves the exit code:
     # recovery concludes `lost` (never a guess, never a run stuck in `running`).
     trigger.touch()
-    sub.task.live.wait(timeout=60)
+    sub.task.live.process.wait(timeout=60)
     counts = reconcile(ql_env)
     assert counts["lost"] == 1
     assert_one_terminal(runtime, sub.run_id, "lost", None)

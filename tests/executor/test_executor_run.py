@@ -130,7 +130,7 @@ def test_token_never_reaches_the_task_its_parent_or_the_log(runtime) -> None:
               'tr "\\0" " " < /proc/$PPID/cmdline; echo; echo FDS; ls /proc/self/fd; sleep 0.3')
     sub = runtime.submit(["sh", "-c", script])
     # While it runs: the launcher's own argv and environment.
-    launcher = sub.task.live.pid
+    launcher = sub.task.live.process.pid
     environ = Path(f"/proc/{launcher}/environ").read_bytes()
     cmdline = Path(f"/proc/{launcher}/cmdline").read_bytes()
     view = runtime.wait(sub)
@@ -202,16 +202,19 @@ def test_crash_before_the_create_commit_spawns_nothing(ql_env, data_dir: Path, t
     assert json_lines(run_ql(["list", "--json"], ql_env).stdout) == []
 
 
-def test_crash_before_the_handle_commit_still_finds_the_true_end(ql_env, data_dir: Path) -> None:
+def test_crash_before_the_handle_commit_never_starts_the_command(ql_env, data_dir: Path, tmp_path: Path) -> None:
+    """The launcher is held until its handle is committed: a host that dies first never starts the
+    command, and recovery proves it from the dead host's identity (lost, never started)."""
+    marker = tmp_path / "ran"
     env = dict(ql_env, QL_CRASH_POINT="spawn.before_handle_commit")
-    out = run_ql(["run", "--", "sh", "-c", "exit 4"], env)
+    out = run_ql(["run", "--", "sh", "-c", f'touch "{marker}"; exit 4'], env)
     assert out.returncode == 86
-    wait_for(lambda: next(iter((data_dir / "receipts").glob("*/*.json")), None))
     counts = json_lines(run_ql(["reconcile", "--json"], ql_env).stdout)[0]
-    assert counts["applied"] == 1
+    assert counts["lost"] == 1 and counts["applied"] == 0
     run_id = json_lines(run_ql(["list", "--json"], ql_env).stdout)[0]["run_id"]
     status = json_lines(run_ql(["status", run_id, "--json"], ql_env).stdout)[0]
-    assert (status["status"], status["exit_code"]) == ("failed", 4)
+    assert (status["status"], status["reason"]) == ("lost", "RECOVERY_NEVER_STARTED")
+    assert not marker.exists() and not list((data_dir / "receipts").glob("*/*.json"))
 
 
 @pytest.mark.root

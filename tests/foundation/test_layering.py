@@ -91,3 +91,25 @@ def test_ports_depend_on_nothing_but_the_domain() -> None:
                 target = module[0] if node.level == 2 else "ports"
                 full = ".".join(module) if node.level == 2 else "ports"
                 assert target in allowed or full in allowed, f"{path.name}:{node.lineno} imports {full}"
+
+
+def test_a_reader_imports_nothing_heavy(tmp_path: Path) -> None:
+    """A reader (create=False) loads no ORM or migration machinery, no loguru/asyncio, no launcher,
+    no subprocess, no receipt codec: a status costs a SELECT, not those imports."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    setup = ("import sys\nfrom ql_core.config import load_config\nfrom ql_core.runtime import Runtime\n"
+             "rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]))\n"
+             "rt.wait(rt.submit(['true'])); rt.close()\n")
+    subprocess.run([sys.executable, "-c", setup, str(data)], check=True, timeout=60)
+    probe = ("import sys\nfrom ql_core.config import load_config\nfrom ql_core.runtime import Runtime\n"
+             "rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]), create=False)\n"
+             "[rt.status(v.run_id) for v in rt.list_runs()]; rt.close()\n"
+             "heavy = ('sqlalchemy', 'sqlmodel', 'alembic', 'loguru', 'asyncio', 'subprocess', 'psycopg')\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in (\n"
+             "    'ql_executors.local_process.executor', 'ql_core.receipts.codec', 'ql_core.consumer')))\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(data)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -393,7 +393,7 @@ class Launcher:
             argv = args(shard, run_id, attempt_id)
         fd = self._open_log(log_path)
         try:
-            proc = _spawn_with_fd3(
+            proc, _held = _spawn_with_fd3(
                 self.shell, [launcher_path(), *argv], fd3, log_fd=fd, cwd=None, env=None
             )
         finally:

@@ -140,12 +140,13 @@ def test_environment_is_passed_through(launcher: Launcher) -> None:
     ],
     ids=lambda p: "closed" if p is None else repr(p)[:24],
 )
-def test_invalid_token_runs_the_command_but_publishes_nothing(
+def test_without_a_valid_token_the_command_never_runs(
     launcher: Launcher, payload: bytes | None
 ) -> None:
+    """The token line is the go-ahead: EOF (the host died first) or a bad line means nothing runs."""
     task = launcher.start_raw(fd3=payload, command=["sh", "-c", "echo ran; exit 6"])
-    assert task.wait() == 6
-    assert task.log() == b"ran\n"
+    assert task.wait() == 125
+    assert task.log() == b""
     task.assert_no_receipt()
 
 

@@ -39,8 +39,8 @@ def thread_names() -> set[str]:
 
 def reap(sub: Any) -> None:
     """Reap a launcher we are the parent of (no zombie, no ResourceWarning)."""
-    if sub.task.live is not None:
-        sub.task.live.wait(timeout=60)
+    if sub.task is not None:
+        sub.task.live.process.wait(timeout=60)
 
 
 def lines_script(n: int, delay: float, *, exit_code: int = 0, prefix: str = "line") -> list[str]:

@@ -87,7 +87,7 @@ def test_logs_of_ended_runs_are_finalized_by_the_pass(make_runtime) -> None:
 
     rt = make_runtime()
     sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
-    sub.task.live.wait()
+    sub.task.live.process.wait()
     rt.recover_attempt(sub.attempt_id)  # the round's path: receipt -> terminal, no finalization
     assert rt.status(sub.run_id).terminal and facts_of(rt, sub.run_id).size_bytes is None
     counts = enforce_log_retention(rt, 16)

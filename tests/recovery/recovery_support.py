@@ -187,7 +187,8 @@ def unverifiable_handle() -> dict[str, Any]:
 
 def insert_attempts(rt: Any, n: int, *, handle: dict[str, Any] | None, status: str = "running",
                     journal: bool = True, owner: str | None = None, created_at_ms: int | None = None,
-                    deadline_at_ms: int | None = None, batch: int = 10_000) -> Inserted:
+                    deadline_at_ms: int | None = None, batch: int = 10_000,
+                    host_handle: dict[str, Any] | None = None) -> Inserted:
     """Insert ``n`` runs + attempts (+ journal rows) directly into the SQLModel tables, ``batch`` per transaction.
 
     Every attempt gets its own random token; only its SHA-256 is stored (``hash_token``), the plaintext
@@ -224,7 +225,8 @@ def insert_attempts(rt: Any, n: int, *, handle: dict[str, Any] | None, status: s
                 status=status, exit_code=None, reason=None, log_artifact_id=log_id,
                 callback_token_hash=hash_token(token), callback_sequence=0, deadline_at_ms=deadline_at_ms,
                 created_at_ms=created, started_at_ms=created if handle else None, finished_at_ms=None,
-                handle=dbview.local_handle(handle) if handle else None, host_handle=None, version=1))
+                handle=dbview.local_handle(handle) if handle else None,
+                host_handle=dbview.local_handle(host_handle) if host_handle else None, version=1))
             logs.append(dict(id=log_id, run_id=run_id, attempt_id=attempt_id,
                              relative_path=log_relative_path(log_id), max_bytes=1 << 20, size_bytes=None,
                              truncated=False, created_at_ms=created, deleted_at_ms=None))

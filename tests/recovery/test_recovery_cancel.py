@@ -230,12 +230,10 @@ def test_lease_held_by_another_dispatcher_blocks_until_it_expires(data_dir: Path
     wait_until(lambda: _term_lines(terms) == 1, timeout=5, message="the TERM")
 
     # The dispatcher that held the lease comes back with its stale version: it cannot write.
-    from dataclasses import replace
-
     from ql_core.ports.journal import DispatchClaim
 
     record = rt.journal.dispatch(started["run_id"])
-    stale = DispatchClaim(record=replace(record, version=record.version - 1), owner=rt.node_id, now_ms=now)
+    stale = DispatchClaim(record=record._replace(version=record.version - 1), owner=rt.node_id, now_ms=now)
     assert rt.canceller._finish(stale, state="done", outcome="forged") is False
     assert dispatch_row(rt, started["run_id"]).state == "term_sent"
 

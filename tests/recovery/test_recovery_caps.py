@@ -152,21 +152,25 @@ def test_cursor_that_does_not_advance_fails_closed(rt_factory, sleeper_handle: d
         Unordered(rt).round()
 
 
-def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory) -> None:
-    """No signal and no guess: unverifiable → blocked; no handle → left to its host, then decided."""
-    from ql_core.logs import open_log_artifact
+def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory, sleeper_handle: dict) -> None:
+    """No signal and no guess: unverifiable → blocked; no handle → its host's identity decides.
 
+    A handle-less ``starting`` attempt whose host lives is left to it however old it is; whose host is
+    gone provably never started (tasks are held until their handle is committed) → lost; whose host
+    cannot be identified is left alone for the spawn grace, then blocked — never ended by a timer.
+    """
     rt = rt_factory(publish_grace_ms=0)
     old = int(time.time() * 1000) - 60_000
     unverifiable = insert_attempts(rt, 2, handle=unverifiable_handle())
     fresh = insert_attempts(rt, 2, handle=None, status="starting")
-    never_spawned = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old)
-    maybe_spawned = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old)
-    for attempt_id in maybe_spawned.attempt_ids:  # its host got as far as creating the log (then died)
-        os.close(open_log_artifact(rt.config.data_dir, attempt_row(rt, attempt_id).log_artifact_id))
+    host_alive = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old,
+                                 host_handle=sleeper_handle)
+    host_gone = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old,
+                                host_handle=dead_handle())
+    host_unknown = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old)
 
     report, _ = Reconciler(rt).full_pass()
-    assert report.counts["blocked"] == 4 and report.counts["still_starting"] == 2
+    assert report.counts["blocked"] == 4 and report.counts["still_starting"] == 4
     assert report.counts["lost"] == 2
 
     def outcome(attempt_id: str) -> tuple[str, str | None]:
@@ -174,9 +178,9 @@ def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory) -> None:
         return row.status, row.reason
 
     assert {outcome(a) for a in unverifiable.attempt_ids} == {("blocked", "RECOVERY_IDENTITY_UNVERIFIABLE")}
-    assert {outcome(a) for a in maybe_spawned.attempt_ids} == {("blocked", "RECOVERY_NO_DURABLE_HANDLE")}
-    assert {outcome(a) for a in never_spawned.attempt_ids} == {("lost", "RECOVERY_NOT_SPAWNED")}
-    assert set(statuses(rt, fresh.run_ids).values()) == {"queued"}  # its host may still be spawning it
-    assert count_rows(rt, "ql_run_attempt", "status = 'starting'") == 2
+    assert {outcome(a) for a in host_unknown.attempt_ids} == {("blocked", "RECOVERY_NO_DURABLE_HANDLE")}
+    assert {outcome(a) for a in host_gone.attempt_ids} == {("lost", "RECOVERY_NEVER_STARTED")}
+    assert set(statuses(rt, fresh.run_ids + host_alive.run_ids).values()) == {"queued"}  # hosts may spawn
+    assert count_rows(rt, "ql_run_attempt", "status = 'starting'") == 4
     # Nothing was signalled and the blocked runs stay open: only a receipt can still end them.
-    assert set(statuses(rt, unverifiable.run_ids + maybe_spawned.run_ids).values()) <= {"running", "queued"}
+    assert set(statuses(rt, unverifiable.run_ids + host_unknown.run_ids).values()) <= {"running", "queued"}

@@ -9,7 +9,7 @@ Then reconcile until every run has ended and check the protocol's invariants for
 - exactly one ``run.<terminal>`` event and one ``attempt.<terminal>`` event;
 - a run whose task was not killed ends with its true exit code (``succeeded``/``failed``), taken
   from its receipt — or, only if its host died before it was ever spawned, ``lost``
-  (``RECOVERY_NOT_SPAWNED``);
+  (``RECOVERY_NEVER_STARTED``);
 - a killed task ends ``lost`` — unless its receipt was already published, then its true code;
 - nothing ever ``succeeded`` whose code was not 0; no receipt ever lost a race to ``lost``
   (no ``attempt.late_callback_ignored``); no receipt file is left behind.
@@ -131,7 +131,7 @@ def test_hosts_and_tasks_killed_at_random_every_run_ends_true(rt_factory, data_d
             assert run.status == "lost" and run.reason == "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT", where
         else:
             # Not killed, no receipt: only a host that died between the create commit and the spawn.
-            assert (run.status, run.reason, attempt.pid) == ("lost", "RECOVERY_NOT_SPAWNED", None), where
+            assert (run.status, run.reason, attempt.pid) == ("lost", "RECOVERY_NEVER_STARTED", None), where
         key = f"{run.status}{'(killed)' if attempt.id in killed_tasks else ''}"
         outcomes[key] = outcomes.get(key, 0) + 1
     print(f"{len(runs)} runs: {outcomes}")

@@ -75,6 +75,9 @@ class NiceExecutor:
         command = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
         return self._local.spawn(replace(request, command=self._prefix + command, shell=False), log_fd=log_fd)
 
+    def release(self, task: SpawnedTask) -> None:
+        self._local.release(task)
+
     def inspect(self, handle: str | None) -> IdentityState:
         return self._local.inspect(handle)
 

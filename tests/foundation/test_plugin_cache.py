@@ -1,0 +1,77 @@
+"""The entry-point cache: a start that hits it imports the same plugins without stevedore's scan,
+and any change to the installed distributions invalidates it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ql_test_plugin"
+
+PROBE = """
+import json, sys
+from ql_core.plugins import load_plugin_host
+host = load_plugin_host(sys.argv[1].split(","), optional=[])
+print(json.dumps({"loaded": list(host.loaded), "executors": host.executors.names(),
+                  "stevedore": "stevedore" in sys.modules, "metadata": "importlib.metadata" in sys.modules}))
+"""
+
+
+def _probe(env: dict[str, str], names: str, extra_path: Path | None = None) -> dict:
+    env = dict(env)
+    if extra_path is not None:
+        env["PYTHONPATH"] = f"{extra_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    out = subprocess.run([sys.executable, "-c", PROBE, names], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_") and k != "PYTHONPATH"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return env
+
+
+def test_a_warm_start_loads_the_same_plugins_without_the_scan(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    cold = _probe(env, "local,file,edge-sqlite")
+    assert cold["stevedore"] and list((tmp_path / "cache" / "ql").glob("plugins-*.json"))
+    warm = _probe(env, "local,file,edge-sqlite")
+    assert (warm["loaded"], warm["executors"]) == (cold["loaded"], cold["executors"])
+    assert not warm["stevedore"] and not warm["metadata"]
+
+
+def test_a_newly_installed_distribution_invalidates_the_cache(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    _probe(env, "local", extra_path=site)
+    # "pip install" a plugin distribution into that import path: the directory's mtime changes.
+    for item in FIXTURES.iterdir():
+        target = site / item.name
+        (shutil.copytree if item.is_dir() else shutil.copy)(item, target)
+    found = _probe(env, "local,test-echo", extra_path=site)
+    assert "test-echo" in found["loaded"] and "echo" in found["executors"]
+
+
+def test_a_damaged_or_foreign_cache_is_ignored(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    _probe(env, "local")
+    [path] = (tmp_path / "cache" / "ql").glob("plugins-*.json")
+    for damage in (b"{not json", json.dumps({"key": "another environment", "plugins": {"local": "x:y"}}).encode(),
+                   json.dumps({"key": None, "plugins": []}).encode()):
+        path.write_bytes(damage)
+        result = _probe(env, "local")
+        assert result["loaded"] == ["local"] and result["stevedore"]
+
+
+def test_the_cache_can_be_switched_off(tmp_path: Path) -> None:
+    env = dict(_env(tmp_path), QL_PLUGIN_CACHE="off")
+    _probe(env, "local")
+    assert _probe(env, "local")["stevedore"]
+    assert not (tmp_path / "cache" / "ql").exists()
