@@ -64,7 +64,7 @@ def test_paused_worker_is_fenced_and_stops_its_task(harness: Harness, retries: i
 
 
 # -- kill -9 at every step of the worker's local journal, restart with the same id -------------------
-#: crash point -> (touch the trigger before the crash?, the lease row's final answer of attempt 1).
+#: crash point -> (touch the trigger before the crash?, the final answer(s) of attempt 1's lease row).
 CRASH_CASES = {
     "worker.claim.after_answer": (True, None),           # never recorded: the sweeper requeues it
     "worker.start.after_answer": (True, "applied"),      # released on restart (RELEASED)
@@ -74,8 +74,10 @@ CRASH_CASES = {
     "worker.running.before_call": (False, "fenced"),     # runs on without a lease: stopped, fenced
     "completion.before_commit": (True, "applied"),       # receipt replayed locally, then submitted
     "worker.outbox.before_insert": (True, "applied"),    # outbox rebuilt from the local terminal row
-    "consumer.after_commit": (True, "applied"),
-    "consumer.after_delete": (True, "applied"),
+    # The outbox row exists before these points: the control loop may have sent it already (then the
+    # restart's replay is answered already_completed) — either is the one true answer.
+    "consumer.after_commit": (True, ("applied", "already_completed")),
+    "consumer.after_delete": (True, ("applied", "already_completed")),
     "worker.outbox.after_submit": (True, "already_completed"),  # the replay of a committed completion
 }
 
@@ -122,7 +124,8 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
     if first_answer is None:
         assert attempts[0]["reason"] == "CLAIM_EXPIRED" and attempts[0]["id"] not in answers
     else:
-        assert answers[attempts[0]["id"]] == first_answer, (answers, harness.logs())
+        allowed = first_answer if isinstance(first_answer, tuple) else (first_answer,)
+        assert answers[attempts[0]["id"]] in allowed, (answers, harness.logs())
     if point in ("worker.start.after_answer", "worker.launch.before_spawn", "spawn.after_log_created",
                  "spawn.before_handle_commit"):
         assert (attempts[0]["status"], attempts[0]["reason"]) == ("lost", "RELEASED")
