@@ -32,6 +32,13 @@ CRASH_POINTS: tuple[str, ...] = (
     "receipt.quarantine.after_link",  # quarantine link made, original not unlinked
     "cancel.after_intent",           # cancel intent committed, nothing dispatched
     "cancel.after_signal",           # TERM sent, dispatch outcome not committed
+    # the cluster worker (ql_plugins.cluster_fenced.worker), in the order of one attempt's life
+    "worker.claim.after_answer",     # leases claimed at the control plane, not recorded locally
+    "worker.start.after_answer",     # lease claimed -> starting committed, `launching` not written
+    "worker.launch.before_spawn",    # `launching` written and mirrored locally, nothing spawned
+    "worker.running.before_call",    # spawned, handle committed locally, `running` not reported
+    "worker.outbox.before_insert",   # ended locally (terminal committed), outbox row not written
+    "worker.outbox.after_submit",    # completion committed at the control plane, answer not recorded
 )
 
 

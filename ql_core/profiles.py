@@ -61,6 +61,31 @@ class Profile:
     history_retention_s: float = 30 * 24 * 3600.0
     #: At most this many runs are kept; the oldest terminal ones beyond it are forgotten.
     history_max_runs: int = 100_000
+    # -- cluster numbers (the cluster-fenced plugin, DESIGN.md §9); used by cluster profiles only --
+    #: Seconds between a worker's heartbeats (renewals of its session lease).
+    heartbeat_interval_s: float = 10.0
+    #: The worker session lease: a worker not heard of for this long may not claim.
+    session_lease_s: float = 45.0
+    #: The run lease of one attempt (the only authority to run it), renewed at half life.
+    run_lease_s: float = 30.0
+    #: A worker fences itself this long before its own estimate of its run lease's expiry.
+    fence_margin_s: float = 5.0
+    #: Runs claimed per call (the database never hands out more than 8, nor more than free slots).
+    claim_batch: int = 8
+    #: Seconds between a worker's claims while the queue is empty.
+    claim_interval_s: float = 1.0
+    #: Rows per step of one sweeper call (``ql control``; the database caps it at 64).
+    sweep_page: int = 16
+    #: Sweeper calls per round at most (a round stops early when a call found nothing to do).
+    sweep_pages_per_round: int = 4
+    #: Seconds between sweeper rounds.
+    sweep_interval_s: float = 1.0
+    #: How long ended run leases are kept (exact completion replays are recognised while they are).
+    lease_retention_s: float = 3600.0
+    #: Cap of one control-database call: a worker that has no answer by then treats it as lost.
+    control_call_timeout_s: float = 5.0
+    #: Cap of the worker outbox's retry backoff.
+    outbox_backoff_cap_s: float = 30.0
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """Return a copy with validated numeric overrides applied."""
@@ -91,6 +116,19 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "stop_drain_s": (float, 0.1, 300.0),
     "history_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
     "history_max_runs": (int, 10, 10_000_000),
+    # cluster (cluster-fenced); the database enforces 1 s..1 h for both leases and 8 / 64 for the pages
+    "heartbeat_interval_s": (float, 0.1, 600.0),
+    "session_lease_s": (float, 1.0, 3600.0),
+    "run_lease_s": (float, 1.0, 3600.0),
+    "fence_margin_s": (float, 0.05, 600.0),
+    "claim_batch": (int, 1, 8),
+    "claim_interval_s": (float, 0.01, 60.0),
+    "sweep_page": (int, 1, 64),
+    "sweep_pages_per_round": (int, 1, 64),
+    "sweep_interval_s": (float, 0.05, 600.0),
+    "lease_retention_s": (float, 0.0, 30 * 24 * 3600.0),
+    "control_call_timeout_s": (float, 0.2, 300.0),
+    "outbox_backoff_cap_s": (float, 0.1, 3600.0),
 }
 
 _MIN = 60.0

@@ -1,6 +1,6 @@
 """A thin typed client of the cluster control plane's PL/pgSQL functions (psycopg 3).
 
-One method per function of revision ``0003_cluster_control``; each is ONE statement
+One method per function of revisions ``0003_cluster_control`` and ``0004_cluster_worker``; each is ONE statement
 (``SELECT * FROM ql_xxx(...)``) on a connection in autocommit mode, so each call is exactly one
 transaction that the server commits when the statement ends. Nobody else commits, nothing is
 held open between calls, and no row of any table is read or written here directly — the same
@@ -28,6 +28,8 @@ psycopg is imported lazily, when a connection is made: ``pip install 'ql-runner[
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
@@ -70,7 +72,7 @@ __all__ = [
 ]
 
 #: The schema revision whose functions this client calls.
-SCHEMA_REVISION = "0003_cluster_control"
+SCHEMA_REVISION = "0004_cluster_worker"
 #: ``claim`` never returns more than this many runs per call.
 MAX_CLAIM = 8
 #: ``sweep``'s default page and the hard cap the database enforces.
@@ -84,6 +86,7 @@ _SQL_SUBMIT = "SELECT answer, created_at_ms, db_now_ms FROM ql_submit(%s, %s, %s
 _SQL_CANCEL = "SELECT answer, status, db_now_ms FROM ql_request_cancel(%s, %s)"
 _SQL_REGISTER = "SELECT generation, lease_expires_at_ms, db_now_ms FROM ql_register(%s, %s, %s, %s, %s)"
 _SQL_HEARTBEAT = "SELECT answer, lease_expires_at_ms, db_now_ms FROM ql_heartbeat(%s, %s, %s, %s)"
+_SQL_DEREGISTER = "SELECT answer, db_now_ms FROM ql_deregister(%s, %s, %s)"
 _SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec, timeout_ms,"
               " lease_expires_at_ms, db_now_ms FROM ql_claim(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s)")
 _LEASE_COLUMNS = ("answer, reason, lease_expires_at_ms, db_now_ms, cancel_reason, cancel_requested_at_ms,"
@@ -153,7 +156,8 @@ class ControlDB:
     """
 
     def __init__(self, connection: psycopg.Connection[Any] | None = None, *, conninfo: str | None = None,
-                 connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000) -> None:
+                 connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000,
+                 call_timeout_s: float | None = None) -> None:
         if connection is None and conninfo is None:
             raise ValueError("ControlDB needs a connection or a conninfo")
         if connection is not None and not connection.autocommit:
@@ -163,13 +167,19 @@ class ControlDB:
         self._owned = connection is None
         self._connect_timeout_s = connect_timeout_s
         self._statement_timeout_ms = statement_timeout_ms
+        #: Client-side cap of one call: past it the socket is shut down and the call raises
+        #: TransientError (a black-holed network never answers, and the server never sees a timeout).
+        self._call_timeout_s = call_timeout_s
 
     # -- connection --------------------------------------------------------------------------
     @classmethod
-    def connect(cls, dsn: str, *, connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000) -> ControlDB:
-        """A client that connects now (and again after a lost connection) to ``dsn``."""
-        db = cls(conninfo=dsn, connect_timeout_s=connect_timeout_s, statement_timeout_ms=statement_timeout_ms)
-        db._connection()
+    def connect(cls, dsn: str, *, connect_timeout_s: int = 5, statement_timeout_ms: int = 10_000,
+                call_timeout_s: float | None = None, lazy: bool = False) -> ControlDB:
+        """A client that connects now (``lazy``: on first call) and again after a lost connection."""
+        db = cls(conninfo=dsn, connect_timeout_s=connect_timeout_s, statement_timeout_ms=statement_timeout_ms,
+                 call_timeout_s=call_timeout_s)
+        if not lazy:
+            db._connection()
         return db
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -182,7 +192,7 @@ class ControlDB:
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=self._connect_timeout_s,
                                    options=f"-c statement_timeout={int(self._statement_timeout_ms)}",
-                                   application_name="ql-cluster")
+                                   application_name="ql-cluster", **_KEEPALIVES)
         except psycopg.Error as exc:
             raise TransientError("connect", type(exc).__name__, getattr(exc, "sqlstate", None)) from None
         self._conn = conn
@@ -203,11 +213,17 @@ class ControlDB:
     def _rows(self, operation: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         conn = self._connection()
         psycopg = _psycopg()
+        token = None
+        if self._call_timeout_s is not None:
+            token = _DEADLINES.arm(conn.fileno(), self._call_timeout_s)
         try:
             with conn.cursor() as cur:
                 cur.execute(sql, params, prepare=True)
                 return cur.fetchall()
         except psycopg.Error as exc:
+            if token is not None and _DEADLINES.disarm(token):
+                token = None
+                raise TransientError(operation, "no answer within the call timeout") from None
             # Never str(exc): a server message may quote an argument.
             sqlstate = getattr(exc, "sqlstate", None)
             kind = type(exc).__name__
@@ -220,6 +236,9 @@ class ControlDB:
                     sqlstate is not None and sqlstate.startswith(_TRANSIENT_SQLSTATES)) or conn.broken:
                 raise TransientError(operation, kind, sqlstate) from None
             raise ControlDBError(operation, kind, sqlstate) from None
+        finally:
+            if token is not None:
+                _DEADLINES.disarm(token)
 
     def _one(self, operation: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
         rows = self._rows(operation, sql, params)
@@ -289,6 +308,11 @@ class ControlDB:
         row = self._one("heartbeat", _SQL_HEARTBEAT, (worker.worker_id, worker.generation, worker.session, ttl_ms))
         return HeartbeatResult(LeaseAnswer(row[0]), row[1], row[2])
 
+    def deregister(self, worker: WorkerFence) -> LeaseAnswer:
+        """A drained worker ends its session lease (status ``stopped``; revision 0004). Replay-safe."""
+        row = self._one("deregister", _SQL_DEREGISTER, (worker.worker_id, worker.generation, worker.session))
+        return LeaseAnswer(row[0])
+
     def claim(self, worker: WorkerFence, *, max_n: int, free_slots: int, executor: str,
               attempt_ids: Sequence[str], log_ids: Sequence[str], lease_ttl_ms: int = 30_000) -> ClaimResult:
         """Claim up to ``min(max_n, free_slots, 8, len(attempt_ids))`` queued runs, oldest first.
@@ -357,6 +381,79 @@ class ControlDB:
         status = EndStatus(status)
         row = self._one("end_without_completion", _SQL_END, (*fence.params(), status.value, reason, signalled))
         return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
+
+
+#: TCP keepalives: a peer that vanished (host down, cable cut) is noticed by the kernel, not never.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+
+class _CallDeadlines:
+    """One daemon thread that shuts down the socket of a control-database call past its deadline.
+
+    libpq has no client-side query timeout, and a network that silently drops packets (or a proxy
+    that stops forwarding) leaves a call waiting for ever: the server never sees the query, so its
+    ``statement_timeout`` never fires. Shutting the socket down (never closing the descriptor, which
+    libpq still owns) wakes the waiting call with a connection error at once; the client reconnects
+    on its next call. Arming and firing share one lock, so a call that was disarmed is never cut.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, int]] = {}
+        self._fired: set[int] = set()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, timeout_s: float) -> int:
+        with self._cond:
+            self._next += 1
+            token = self._next
+            self._armed[token] = (time.monotonic() + max(0.0, timeout_s), fd)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="ql-call-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return token
+
+    def disarm(self, token: int) -> bool:
+        """Forget ``token``; True when its deadline fired (the call was cut)."""
+        with self._cond:
+            self._armed.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def _loop(self) -> None:
+        import socket
+
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = [t for t, (deadline, _fd) in self._armed.items() if deadline <= now]
+                for token in due:
+                    _deadline, fd = self._armed.pop(token)
+                    self._fired.add(token)
+                    try:
+                        dup = os.dup(fd)
+                    except OSError:
+                        continue
+                    try:
+                        sock = socket.socket(fileno=dup)  # owns the duplicate, closes it once
+                    except OSError:
+                        os.close(dup)
+                        continue
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    finally:
+                        sock.close()
+                wait = min((d for d, _fd in self._armed.values()), default=None)
+                self._cond.wait(None if wait is None else max(0.0, wait - time.monotonic()))
+
+
+_DEADLINES = _CallDeadlines()
 
 
 def with_retries(call: Callable[[], T], *, attempts: int = 5, base_delay_s: float = 0.05,

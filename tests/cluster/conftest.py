@@ -56,3 +56,21 @@ def cluster(cluster_dsn: str) -> Iterator[Cluster]:
     finally:
         c.close()
 
+
+
+@pytest.fixture
+def harness(cluster_dsn: str, tmp_path):  # type: ignore[no-untyped-def]
+    """Real `ql worker` / `ql control` processes on this test's database (tests/cluster/worker_support.py).
+
+    At teardown: every process is stopped, leftover tasks are killed, and the worker-side invariants
+    are checked (the control database's are checked by ``cluster_dsn``)."""
+    from tests.cluster.worker_support import Harness, check_workers
+
+    h = Harness(cluster_dsn, tmp_path)
+    try:
+        yield h
+    finally:
+        h.stop_all()
+    check_workers(h)
+    if h._sql is not None:
+        h._sql.close()

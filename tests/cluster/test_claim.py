@@ -37,7 +37,10 @@ def test_claim_takes_the_oldest_first_and_records_attempt_lease_and_event(cluste
                                                    "env": {"A": "1"}})
     w = cluster.worker()
     claimed = cluster.claim(w, 2)
-    assert [c.run_id for c in claimed] == runs[:2]
+    # Oldest first: by the database's created_at_ms, then id (UUIDv7s made in one millisecond are in
+    # random order among themselves).
+    queue = sorted(runs, key=lambda r: (cluster.run(r)["created_at_ms"], r))
+    assert [c.run_id for c in claimed] == queue[:2]
     first = claimed[0]
     assert first.attempt_no == 1 and first.timeout_ms == 5000
     assert first.spec == {"command": ["echo", "x"], "shell": False, "cwd": "/tmp", "env": {"A": "1"}}

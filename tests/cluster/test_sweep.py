@@ -44,7 +44,8 @@ def test_b_expired_started_lease_is_lost_without_retry_policy(cluster: Cluster) 
     cluster.expire(c2.attempt_id)
     counts = cluster.db.sweep()
     assert (counts.requeued, counts.lost, counts.retried) == (0, 2, 0)
-    for run_id, attempt_id in ((runs[0], c1.attempt_id), (runs[1], c2.attempt_id)):
+    assert {c1.run_id, c2.run_id} == set(runs)
+    for run_id, attempt_id in ((c1.run_id, c1.attempt_id), (c2.run_id, c2.attempt_id)):
         run, attempt = cluster.run(run_id), cluster.attempt(attempt_id)
         assert (run["status"], run["reason"]) == ("lost", "LEASE_EXPIRED")
         assert (attempt["status"], attempt["reason"]) == ("lost", "LEASE_EXPIRED")
@@ -115,10 +116,12 @@ def test_d_retention_deletes_old_ended_leases_and_leftover_specs(cluster: Cluste
     assert counts.leases_deleted == 1
     assert cluster.lease(ended[0]) is None and cluster.lease(ended[1]) is not None
     # A replay after retention still gets a final answer (from the attempt's token hash).
-    # A run ended by another path (e.g. core) leaves its spec: retention erases it.
-    cluster.sql.execute("UPDATE ql_run SET status = 'lost', event_seq = event_seq + 1 WHERE id = %s", (runs[2],))
+    # A run ended by another path (e.g. core) leaves its spec: retention erases it. (The run left queued:
+    # runs submitted in one millisecond are claimed in id order, not in submission order.)
+    (left,) = [r for r in runs if cluster.run(r)["status"] == "queued"]
+    cluster.sql.execute("UPDATE ql_run SET status = 'lost', event_seq = event_seq + 1 WHERE id = %s", (left,))
     cluster.sql.execute("INSERT INTO ql_run_event (run_id, seq, type, status, at_ms) SELECT id, event_seq, 'run.lost',"
-                        " 'lost', 0 FROM ql_run WHERE id = %s", (runs[2],))
+                        " 'lost', 0 FROM ql_run WHERE id = %s", (left,))
     assert cluster.db.sweep().specs_deleted == 1
     assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
 

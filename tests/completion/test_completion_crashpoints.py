@@ -362,7 +362,8 @@ CASES: dict[str, Callable[[Ctx], None]] = {
 
 
 def test_every_crash_point_has_a_case() -> None:
-    assert {name.split("[")[0] for name in CASES} == set(CRASH_POINTS)
+    # worker.* points are the cluster worker's steps: tests/cluster/test_worker_faults.py kills there.
+    assert {name.split("[")[0] for name in CASES} == {p for p in CRASH_POINTS if not p.startswith("worker.")}
 
 
 def test_every_crash_point_in_the_code_is_declared() -> None:

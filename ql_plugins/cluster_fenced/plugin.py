@@ -1,0 +1,53 @@
+"""The ``cluster-fenced`` plugin: PostgreSQL as the control plane of many ql workers (DESIGN.md §9).
+
+Registers the journal backend ``cluster-fenced``. Its factory chooses by the profile:
+
+- ``cluster-worker``: a :class:`~.worker_store.WorkerJournal` — the worker's own local run store
+  (an edge-sqlite store at ``<data_dir>/worker.db``, plus the worker's lease/outbox table) and the
+  ``ql worker`` service that claims, runs and completes attempts of the control plane;
+- any other profile (``cluster-control``, or a standalone node with ``journal = "cluster-fenced"``
+  and a PostgreSQL ``database_url``): a :class:`~.pg_store.PostgresJournal` — the whole run store
+  on the control database, the queue (``ql run`` on a control node) and the ``ql control`` sweeper.
+
+Kept import-light: ``ql plugins`` imports this module. psycopg is imported only when a store
+connects (``pip install 'ql-runner[cluster]'``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ql_core.hookspecs import RegisterJournalBackend, hookimpl
+
+if TYPE_CHECKING:
+    from ql_core.ports import JournalBackend, RuntimeContext
+
+__all__ = ["ql_register_journal_backends", "make_journal"]
+
+NAME = "cluster-fenced"
+
+
+def make_journal(context: RuntimeContext) -> JournalBackend:
+    """The run store for this node's profile (see the module docstring)."""
+    from ql_core.errors import ConfigError
+
+    from .settings import check_profile, parse_settings
+
+    config = context.config
+    settings = parse_settings(context.plugin_config(NAME), node_id=context.node_id)
+    if not config.database_url.startswith("postgresql"):
+        raise ConfigError(f'journal = "{NAME}" needs database_url = "postgresql+psycopg://user@host/db" '
+                          f"(the control database); for SQLite use journal = \"edge-sqlite\"")
+    check_profile(config.profile)
+    if config.profile.name == "cluster-worker":
+        from .worker_store import WorkerJournal
+
+        return WorkerJournal.from_context(context, settings)
+    from .pg_store import PostgresJournal
+
+    return PostgresJournal.from_context(context, settings)
+
+
+@hookimpl
+def ql_register_journal_backends(register: RegisterJournalBackend) -> None:
+    register(NAME, make_journal)

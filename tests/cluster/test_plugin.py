@@ -1,0 +1,130 @@
+"""The cluster-fenced plugin as a plugin: entry point, import cost, selection by profile, settings,
+the install hint, and the lifecycle of `ql control` / `ql worker` under signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ql_core.config import load_config
+from ql_core.errors import ConfigError
+from tests.cluster.worker_support import Harness, wait_for
+
+pytestmark = pytest.mark.postgres
+
+
+def test_the_entry_point_is_declared_and_importing_it_loads_no_driver() -> None:
+    from ql_core.plugins import installed_plugins
+
+    assert "cluster-fenced" in {p.name for p in installed_plugins()}
+    code = ("import sys, ql_plugins.cluster_fenced.plugin; "
+            "print(sorted(m for m in ('psycopg', 'sqlite3', 'sqlalchemy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_psycopg_the_error_names_the_extra(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['psycopg'] = None\n"
+            "from ql_plugins.cluster_fenced.pg_connections import psycopg_module\n"
+            "try:\n    psycopg_module()\nexcept Exception as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'ql-runner[cluster]'" in out.stdout
+
+
+def _config(tmp_path: Path, body: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / "ql.toml"
+    path.write_text(body)
+    return load_config(config_path=path, environ={}, cwd=tmp_path)
+
+
+def test_the_factory_chooses_by_profile(tmp_path: Path, cluster_dsn: str) -> None:
+    from ql_core.runtime import Runtime
+    from ql_plugins.cluster_fenced.pg_store import PostgresJournal
+    from ql_plugins.cluster_fenced.worker_store import WorkerJournal
+
+    control = _config(tmp_path, f'profile = "cluster-control"\ndata_dir = "c"\ndatabase_url = "{cluster_dsn}"\n')
+    with Runtime.open(control) as rt:
+        assert isinstance(rt.journal, PostgresJournal) and rt.executor is None
+    (tmp_path / "w").mkdir(mode=0o700)
+    worker = _config(tmp_path, f'profile = "cluster-worker"\ndata_dir = "w"\ndatabase_url = "{cluster_dsn}"\n')
+    with Runtime.open(worker) as rt:
+        assert isinstance(rt.journal, WorkerJournal) and rt.executor is not None
+        assert rt.journal.settings.worker_id == rt.node_id  # the default worker id: the node id
+    standalone = _config(tmp_path, f'profile = "standalone"\njournal = "cluster-fenced"\ndata_dir = "s"\n'
+                                   f'database_url = "{cluster_dsn}"\n')
+    with Runtime.open(standalone) as rt:
+        assert isinstance(rt.journal, PostgresJournal) and rt.executor is not None
+
+
+def test_a_sqlite_url_with_the_cluster_journal_is_a_one_line_error(tmp_path: Path) -> None:
+    from ql_core.runtime import Runtime
+
+    config = _config(tmp_path, 'profile = "standalone"\njournal = "cluster-fenced"\n')
+    with pytest.raises(ConfigError, match="needs database_url") as info:
+        Runtime.open(config)
+    assert "\n" not in str(info.value)
+
+
+def test_a_worker_refuses_a_data_dir_others_can_read(tmp_path: Path, cluster_dsn: str) -> None:
+    from ql_core.runtime import Runtime
+
+    d = tmp_path / "w"
+    d.mkdir(mode=0o700)
+    d.chmod(0o755)
+    config = _config(tmp_path, f'profile = "cluster-worker"\ndata_dir = "w"\ndatabase_url = "{cluster_dsn}"\n')
+    with pytest.raises(ConfigError, match="chmod 700"):
+        Runtime.open(config)
+
+
+def test_ql_control_and_an_idle_ql_worker_stop_promptly_on_sigterm_and_sigint(harness: Harness) -> None:
+    control = harness.start_control()
+    worker = harness.start_worker("a")
+    wait_for(lambda: "sweeping" in control.log.read_text() and "slots" in worker.log.read_text(),
+             what="both to start", diagnose=harness.logs)
+    control.signal(signal.SIGTERM)
+    worker.signal(signal.SIGINT)
+    assert control.wait(10) == 0 and worker.wait(15) == 0, harness.logs()
+    row = harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone()
+    assert row["status"] == "stopped"  # deregistered after its drain
+
+
+def test_the_worker_store_never_forgets_a_run_whose_outbox_is_not_answered(tmp_path: Path) -> None:
+    from ql_core.ids import new_id
+    from ql_core.ports.journal import EventSpec, HistoryRetention, Transition
+    from ql_core.profiles import PROFILES
+    from ql_core.testing.journal import new_run
+    from ql_plugins.cluster_fenced.outbox import Payload
+    from ql_plugins.cluster_fenced.results import LeaseFence
+    from ql_plugins.cluster_fenced.settings import ClusterSettings
+    from ql_plugins.cluster_fenced.worker_store import WorkerJournal
+
+    d = tmp_path / "w"
+    d.mkdir(mode=0o700)
+    store = WorkerJournal(d, control_url="postgresql://unused/db", settings=ClusterSettings(worker_id="w"),
+                          profile=PROFILES["cluster-worker"])
+    try:
+        assert isinstance(store, HistoryRetention)
+        runs = [new_run(created_at_ms=1_000 + i) for i in range(2)]
+        store.leases.insert_claimed([(LeaseFence("w", 1, "s", r.attempt_id, i + 1, new_id()), r.run_id)
+                                     for i, r in enumerate(runs)])
+        for r in runs:
+            store.create(r)
+            store.transition(r.attempt_id, lambda snap: (None, Transition(
+                attempt={"status": "failed", "exit_code": 3, "finished_at_ms": 2_000},
+                run={"status": "failed", "exit_code": 3, "finished_at_ms": 2_000},
+                events=(EventSpec("attempt.failed"), EventSpec("run.failed")), terminal=True)))
+        # Both ended locally and went to the outbox; one got its final answer.
+        assert [store.leases.get(r.attempt_id).state for r in runs] == ["outbox", "outbox"]
+        store.leases.mark_answered(runs[0].attempt_id, "applied")
+        for r in runs:  # no receipt can exist any more: the journal rows may go
+            store.resolve([r.attempt_id])
+        found = store.history_candidates(runs[0].runtime_owner, finished_before_ms=10**13, keep_newest=10**6,
+                                         limit=10)
+        assert list(found) == [runs[0].run_id]
+        assert store.outbox_direct(new_id(), Payload("released")) is False  # no row: nothing to send
+    finally:
+        store.close()
