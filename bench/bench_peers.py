@@ -29,7 +29,8 @@ procrastinate  PostgreSQL (a private database, dropped at the end), ``procrastin
                procrastinate has no result API, so the host polls ``job_manager.get_job_status``
                every 1 ms until the job is finished.
 ql embedded    one Python host using ql's public API: ``Runtime.open(load_config(...))``,
-               ``rt.submit(argv)``, ``rt.wait(sub)`` (see ``QlApi``: every ql call is there).
+               ``rt.submit(argv, awaited=True)``, ``rt.wait(sub)`` (see ``QlApi``: every ql call is
+               there; the recovery host submits without ``awaited``: it never waits).
 ql run         the ``ql`` command, one process per task: ``ql --data-dir D run -- CMD``.
 
 The task is the same command for every variant: ``true`` (throughput), the ``stamp`` helper
@@ -148,8 +149,14 @@ class QlApi:
 
         data_dir.mkdir(parents=True, exist_ok=True)
         self.rt = Runtime.open(load_config(data_dir=data_dir, environ={}, cwd=data_dir))
+        import inspect
 
-    def submit(self, argv: list[str]) -> Any:
+        # A host that waits for its tasks says so (acknowledged completion); older trees lack it.
+        self._awaited = "awaited" in inspect.signature(self.rt.submit).parameters
+
+    def submit(self, argv: list[str], *, awaited: bool = False) -> Any:
+        if awaited and self._awaited:
+            return self.rt.submit(argv, awaited=True)
         return self.rt.submit(argv)
 
     def run_id(self, sub: Any) -> str:
@@ -853,7 +860,7 @@ class QlEmbeddedDriver(Driver):
         return {"version": getattr(ql_core, "__version__", "?")}
 
     def submit_wait(self, argv: list[str]) -> tuple[str, int | None]:
-        return self.api.wait(self.api.submit(argv))
+        return self.api.wait(self.api.submit(argv, awaited=True))
 
     def run_true(self) -> None:
         status, code = self.submit_wait([self.true])
@@ -866,7 +873,7 @@ class QlEmbeddedDriver(Driver):
         return t0, now_ns(), path
 
     def mem_start(self, n: int) -> None:
-        self.subs += [self.api.submit([self.sleep, "60"]) for _ in range(n)]
+        self.subs += [self.api.submit([self.sleep, "60"], awaited=True) for _ in range(n)]
 
     def mem_stop(self) -> None:
         for sub in self.subs:

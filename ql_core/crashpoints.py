@@ -25,7 +25,10 @@ CRASH_POINTS: tuple[str, ...] = (
     "spawn.before_handle_commit",    # launcher held (no token yet), durable handle not yet committed
     "receipt.publish.after_temp",    # temp written, not linked (Python publisher)
     "receipt.publish.after_link",    # final receipt visible, temp not yet removed
+    "wait.after_exit",               # waiting host reaped a held task's status, nothing committed
     "completion.before_commit",      # terminal transaction open, not committed
+    "wait.before_ack",               # held task's status committed, publisher not acknowledged
+    "wait.after_ack",                # acknowledged: the publisher will publish nothing
     "consumer.after_commit",         # terminal committed, receipt not deleted
     "consumer.after_delete",         # receipt deleted, journal row not resolved
     "consumer.quarantine.after_journal",  # journal says quarantined, file not moved

@@ -74,6 +74,8 @@ class Submission:
     executor: str | None
     token: str = field(default="", repr=False)
     task: SpawnedTask | None = field(default=None, repr=False)
+    #: Spawned for a host that waits for it: its receipt is held back for our acknowledgement.
+    awaited: bool = False
 
 
 class Runtime:
@@ -202,8 +204,13 @@ class Runtime:
     def submit(self, command: Sequence[str], *, shell: bool = False, name: str | None = None,
                timeout_s: float | None = None, cwd: str | None = None,
                env: dict[str, str] | None = None, log_max_bytes: int | None = None,
-               max_attempts: int = 1) -> Submission:
+               max_attempts: int = 1, awaited: bool = False) -> Submission:
         """Persist the run, then spawn it. Nothing is spawned unless the create commit succeeded.
+
+        ``awaited=True`` promises that this host will :meth:`wait` for the submission: the task's
+        receipt is then held back and published only if this host dies before it committed the
+        status it reaped (acknowledged completion, the cheapest safe path; :meth:`run` uses it).
+        A host that stops waiting calls :meth:`detach` so the task publishes its receipt itself.
 
         ``log_max_bytes`` overrides the profile's per-attempt log quota for this run. On a node that
         runs no tasks but whose run store queues them (cluster-control), the run is queued for a
@@ -229,7 +236,22 @@ class Runtime:
             raise UsageError("retries (max_attempts > 1) exist only for runs queued to cluster workers")
         executor, _receipts = self._require_executor()
         sub = self._create_run(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
+        sub.awaited = awaited
         return self._spawn(executor, sub, tuple(command), shell=shell, cwd=cwd, env=env)
+
+    def run(self, command: Sequence[str], *, on_tick: Callable[[], None] | None = None,
+            **options: Any) -> RunView:
+        """Submit ``command`` and wait for its end: :meth:`submit` (``awaited``) plus :meth:`wait`."""
+        return self.wait(self.submit(command, awaited=True, **options), on_tick=on_tick)
+
+    def detach(self, sub: Submission) -> None:
+        """Stop being the waiting host of ``sub``: its task publishes its receipt when it ends, and
+        recovery (a supervisor, ``ql reconcile``) completes it. Idempotent."""
+        if sub.task is not None and sub.awaited and sub.executor is not None:
+            executor = self.executor_for(sub.executor)
+            if executor is not None:
+                executor.acknowledge(sub.task, committed=False)
+        sub.awaited = False
 
     def _enqueue(self, command: tuple[str, ...], *, shell: bool, name: str | None, timeout_s: float | None,
                  cwd: str | None, env: dict[str, str] | None, max_attempts: int) -> Submission:
@@ -301,7 +323,7 @@ class Runtime:
                                callback_sequence=sub.callback_sequence, token=sub.token,
                                started_at_ms=sub.started_at_ms, command=command, shell=shell,
                                log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
-                               receipt_location=location, cwd=cwd, env=env)
+                               receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited)
         try:
             task = executor.spawn(request, log_fd=log_fd)
         except Exception as exc:
@@ -354,6 +376,25 @@ class Runtime:
         assert sub.executor is not None and sub.attempt_id is not None and sub.log_artifact_id is not None
         executor = self.executor_for(sub.executor)
         assert executor is not None
+        try:
+            observed = self._wait_live(sub, executor, on_tick=on_tick, tick_s=tick_s)
+        except BaseException:
+            self.detach(sub)  # we stop waiting: the task publishes its own receipt
+            raise
+        if on_tick is not None:
+            on_tick()
+        self.complete_from_wait(sub, observed)
+        view = self.status(sub.run_id)
+        if not view.terminal:
+            # Our child (the launcher) is gone but the run is not over: its command runs on in its
+            # process group, or its end is still being proven. Watch it like a re-attached host.
+            view = self._watch(sub.run_id, on_tick=on_tick)
+        self._finalize_log(sub.log_artifact_id)
+        return view
+
+    def _wait_live(self, sub: Submission, executor: Executor, *, on_tick: Callable[[], None] | None,
+                   tick_s: float) -> ExitObservation:
+        """Block on our child until it exits, enforcing the deadline and dispatching intents."""
         intent = False
         while True:
             self._check_data_dir()
@@ -372,17 +413,7 @@ class Runtime:
                 timeout = min(timeout, max(0.0, (sub.deadline_at_ms - now_ms()) / 1000))
             observed = executor.wait(sub.task, timeout)
             if observed is not None:
-                break
-        if on_tick is not None:
-            on_tick()
-        self.complete_from_wait(sub, observed)
-        view = self.status(sub.run_id)
-        if not view.terminal:
-            # Our child (the launcher) is gone but the run is not over: its command runs on in its
-            # process group, or its end is still being proven. Watch it like a re-attached host.
-            view = self._watch(sub.run_id, on_tick=on_tick)
-        self._finalize_log(sub.log_artifact_id)
-        return view
+                return observed
 
     def _check_data_dir(self) -> None:
         """Fail loudly if the data dir was deleted or replaced under us: never recreate a history."""
@@ -437,6 +468,8 @@ class Runtime:
         from .receipts.codec import Receipt
 
         assert self.consumer is not None and sub.attempt_id is not None
+        if observed.held_receipt and observed.exit_code is not None:
+            return self._complete_held(sub, observed)
         consumed = self.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
         if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
             return None
@@ -464,6 +497,37 @@ class Runtime:
             # No receipt will ever come (the launcher is gone): the row rides out with the next create
             # commit or retention — no extra commit here.
             self.journal.note_consumed(sub.attempt_id)
+        return result
+
+    def _complete_held(self, sub: Submission, observed: ExitObservation) -> CompletionResult | None:
+        """Acknowledged completion: commit the status the host reaped, then tell the task's
+        publisher it has nothing to publish. Any failure before the acknowledgement leaves the
+        receipt to the publisher (and the run to the receipt path): the host dying at any step
+        never loses the true status and never commits a second one."""
+        from .receipts.codec import Receipt
+
+        assert sub.task is not None and sub.executor is not None and sub.attempt_id is not None
+        executor = self.executor_for(sub.executor)
+        assert executor is not None and observed.exit_code is not None
+        crashpoint("wait.after_exit")
+        observation = Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
+                              callback_sequence=sub.callback_sequence, token=sub.token,
+                              started_at_ms=sub.started_at_ms,
+                              finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms),
+                              exit_code=observed.exit_code)
+        try:
+            result = self.completion.complete(observation, executor=sub.executor)
+        except BaseException:
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            raise
+        crashpoint("wait.before_ack")
+        executor.acknowledge(sub.task, committed=True)
+        sub.awaited = False
+        crashpoint("wait.after_ack")
+        # No receipt will ever come: the journal row rides out with the next create commit or
+        # retention — no extra commit here.
+        self.journal.note_consumed(sub.attempt_id)
         return result
 
     # -- queries --------------------------------------------------------------------

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.retries < 0:
         raise UsageError("--retries must be >= 0")
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
-                    max_attempts=args.retries + 1)
+                    max_attempts=args.retries + 1, awaited=not args.detach)
     # From here on the run exists: a reader that leaves our stdout must not change our exit status.
     out.tolerate_broken_pipe = True
     state = "queued" if sub.attempt_id is None else "running"

@@ -32,10 +32,20 @@ Contract (checked by :class:`ql_core.testing.ExecutorContract`):
   task: it returns the exit observation, or ``None`` on timeout. An
   observation without ``exit_code`` means "no trustworthy status" (e.g. the
   launcher itself was killed): core then lets recovery decide — never a guess.
+- Acknowledged completion (optional): for a request with ``awaited=True`` the
+  executor may hold the task's receipt back and say so with
+  ``ExitObservation.held_receipt``. Core then commits the observed status and
+  calls :meth:`Executor.acknowledge` with ``committed=True`` (the receipt is
+  no longer needed) or ``committed=False`` (its commit failed: publish it).
+  If the host dies first, the held receipt must be published as usual — so
+  a held receipt costs nothing when the host lives and loses nothing when it
+  dies. ``held_receipt`` may only be claimed for a status the executor got
+  from the operating system (e.g. ``waitpid``), never from anything a task
+  could write.
 
 Threading: one executor instance serves a whole runtime; ``spawn``,
 ``inspect``, ``signal`` and ``host_handle`` may be called from several threads
-at once; ``release``, ``wait`` and ``abort`` only by the thread that spawned the task.
+at once; ``release``, ``wait``, ``acknowledge`` and ``abort`` only by the thread that spawned the task.
 """
 
 from __future__ import annotations
@@ -93,6 +103,9 @@ class SpawnRequest:
     receipt_location: str
     cwd: str | None = field(default=None, repr=False)
     env: dict[str, str] | None = field(default=None, repr=False)
+    #: The spawning host will :meth:`Executor.wait` for this task and acknowledge the status it
+    #: committed: the executor may hold the receipt back until then (acknowledged completion).
+    awaited: bool = False
 
 
 @dataclass(slots=True)
@@ -118,6 +131,9 @@ class ExitObservation(NamedTuple):
     #: Why there is no exit code, as a low-sensitivity reason code (e.g. ``LAUNCHER_KILLED_BY_SIGNAL_9``);
     #: core records it in an ``attempt.observation_lost`` event.
     detail: str | None = None
+    #: The task's receipt is held back for :meth:`Executor.acknowledge` (awaited tasks only):
+    #: core commits ``exit_code`` itself instead of looking for a receipt.
+    held_receipt: bool = False
 
 
 @runtime_checkable
@@ -143,6 +159,12 @@ class Executor(Protocol):
 
     def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
         """Block until the spawned task ends (or ``timeout_s`` passes: None). Spawning host only."""
+        ...
+
+    def acknowledge(self, task: SpawnedTask, *, committed: bool) -> None:
+        """After :meth:`wait` returned ``held_receipt``: ``committed=True`` once core committed that
+        status (drop the held receipt), ``False`` when it could not (publish it now). Spawning host
+        only, at most once; executors that never hold a receipt do nothing here."""
         ...
 
     def abort(self, task: SpawnedTask) -> None:

@@ -97,13 +97,13 @@ class ExecutorContract:
         executor, store = make_executor(), make_receipt_store(tmp_path / "receipts")
         started: list[Started] = []
 
-        def spawn(command: list[str], *, shell: bool = False, hold: bool = False) -> Started:
+        def spawn(command: list[str], *, shell: bool = False, hold: bool = False, awaited: bool = False) -> Started:
             attempt_id = new_id()
             log = tmp_path / f"{attempt_id}.log"
             request = SpawnRequest(run_id=new_id(), attempt_id=attempt_id, callback_sequence=1,
                                    token=secrets.token_urlsafe(32), started_at_ms=time.time_ns() // 1_000_000,
                                    command=tuple(command), shell=shell, log_path=log,
-                                   receipt_location=store.prepare(attempt_id))
+                                   receipt_location=store.prepare(attempt_id), awaited=awaited)
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 task = executor.spawn(request, log_fd=fd)
@@ -221,6 +221,29 @@ class ExecutorContract:
         assert isinstance(observed, ExitObservation)
         assert observed.exit_code == 5 and observed.finished_at_ms >= one.request.started_at_ms
 
+    def test_an_acknowledged_held_receipt_is_never_published(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["sh", "-c", "exit 3"], awaited=True)
+        observed = executor.wait(one.task, DEADLINE_S)
+        assert observed is not None and observed.exit_code == 3
+        if not observed.held_receipt:  # this executor does not hold receipts: it publishes as usual
+            executor.acknowledge(one.task, committed=True)  # a no-op then
+            wait_until(lambda: store.read(one.request.attempt_id).status == "valid", "the receipt")
+            return
+        assert store.read(one.request.attempt_id).status == "missing"
+        executor.acknowledge(one.task, committed=True)
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "the task to be gone")
+        assert store.read(one.request.attempt_id).status == "missing"
+
+    def test_an_unacknowledged_held_receipt_is_published_with_the_true_status(self, env: Any) -> None:
+        executor, store, spawn, _ = env
+        one = spawn(["sh", "-c", "exit 4"], awaited=True)
+        observed = executor.wait(one.task, DEADLINE_S)
+        assert observed is not None and observed.exit_code == 4
+        executor.acknowledge(one.task, committed=False)  # the host could not commit: publish it
+        read = wait_until(lambda: (r := store.read(one.request.attempt_id)).status == "valid" and r, "the receipt")
+        assert (read.receipt.exit_code, read.receipt.token) == (4, one.request.token)
+
     def test_abort_stops_a_task_it_just_started(self, env: Any) -> None:
         executor, _store, spawn, _ = env
         one = spawn(["sh", "-c", "echo ready; while :; do sleep 0.05; done"])
@@ -257,6 +280,10 @@ class ExecutorContract:
         runtime.reconcile()
         view = runtime.status(sub.run_id)
         assert (view.status, view.exit_code) == ("failed", 6)
+
+    def test_a_waiting_host_completes_through_the_acknowledged_path(self, runtime: Any) -> None:
+        view = runtime.run(["sh", "-c", "exit 9"])
+        assert (view.status, view.exit_code) == ("failed", 9)
 
     def test_cancel_goes_through_the_attempts_executor(self, runtime: Any) -> None:
         sub = runtime.submit(["sh", "-c", "while :; do sleep 0.05; done"])

@@ -4,23 +4,28 @@ Everything about local processes lives here, behind the executor protocol
 (:mod:`ql_core.ports.executor`): the launcher and its special exit status
 (125: it could not learn the command's status — no receipt follows), the
 durable handle (a JSON document core stores without reading), verified
-group signals, and the live fast path (blocking on a pidfd, no polling).
+group signals, and the live fast path (blocking on a pidfd, no polling) with
+acknowledged completion: a task the host awaits publishes its receipt only if
+the host does not acknowledge the status it reaped (docs/launcher.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 import select
+import shutil
 import signal as _signal
+import socket
 import subprocess
+import threading
+from dataclasses import replace
 
 from ql_core.clock import now_ms_ceil
 from ql_core.ports.executor import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
 
 from . import identity
-from .launch import release, spawn_launcher
+from .launch import acknowledge, release, spawn_launcher
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_LOST_STATUS", "encode_handle", "decode_handle", "run_as_user"]
 
@@ -46,25 +51,98 @@ def decode_handle(data: str | None) -> identity.ProcessHandle | None:
 
 
 class _Held:
-    """The spawning host's grip on a launcher: its process and, until released, the token pipe."""
+    """The spawning host's grip on a launcher: its process and its channel (the token pipe until
+    released; for an awaited task the socket that carries the acknowledgement later)."""
 
-    __slots__ = ("process", "_write_fd", "_token")
+    __slots__ = ("process", "_channel", "_token", "_released")
 
-    def __init__(self, process: subprocess.Popen[bytes], write_fd: int, token: str) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], channel: int | socket.socket, token: str) -> None:
         self.process = process
-        self._write_fd: int | None = write_fd
+        self._channel: int | socket.socket | None = channel
         self._token = token
+        self._released = False
+
+    @property
+    def awaited(self) -> bool:
+        return isinstance(self._channel, socket.socket)
 
     def release(self) -> None:
-        if self._write_fd is not None:
-            fd, self._write_fd = self._write_fd, None
-            release(fd, self._token)
+        if self._channel is not None and not self._released:
+            self._released = True
+            if not self.awaited:
+                channel, self._channel = self._channel, None
+                release(channel, self._token)
+            else:
+                release(self._channel, self._token)
+
+    def status_is_the_commands(self) -> bool:
+        """After reaping an awaited launcher: did it mark its exit status as the command's? (It
+        sends one byte right before exiting with it; a launcher that lost the status, or died,
+        sends none.) Only the launcher and its publisher hold the other end of the socket."""
+        if not isinstance(self._channel, socket.socket) or not self._released:
+            return False
+        try:
+            return self._channel.recv(1, socket.MSG_DONTWAIT) == b"s"
+        except OSError:
+            return False
+
+    def acknowledge(self, committed: bool) -> None:
+        if isinstance(self._channel, socket.socket):
+            channel, self._channel = self._channel, None
+            acknowledge(channel, committed)
 
     def close(self) -> None:
-        """Never release: the launcher reads EOF and exits 125 without running the command."""
-        if self._write_fd is not None:
-            fd, self._write_fd = self._write_fd, None
-            os.close(fd)
+        """Drop the channel: an unreleased launcher reads EOF and exits 125 without running the
+        command; a released, awaited one publishes its receipt as if the host had died."""
+        channel, self._channel = self._channel, None
+        if isinstance(channel, socket.socket):
+            channel.close()
+        elif channel is not None:
+            os.close(channel)
+
+
+class _LaunchHints:
+    """What this host verified once about a shell and PATH, so launchers skip a probe per task.
+
+    Learned from the second task on (a one-shot ``ql run`` never pays for the probes): ``e`` when
+    the ``env`` the launcher would find on that PATH resets signals (``--default-signal``), ``p``
+    when the shell's printf is a builtin. A probe that fails or errs gives no hint (the launcher
+    then checks for itself, as it always did).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._known: dict[str | None, str] = {}
+
+    def for_path(self, path: str | None) -> str:
+        if path is None:  # the shell would use its own default PATH: nothing we can check for it
+            return ""
+        with self._lock:
+            self._seen += 1
+            if self._seen < 2:
+                return ""
+            hints = self._known.get(path)
+            if hints is None:
+                hints = self._known[path] = self._probe(path)
+            return hints
+
+    @staticmethod
+    def _probe(path: str) -> str:
+        hints = ""
+        try:
+            env_tool = shutil.which("env", path=path)
+            if env_tool is not None and subprocess.run(
+                    [env_tool, "-i", "--default-signal=HUP,INT,QUIT,TERM,USR1,USR2"], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False).returncode == 0:
+                hints += "e"
+            out = subprocess.run(["/bin/sh", "-c", "command -V printf"], stdin=subprocess.DEVNULL,
+                                 capture_output=True, timeout=10, check=False, env={"PATH": path})
+            if b"builtin" in out.stdout:
+                hints += "p"
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return hints
 
 
 def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> int | None:
@@ -129,12 +207,14 @@ class LocalProcessExecutor:
         if run_as is not None:
             uid, gid = run_as
             self._prefix = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
+        self._hints = _LaunchHints()
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
         if self._prefix:
             command = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
             request = replace(request, command=self._prefix + tuple(command), shell=False)
-        process, write_fd = spawn_launcher(
+        env_path = (request.env if request.env is not None else os.environ).get("PATH")
+        process, channel = spawn_launcher(
             shard_dir=request.receipt_location,
             run_id=request.run_id,
             attempt_id=request.attempt_id,
@@ -147,9 +227,11 @@ class LocalProcessExecutor:
             cwd=request.cwd,
             env=request.env,
             hold=True,
+            awaited=request.awaited,
+            hints=self._hints.for_path(env_path),
         )
         # The launcher now waits for its token: the command starts only in release().
-        held = _Held(process, write_fd, request.token)
+        held = _Held(process, channel, request.token)
         handle = identity.capture_handle(process.pid)
         return SpawnedTask(handle=encode_handle(handle) if handle is not None else None, live=held)
 
@@ -168,12 +250,24 @@ class LocalProcessExecutor:
             return SignalOutcome.BLOCKED
         return SignalOutcome(str(identity.signal_group(parsed, signum)))
 
+    def acknowledge(self, task: SpawnedTask, *, committed: bool) -> None:
+        held: _Held | None = task.live
+        if held is not None:
+            held.acknowledge(committed)
+
     def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
-        process: subprocess.Popen[bytes] = task.live.process
+        held: _Held = task.live
+        process = held.process
         returncode = _wait_exit(process, timeout_s)
         if returncode is None:
             return None
         finished = now_ms_ceil()
+        if returncode >= 0 and held.status_is_the_commands():
+            # The launcher exited with the command's status and left a publisher waiting for our
+            # word: the status is the kernel's (waitpid), the receipt held back for acknowledge().
+            return ExitObservation(exit_code=returncode, finished_at_ms=finished, held_receipt=True)
+        # Nothing is held back for us: decide from the receipt as a plain host would.
+        held.close()
         if returncode < 0:
             # The launcher itself died of a signal: its exit says nothing about the command, which
             # may run on in the launcher's process group (identity still follows it there).

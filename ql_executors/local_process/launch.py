@@ -17,11 +17,19 @@ points stdin at ``/dev/null`` and execs the launcher in the same process - same 
 and group leader the host records is the launcher itself. The price is one extra exec of the shell.
 The token is written into the pipe and the write end closed before the spawn: at most 129 bytes fit
 the pipe buffer, and the launcher's ``read`` ends at the newline even if the host dies at once.
+
+The executor's path (``hold=True``) skips the trampoline: the launcher's ``c`` flag tells it the
+channel is on stdin, and it moves it to fd 3 itself. With ``awaited=True`` the channel is one end
+of a ``socketpair`` that stays open after the token (flag ``a``, acknowledged completion): the
+launcher exits with the command's status and leaves a publisher behind that publishes the receipt
+only if the host does not send ``ok`` (see :func:`acknowledge`). A socket, unlike a pipe, cannot be
+reopened through ``/proc/PID/fd`` (ENXIO), so a task cannot reach either end of it.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -38,9 +46,15 @@ __all__ = [
     "launcher_path",
     "spawn_launcher",
     "release",
+    "acknowledge",
+    "LAUNCH_FLAGS",
 ]
 
 LaunchMode = Literal["argv", "shell"]
+
+#: The launcher's mode flags (after ``MODE+``): ``c`` channel on stdin, ``e`` GNU env known to reset
+#: signals, ``p`` printf known to be a builtin, ``a`` acknowledged completion (launcher.sh header).
+LAUNCH_FLAGS = "cepa"
 
 # The launcher accepts exactly what the receipt codec accepts: one definition of each.
 
@@ -86,6 +100,7 @@ def launcher_args(
     started_at_ms: int,
     mode: LaunchMode,
     command: Sequence[str],
+    flags: str = "",
 ) -> list[str]:
     """Validated launcher arguments (everything after ``launcher.sh``); raises ``ValueError``."""
     shard = os.fspath(shard_dir)
@@ -106,7 +121,10 @@ def launcher_args(
             raise ValueError("shell mode takes exactly one command string")
     else:
         raise ValueError(f"mode must be 'argv' or 'shell', not {mode!r}")
-    return [shard, run_id, attempt_id, str(callback_sequence), str(started_at_ms), mode, "--", *cmd]
+    if not isinstance(flags, str) or any(f not in LAUNCH_FLAGS or flags.count(f) > 1 for f in flags):
+        raise ValueError(f"flags must be distinct letters of {LAUNCH_FLAGS!r}")
+    word = f"{mode}+{flags}" if flags else mode
+    return [shard, run_id, attempt_id, str(callback_sequence), str(started_at_ms), word, "--", *cmd]
 
 
 def _spawn_with_fd3(
@@ -118,15 +136,27 @@ def _spawn_with_fd3(
     cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str] | None,
     hold: bool = False,
-) -> tuple[subprocess.Popen[bytes], int | None]:
+    awaited: bool = False,
+) -> tuple[subprocess.Popen[bytes], Any]:
     """Run ``shell + script_argv`` as a new session whose fd 3 is a pipe for ``fd3_payload``.
 
     Returns the process and, with ``hold``, the pipe's write end, still open and empty: the caller
     writes the payload later (:func:`release`), and if the caller dies first the child reads EOF.
     Without ``hold`` the payload is written and the write end closed before the spawn.
     ``fd3_payload=None`` starts it with fd 3 closed (tests use this).
+
+    With ``hold`` the channel is the child's *stdin* (no trampoline: ``script_argv`` must carry the
+    ``c`` flag), and with ``awaited`` it is a socket, returned as a :class:`socket.socket`.
     """
-    if fd3_payload is None:
+    if hold and fd3_payload is not None:
+        argv = [*shell, *script_argv]
+        if awaited:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            w: Any = ours
+            stdin: Any = theirs.detach()
+        else:
+            stdin, w = os.pipe()
+    elif fd3_payload is None:
         argv, stdin, w = [*shell, *script_argv], subprocess.DEVNULL, None
     else:
         argv = [*shell, "-c", _TRAMPOLINE, "ql-launcher", *shell, *script_argv]
@@ -152,7 +182,9 @@ def _spawn_with_fd3(
             env=env,
         )
     except BaseException:
-        if w is not None:
+        if isinstance(w, socket.socket):
+            w.close()
+        elif w is not None:
             os.close(w)
         raise
     finally:
@@ -161,12 +193,32 @@ def _spawn_with_fd3(
     return process, w
 
 
-def release(write_fd: int, token: str) -> None:
-    """Hand a held launcher its token (the go-ahead) and close the pipe; it fits the pipe buffer."""
+def release(channel: int | socket.socket, token: str) -> None:
+    """Hand a held launcher its token (the go-ahead); it fits the channel's buffer, never blocks.
+
+    A pipe is closed at once; an acknowledged channel (a socket) stays open for :func:`acknowledge`.
+    """
+    line = (token + "\n").encode("ascii")
+    if isinstance(channel, socket.socket):
+        channel.sendall(line)
+        return
     try:
-        os.write(write_fd, (token + "\n").encode("ascii"))
+        os.write(channel, line)
     finally:
-        os.close(write_fd)
+        os.close(channel)
+
+
+def acknowledge(channel: socket.socket, committed: bool) -> None:
+    """End an acknowledged channel: ``ok`` when the host committed the status it reaped (the
+    launcher's publisher then publishes nothing), a bare close otherwise (it publishes the
+    receipt). A publisher already gone (killed with its group) is no error: the commit stands."""
+    try:
+        if committed:
+            channel.sendall(b"ok\n")  # 3 bytes into an empty socket buffer: never blocks
+    except OSError:
+        pass
+    finally:
+        channel.close()
 
 
 def spawn_launcher(
@@ -184,12 +236,17 @@ def spawn_launcher(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     hold: bool = False,
+    awaited: bool = False,
+    hints: str = "",
 ) -> Any:
     """Spawn the launcher for one attempt and return its ``Popen``.
 
-    With ``hold`` it returns ``(Popen, write_fd)``: the launcher waits for its token, which the
+    With ``hold`` it returns ``(Popen, channel)``: the launcher waits for its token, which the
     caller hands over with :func:`release` once the launcher's durable handle is committed (if the
     caller dies first, the launcher reads EOF and exits 125 without running the command).
+    ``awaited`` (implies ``hold``) makes the channel a socket for acknowledged completion
+    (:func:`acknowledge`). ``hints`` are the flags ``e``/``p`` the caller verified for this shell
+    and PATH (launcher.sh header); wrong hints break the task, so pass only what was probed.
 
     The child is a new session and process-group leader (``start_new_session``), its stdin is
     ``/dev/null``, its stdout/stderr are ``log_fd`` (opened by the caller with ``O_WRONLY|O_APPEND``),
@@ -208,7 +265,10 @@ def spawn_launcher(
         started_at_ms=started_at_ms,
         mode=mode,
         command=command,
+        flags=("c" + hints + ("a" if awaited else "")) if (hold or awaited) else hints,
     )
+    if any(h not in "ep" for h in hints):
+        raise ValueError("hints may only be 'e' and 'p'")
     process, write_fd = _spawn_with_fd3(
         _shell_argv(shell),
         [launcher_path(), *args],
@@ -216,6 +276,7 @@ def spawn_launcher(
         log_fd=log_fd,
         cwd=cwd,
         env=env,
-        hold=hold,
+        hold=hold or awaited,
+        awaited=awaited,
     )
-    return (process, write_fd) if hold else process
+    return (process, write_fd) if (hold or awaited) else process

@@ -3,7 +3,16 @@
 #   sh launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
 #
 # MODE argv: run CMD ARG... as given; MODE shell: exactly one word after --, run as /bin/sh -c WORD.
-# fd 3: an inherited pipe carrying the callback token as one line; read and closed before CMD
+# MODE may carry flags after a '+', each one letter (docs/launcher.md, "The acknowledged path"):
+#   c  the token channel arrives on stdin: the launcher moves it to fd 3 itself (no trampoline);
+#   e  the host found GNU `env --default-signal` on this PATH: no probe per task (async mode);
+#   p  the host found printf to be this shell's builtin: no check per publication;
+#   a  acknowledged completion: the channel (a socket) stays open after the token. When CMD has
+#      ended, the launcher leaves a publisher behind and exits with CMD's status at once; the
+#      host reaps that status (the kernel's word, not ours), commits it and sends "ok" on the
+#      channel. The publisher publishes the receipt only if no "ok" comes (EOF: the host died or
+#      gave up before its commit was durable).
+# fd 3: an inherited pipe (or socket) carrying the callback token as one line; read and closed before CMD
 # starts. The line is the go-ahead too: CMD starts only once a valid token arrives (the host writes
 # it after committing the launcher's handle); EOF or an invalid line ends the launcher with 125 and
 # CMD never runs. stdin is /dev/null, stdout/stderr are the task log: the launcher prints nothing.
@@ -19,7 +28,7 @@
 unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attempt _ql_seq \
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
-	_ql_mine
+	_ql_mine _ql_flags _ql_await _ql_ack
 # Signals we forward; the command starts with default dispositions for them (see the two modes).
 _ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
 
@@ -36,9 +45,11 @@ _ql_uint() {
 
 _ql_ok=
 if [ "$#" -ge 8 ] && [ "$7" = "--" ]; then
-	_ql_shard=$1 _ql_run=$2 _ql_attempt=$3 _ql_seq=$4 _ql_started=$5 _ql_mode=$6
+	_ql_shard=$1 _ql_run=$2 _ql_attempt=$3 _ql_seq=$4 _ql_started=$5 _ql_mode=$6 _ql_flags=
 	shift 7
+	case $_ql_mode in *+*) _ql_flags=${_ql_mode#*+} _ql_mode=${_ql_mode%%+*} ;; esac
 	case $_ql_shard in /*) _ql_ok=1 ;; esac
+	case $_ql_flags in *[!cepa]*) _ql_ok= ;; esac
 	case $_ql_run in $_ql_uuid7) ;; *) _ql_ok= ;; esac
 	case $_ql_attempt in $_ql_uuid7) ;; *) _ql_ok= ;; esac
 	_ql_uint "$_ql_seq" && [ "$_ql_seq" -ge 1 ] && _ql_uint "$_ql_started" || _ql_ok=
@@ -49,6 +60,8 @@ if [ "$#" -ge 8 ] && [ "$7" = "--" ]; then
 	esac
 fi
 [ -n "$_ql_ok" ] || exit 125
+# The channel on stdin becomes fd 3, where the token is read; stdin becomes /dev/null.
+case $_ql_flags in *c*) exec 3<&0 0</dev/null ;; esac
 # bash in POSIX mode (e.g. as /bin/sh) forgets a child's status once `wait` reported it; the wait
 # loop below relies on asking twice. `command` keeps other shells alive when they reject the option.
 command set +o posix 2>/dev/null
@@ -96,7 +109,10 @@ trap '_ql_on_signal USR2' USR2
 # signal, TERM included. ql's cancellation escalates to KILL, which nothing can catch.
 # The probe must not see the token pipe (fd 3).
 _ql_reset=
-env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 3<&- && _ql_reset=1
+case $_ql_flags in
+*e*) _ql_reset=1 ;;
+*) env -i "--default-signal=$_ql_sigs" >/dev/null 2>&1 3<&- && _ql_reset=1 ;;
+esac
 
 # The token is never exported (see above), never in any argv and never printed to fd 1/2.
 # 2>/dev/null comes first so a closed fd 3 cannot put an error message into the log.
@@ -106,11 +122,18 @@ IFS= read -r _ql_tok 2>/dev/null <&3 || _ql_tok=
 # private pipe that never has data nor EOF, so `read -t` on it is a sleep during which traps still
 # run. Kept only if a byte written to it can be read back (a /dev/fd that merely dups would give an
 # EOF spin). ($BASHPID equal to $$ tells bash itself from a BASH_VERSION merely inherited.)
-_ql_pipe=
-if [ -n "$_ql_reset" ] && [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ] &&
-	{ exec 4<>/dev/fd/3; } 2>/dev/null; then
-	{ printf x >&4 && read -r -t 1 -n 1 -u 4 _ql_x && [ "$_ql_x" = x ]; } 2>/dev/null && _ql_pipe=1
-	[ -n "$_ql_pipe" ] || exec 4<&-
+# With an acknowledged channel (a socket: /dev/fd cannot reopen it), bash sleeps on the channel
+# itself: the host writes nothing more there before CMD's status reached it, so only EOF (the host
+# died) ends such a sleep early, and then the loop falls back to `wait`. It stays open as fd 5.
+_ql_pipe= _ql_await=
+case $_ql_flags in *a*) exec 5<&3 && _ql_await=1 ;; esac
+if [ -n "$_ql_reset" ] && [ -n "${BASH_VERSION-}" ] && [ "${BASHPID-}" = "$$" ]; then
+	if [ -n "$_ql_await" ]; then
+		_ql_pipe=5
+	elif { exec 4<>/dev/fd/3; } 2>/dev/null; then
+		{ printf x >&4 && read -r -t 1 -n 1 -u 4 _ql_x && [ "$_ql_x" = x ]; } 2>/dev/null && _ql_pipe=4
+		[ -n "$_ql_pipe" ] || exec 4<&-
+	fi
 fi
 exec 3<&-
 # The token is also the go-ahead: the host writes it only after it has committed this launcher's
@@ -131,7 +154,7 @@ _ql_t0=${EPOCHREALTIME-}
 # the child has it at the default (reset by the fork, or by env). KILL is only a backstop.
 _ql_exec() {
 	trap - HUP INT QUIT TERM USR1 USR2
-	exec 3>&- 4<&-
+	exec 3>&- 4<&- 5<&-
 	if [ -n "$_ql_pending" ]; then
 		set -- $_ql_pending
 		set -- /bin/sh -c 'kill -s "$1" "$$"; kill -s KILL "$$"' sh "$1"
@@ -179,11 +202,15 @@ else
 		_ql_nap=0.01
 		while kill -0 "$_ql_pid"; do
 			[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
-			read -r -t "$_ql_nap" -n 1 -u 4 _ql_x
+			read -r -t "$_ql_nap" -n 1 -u "$_ql_pipe" _ql_x
+			# Over 128: the sleep timed out (or a trap ran). Anything else is EOF on the
+			# acknowledged channel (the host died): no more sleeping there, `wait` takes over below.
+			[ "$?" -gt 128 ] || { _ql_pipe=; break; }
 			case $_ql_nap in 0.01) _ql_nap=0.02 ;; 0.02) _ql_nap=0.05 ;; 0.05) _ql_nap=0.1 ;; esac
 		done
-		exec 4<&-
-	else
+		[ "$_ql_pipe" = 4 ] && exec 4<&-
+	fi
+	if [ -z "$_ql_pipe" ]; then
 		# dash and busybox ash: `wait` returns >128 both when the child died of a signal and when a
 		# trapped signal interrupted it, so its answer is ignored here. A reaped pid can be reused:
 		# if `wait` keeps returning without any signal while `kill -0` still finds the pid, that
@@ -218,7 +245,8 @@ case $_ql_status in [0-9] | [1-9][0-9] | 1[0-9][0-9] | 2[0-4][0-9] | 25[0-5]) ;;
 # Publication, byte for byte the store's protocol. In a subshell so umask 077 and noclobber never
 # leak. The forwarded signals stay ignored, and its tools inherit that: a TERM to the group cannot
 # kill ln or sync half way, and a completion that was already final still gets its receipt.
-[ -n "$_ql_tok" ] && (
+_ql_publish() (
+	[ -n "$_ql_tok" ] || exit 1
 	umask 077
 	set -C
 
@@ -242,7 +270,10 @@ case $_ql_status in [0-9] | [1-9][0-9] | 1[0-9][0-9] | 2[0-4][0-9] | 25[0-5]) ;;
 	[ "$_ql_fin" -ge "$_ql_started" ] || _ql_fin=$_ql_started
 
 	# The token may only ever pass through the builtin printf, never an external command's argv.
-	case $(command -V printf 2>/dev/null) in *builtin*) ;; *) exit 1 ;; esac
+	case $_ql_flags in
+	*p*) ;;
+	*) case $(command -V printf 2>/dev/null) in *builtin*) ;; *) exit 1 ;; esac ;;
+	esac
 
 	_ql_final=$_ql_shard/$_ql_attempt.json
 	_ql_tmp=$_ql_shard/.$_ql_attempt.${$}t$_ql_fin.tmp
@@ -275,5 +306,26 @@ case $_ql_status in [0-9] | [1-9][0-9] | 1[0-9][0-9] | 2[0-4][0-9] | 25[0-5]) ;;
 	rm -f -- "$_ql_tmp"
 	sync -- "$_ql_shard"
 )
+
+# Acknowledged completion: the host learns CMD's status from this launcher's own exit (waitpid:
+# nothing a task writes can forge it), commits it, then says "ok" on the channel. One byte "s" sent
+# first tells the host that this exit status is CMD's (without it, a 125 would be ambiguous: ours
+# or CMD's). A publisher forked here keeps the receipt back and publishes it on anything but "ok"
+# (EOF: the host died or gave up). It inherits the ignored signals and stays in the task's process
+# group, so recovery still sees the attempt alive until it is done. A host already gone (the byte
+# cannot be sent) gets the receipt at once, without a publisher.
+if [ -n "$_ql_await" ]; then
+	trap '' PIPE
+	if { printf s >&5; } 2>/dev/null; then
+		(
+			IFS= read -r _ql_ack <&5 2>/dev/null && [ "$_ql_ack" = ok ] && exit 0
+			exec 5<&-
+			_ql_publish
+		) &
+		exit "$_ql_status"
+	fi
+	exec 5<&-
+fi
+_ql_publish
 exit "$_ql_status"
 }

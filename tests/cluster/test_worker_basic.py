@@ -44,7 +44,7 @@ def test_detach_then_status_events_and_list_from_the_control_side(harness: Harne
     harness.wait_status(run_id)
     status = json.loads(harness.ql("--json", "status", run_id).stdout)
     assert (status["status"], status["exit_code"], len(status["attempts"])) == ("succeeded", 0, 1)
-    events = json.loads(harness.ql("--json", "events", run_id).stdout)["events"]
+    events = [json.loads(line) for line in harness.ql("--json", "events", run_id).stdout.splitlines()]
     assert [e["type"] for e in events][-2:] == ["attempt.succeeded", "run.succeeded"]
     listed = [json.loads(line) for line in harness.ql("--json", "list").stdout.splitlines()]
     assert [r["run_id"] for r in listed] == [run_id]

@@ -1,5 +1,10 @@
 """Every crash point of the protocol (ADR-0007 §6 gates 2 and 3, DESIGN.md §8).
 
+A waiting ``ql run`` completes through acknowledged completion (its task's
+receipt is held back until the host committed the status it reaped), so the
+``[run]`` host meets ``completion.before_commit`` and the ``wait.*`` points;
+the receipt consumer's points are met by ``ql reconcile``.
+
 Each case makes a real ``ql`` process (or a small Python publisher) die with
 ``os._exit`` exactly at one named step, checks what must hold at that instant
 (above all: no receipt deleted before its commit, no terminal state without
@@ -77,7 +82,10 @@ def finished_detached(c: Ctx, exit_code: int = 7) -> tuple[str, str]:
 
 
 def host_crashes_at(c: Ctx, point: str, host: str) -> tuple[str, str]:
-    """A task ending with exit 7 whose completing host (`ql reconcile` or `ql run`) dies at ``point``."""
+    """A task ending with exit 7 whose completing host (`ql reconcile` or `ql run`) dies at ``point``.
+
+    A `ql run` host awaits its task: the receipt is held back by the launcher's publisher until the
+    host acknowledges, and published when the host dies without having done so."""
     if host == "reconcile":
         run_id, attempt_id = finished_detached(c)
         ql_crash(c.env, point, "reconcile")
@@ -198,9 +206,10 @@ def case_receipt_publish_after_link(c: Ctx) -> None:
 
 def case_completion_before_commit(c: Ctx, host: str) -> None:
     run_id, attempt_id = host_crashes_at(c, "completion.before_commit", host)
-    # Rolled back: still running, receipt and journal row untouched.
+    # Rolled back: still running, receipt and journal row untouched. (A `ql run` host held the
+    # receipt back: its publisher saw the host's channel close and publishes it now.)
     assert_not_terminal(c.rt, run_id)
-    assert c.receipt(attempt_id).exists()
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the receipt")
     assert journal_row(c.rt, attempt_id)["state"] == "pending"
     assert reconcile(c.env)["applied"] == 1
     assert_one_terminal(c.rt, run_id, "failed", 7)
@@ -258,6 +267,45 @@ def case_consumer_after_delete(c: Ctx, host: str) -> None:
     counts = reconcile(c.env)
     assert counts["applied"] == counts["already_terminal"] == 0
     assert journal_row(c.rt, attempt_id) is not None  # kept for the retention window
+    counts = reconcile(c.env, config=write_config(c.tmp_path / "ql.toml", terminal_journal_retention_s=0.0))
+    assert counts.get("journal_purged") == 1 and journal_row(c.rt, attempt_id) is None
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+
+
+def case_wait_after_exit(c: Ctx) -> None:
+    """`ql run` reaped the held task's status and died before committing anything: the publisher
+    reads EOF and publishes the true receipt, which recovery applies."""
+    run_id, attempt_id = host_crashes_at(c, "wait.after_exit", "run")
+    assert_not_terminal(c.rt, run_id)
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the held receipt, published on EOF")
+    assert journal_row(c.rt, attempt_id)["state"] == "pending"
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert not c.receipt(attempt_id).exists()
+
+
+def case_wait_before_ack(c: Ctx) -> None:
+    """Committed, not acknowledged: the publisher still publishes; the receipt is replayed as
+    already_terminal and removed, never a second terminal event."""
+    run_id, attempt_id = host_crashes_at(c, "wait.before_ack", "run")
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the unacknowledged receipt")
+    assert journal_row(c.rt, attempt_id)["state"] == "pending"
+    counts = reconcile(c.env)
+    assert (counts["applied"], counts["already_terminal"]) == (0, 1)
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert not c.receipt(attempt_id).exists()
+
+
+def case_wait_after_ack(c: Ctx) -> None:
+    """Committed and acknowledged, the host dies before noting it: no receipt ever appears, and
+    the journal row goes by retention once its receipt is (provably) missing."""
+    run_id, attempt_id = host_crashes_at(c, "wait.after_ack", "run")
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    wait_for(lambda: c.identity(attempt_id) is IdentityState.EXITED, what="the publisher to leave")
+    assert not c.receipt(attempt_id).exists() and temp_files(c.data_dir, attempt_id) == []
+    counts = reconcile(c.env)
+    assert not any(counts[k] for k in ("applied", "already_terminal", "quarantined", "lost"))
     counts = reconcile(c.env, config=write_config(c.tmp_path / "ql.toml", terminal_journal_retention_s=0.0))
     assert counts.get("journal_purged") == 1 and journal_row(c.rt, attempt_id) is None
     assert_one_terminal(c.rt, run_id, "failed", 7)
@@ -346,14 +394,15 @@ CASES: dict[str, Callable[[Ctx], None]] = {
     "spawn.before_handle_commit": case_spawn_before_handle_commit,
     "receipt.publish.after_temp": case_receipt_publish_after_temp,
     "receipt.publish.after_link": case_receipt_publish_after_link,
+    "wait.after_exit": case_wait_after_exit,
     "completion.before_commit[reconcile]": lambda c: case_completion_before_commit(c, "reconcile"),
     "completion.before_commit[run]": lambda c: case_completion_before_commit(c, "run"),
     "completion.before_commit[lost]": case_completion_before_commit_lost,
     "completion.before_commit[late]": case_completion_before_commit_late,
+    "wait.before_ack": case_wait_before_ack,
+    "wait.after_ack": case_wait_after_ack,
     "consumer.after_commit[reconcile]": lambda c: case_consumer_after_commit(c, "reconcile"),
-    "consumer.after_commit[run]": lambda c: case_consumer_after_commit(c, "run"),
     "consumer.after_delete[reconcile]": lambda c: case_consumer_after_delete(c, "reconcile"),
-    "consumer.after_delete[run]": lambda c: case_consumer_after_delete(c, "run"),
     "consumer.quarantine.after_journal": case_consumer_quarantine_after_journal,
     "receipt.quarantine.after_link": case_receipt_quarantine_after_link,
     "cancel.after_intent": case_cancel_after_intent,

@@ -43,6 +43,9 @@ from test_completion_crashpoints import (
     case_consumer_quarantine_after_journal,
     case_create_before_commit,
     case_spawn_before_handle_commit,
+    case_wait_after_ack,
+    case_wait_after_exit,
+    case_wait_before_ack,
 )
 
 from tests import dbview
@@ -132,7 +135,10 @@ PG_CASES = {
     "completion.before_commit[run]": lambda c: case_completion_before_commit(c, "run"),
     "completion.before_commit[lost]": case_completion_before_commit_lost,
     "consumer.after_commit[reconcile]": lambda c: case_consumer_after_commit(c, "reconcile"),
-    "consumer.after_delete[run]": lambda c: case_consumer_after_delete(c, "run"),
+    "consumer.after_delete[reconcile]": lambda c: case_consumer_after_delete(c, "reconcile"),
+    "wait.after_exit": case_wait_after_exit,
+    "wait.before_ack": case_wait_before_ack,
+    "wait.after_ack": case_wait_after_ack,
     "consumer.quarantine.after_journal": case_consumer_quarantine_after_journal,
 }
 

@@ -87,6 +87,9 @@ class NiceExecutor:
     def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
         return self._local.wait(task, timeout_s)
 
+    def acknowledge(self, task: SpawnedTask, *, committed: bool) -> None:
+        self._local.acknowledge(task, committed=committed)
+
     def abort(self, task: SpawnedTask) -> None:
         self._local.abort(task)
 
