@@ -17,10 +17,11 @@ terminal (DESIGN.md §3.6).
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .outcome import clamp_times, decide_outcome, decide_without_receipt
 from .ports.context import RunEventInfo
@@ -116,6 +117,28 @@ class CompletionService:
         attempt's own); None for a receipt (the attempt's executor must be installed here).
         ``audit``: events recorded before the terminal ones, in the same transaction, if it applies."""
         return self._transition(claim.attempt_id, lambda snap: self._decide_claim(snap, claim, executor, audit))
+
+    def complete_many(self, claims: Sequence[Receipt]) -> list[CompletionResult]:
+        """Apply several receipts (recovery's page): in one transaction when the store can
+        (:class:`~ql_core.ports.journal.BatchTransitions`), else one each. Same decisions as
+        :meth:`complete`; a failure of the batch raises and nothing of it is committed."""
+        from .ports.journal import BatchTransitions
+
+        if len(claims) < 2 or not isinstance(self._store, BatchTransitions):
+            return [self.complete(claim) for claim in claims]
+        store = self._store
+        items = [(claim.attempt_id, functools.partial(self._decide_claim, claim=claim, executor=None))
+                 for claim in claims]
+        outcomes = retrying(lambda: store.transition_many(items), retries=self._retries)
+        results = []
+        for result, events in outcomes:
+            if events:
+                result = CompletionResult(result.outcome, result.status, result.rejection, result.late, tuple(events))
+                if self._notify is not None:
+                    for event in events:
+                        self._notify(event)
+            results.append(result)
+        return results
 
     def _decide_claim(self, snap: Snapshot, claim: Receipt, executor: str | None,
                       audit: tuple[EventSpec, ...] = ()) -> tuple[CompletionResult, Transition | None]:

@@ -39,6 +39,7 @@ from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, Uns
 if TYPE_CHECKING:
     from .ports.journal import JournalBackend
     from .ports.receipt_store import ReceiptStore
+    from .receipts.codec import Receipt
 
 __all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer", "DISAGREES_WITH_OBSERVED"]
 
@@ -110,6 +111,51 @@ class ReceiptConsumer:
         crashpoint("consumer.after_commit")
         return self._clean(attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
                            else ConsumeOutcome.ALREADY_TERMINAL, result.status)
+
+    def consume_many(self, attempt_ids: list[str]) -> dict[str, ConsumeResult]:
+        """:meth:`consume` for a page of attempts (no observed status: recovery), with every valid
+        receipt applied in ONE terminal transaction where the run store can batch; the files are
+        removed only after that commit. A failed batch keeps every receipt (``retry``)."""
+        results: dict[str, ConsumeResult] = {}
+        valid: list[Receipt] = []
+        for attempt_id in attempt_ids:
+            try:
+                read = self._store.read(attempt_id)
+            except UnsafePathError as exc:
+                logger.warning("receipt slot of attempt {} is unusable: {}", attempt_id, type(exc).__name__)
+                results[attempt_id] = ConsumeResult(ConsumeOutcome.UNUSABLE, reason=type(exc).__name__)
+                continue
+            except ReceiptStoreError as exc:
+                logger.warning("receipt of attempt {} unreadable this round: {}", attempt_id, type(exc).__name__)
+                results[attempt_id] = ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+                continue
+            if read.status == "missing":
+                results[attempt_id] = ConsumeResult(ConsumeOutcome.MISSING)
+            elif read.status == "invalid":
+                assert read.rejection is not None
+                results[attempt_id] = self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
+            else:
+                assert read.receipt is not None
+                valid.append(read.receipt)
+        if not valid:
+            return results
+        try:
+            completions = self._completion.complete_many(valid)
+        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep every receipt
+            logger.warning("completion of {} attempts deferred: {}", len(valid), type(exc).__name__)
+            for receipt in valid:
+                results[receipt.attempt_id] = ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+            return results
+        crashpoint("consumer.after_commit")
+        for receipt, result in zip(valid, completions):
+            if result.outcome is CompletionOutcome.REJECTED:
+                assert result.rejection is not None
+                results[receipt.attempt_id] = self._quarantine(receipt.attempt_id, str(result.rejection))
+            else:
+                results[receipt.attempt_id] = self._clean(
+                    receipt.attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
+                    else ConsumeOutcome.ALREADY_TERMINAL, result.status)
+        return results
 
     def _clean(self, attempt_id: str, outcome: ConsumeOutcome, status: str | None) -> ConsumeResult:
         try:

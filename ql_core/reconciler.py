@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .clock import now_ms
-from .consumer import ConsumeOutcome
+from .consumer import ConsumeOutcome, ConsumeResult
 from .log import logger
 from .never_started import NEVER_STARTED_REASON, StartState, start_state
 from .outcome import LOST_REASON
@@ -211,9 +211,11 @@ class Reconciler:
     def _settle(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         self._ensure_journal(attempts, report)
         exited: list[AttemptRecord] = []
+        # Every receipt of the page first, applied in one transaction (one durable commit per page).
+        settled = self._consume_page([a.id for a in attempts], report)
         for attempt in attempts:
             try:
-                if self._consume(attempt.id, report):
+                if attempt.id in settled:
                     continue
                 state = self._identity(attempt)
                 if state == _NEVER_STARTED:
@@ -238,14 +240,8 @@ class Reconciler:
             return
         # One bounded grace for the whole batch: a launcher may be between exit and link().
         time.sleep(self.profile.publish_grace_ms / 1000)
-        missing: list[AttemptRecord] = []
-        for attempt in exited:
-            try:
-                if not self._consume(attempt.id, report):
-                    missing.append(attempt)
-            except Exception as exc:  # noqa: BLE001
-                report.counts["errors"] += 1
-                logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
+        settled = self._consume_page([a.id for a in exited], report)
+        missing = [attempt for attempt in exited if attempt.id not in settled]
         if missing:
             self._end_without_receipt(missing, report)
 
@@ -272,10 +268,24 @@ class Reconciler:
             return IdentityState.UNVERIFIABLE
         return executor.inspect(attempt.handle)
 
+    def _consume_page(self, attempt_ids: list[str], report: RoundReport) -> set[str]:
+        """The attempts whose receipt settled them (or must be retried): no identity check for those."""
+        assert self.rt.consumer is not None
+        try:
+            results = self.rt.consumer.consume_many(attempt_ids)
+        except Exception as exc:  # noqa: BLE001 - one bad page must not stop the round
+            report.counts["errors"] += 1
+            logger.warning("{} receipts not settled this round: {}", len(attempt_ids), type(exc).__name__)
+            return set(attempt_ids)
+        return {attempt_id for attempt_id, result in results.items() if self._count(result, report)}
+
     def _consume(self, attempt_id: str, report: RoundReport) -> bool:
         """True when the receipt settled the attempt (or must be retried): no identity check then."""
         assert self.rt.consumer is not None
-        result = self.rt.consumer.consume(attempt_id)
+        return self._count(self.rt.consumer.consume(attempt_id), report)
+
+    @staticmethod
+    def _count(result: ConsumeResult, report: RoundReport) -> bool:
         if result.outcome is ConsumeOutcome.MISSING:
             return False
         if result.outcome is ConsumeOutcome.UNUSABLE:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         SpawnRequest,
     )
     from .journal import (
+        BatchTransitions,
         ConflictError,
         ControlService,
         Decide,
@@ -64,6 +65,7 @@ _WHERE = {
     "SignalOutcome": "executor",
     "SpawnedTask": "executor",
     "SpawnRequest": "executor",
+    "BatchTransitions": "journal",
     "ConflictError": "journal",
     "ControlService": "journal",
     "Decide": "journal",

@@ -75,6 +75,7 @@ __all__ = [
     "WorkerService",
     "ControlService",
     "HistoryRetention",
+    "BatchTransitions",
 ]
 
 T = TypeVar("T")
@@ -339,6 +340,22 @@ class ControlService(Protocol):
 
     def run_control(self, runtime: object, stop: threading.Event) -> int:
         """Sweep leases, deadlines and retention in bounded pages until ``stop`` is set; exit status."""
+        ...
+
+
+@runtime_checkable
+class BatchTransitions(Protocol):
+    """A run store that applies several attempts' decisions in ONE write transaction.
+
+    Recovery settles a page of receipts with it: one durable commit per page instead of one per
+    attempt. Without this capability core makes one :meth:`JournalBackend.transition` each.
+    """
+
+    def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
+        """Like :meth:`JournalBackend.transition` for each ``(attempt_id, decide)`` in order, all in
+        one transaction: every decision sees the changes of those before it, and either all changes
+        commit or none does (a conflict or an error rolls the whole batch back; core retries it).
+        Returns one ``(result, events)`` per item, in order."""
         ...
 
 

@@ -131,6 +131,35 @@ class JournalBackendContract:
         assert [(e.seq, e.type, e.reason) for e in stored] == [(1, "run.created", None), (2, "attempt.spawned", None),
                                                                (3, "test.second", "R")]
 
+    def test_a_batch_of_transitions_is_one_atomic_transaction(self, store: JournalBackend) -> None:
+        """Only for stores with :class:`~ql_core.ports.journal.BatchTransitions`: all or nothing, in order."""
+        from ql_core.ports.journal import BatchTransitions
+
+        if not isinstance(store, BatchTransitions):
+            pytest.skip("this store has no batch transitions: core makes one transaction each")
+        first, second = new_run(), new_run()
+        store.create(first)
+        store.create(second)
+
+        def running(snap: Snapshot) -> tuple[str, Transition | None]:
+            assert snap.attempt is not None
+            return snap.attempt.id, Transition(attempt={"status": "running"}, run={"status": "running"},
+                                               events=(EventSpec("attempt.spawned", attempt_id=snap.attempt.id),))
+
+        def broken(snap: Snapshot) -> tuple[str, Transition | None]:
+            return "x", Transition(attempt={"runtime_owner": "me"})  # refused: rolls back the batch
+
+        with pytest.raises(StoreError):
+            store.transition_many([(first.attempt_id, running), (second.attempt_id, broken)])
+        assert store.attempt(first.attempt_id).status == "starting"  # type: ignore[union-attr]
+        assert [e.type for e in store.events(first.run_id) or []] == ["run.created"]
+        done = store.transition_many([(first.attempt_id, running), (second.attempt_id, running),
+                                      (new_id(), lambda snap: ("none", None))])
+        assert [result for result, _events in done] == [first.attempt_id, second.attempt_id, "none"]
+        assert [[(e.seq, e.type) for e in events] for _r, events in done] == [
+            [(2, "attempt.spawned")], [(2, "attempt.spawned")], []]
+        assert store.attempt(second.attempt_id).status == "running"  # type: ignore[union-attr]
+
     def test_no_transition_writes_nothing(self, store: JournalBackend) -> None:
         new = new_run()
         store.create(new)

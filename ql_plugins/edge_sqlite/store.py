@@ -183,6 +183,16 @@ class SqliteJournal:
             run = self._run_in(c, attempt.run_id) if attempt else None
             return self._decide_and_apply(c, run, attempt, decide)
 
+    def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
+        with self._db.write() as c:
+            out = []
+            for attempt_id, decide in items:
+                row = c.execute(sql.SELECT_ATTEMPT, (attempt_id,)).fetchone()
+                attempt = AttemptRecord(*row) if row else None
+                run = self._run_in(c, attempt.run_id) if attempt else None
+                out.append(self._decide_and_apply(c, run, attempt, decide))
+            return out
+
     def run_transition(self, run_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         with self._db.write() as c:
             run = self._run_in(c, run_id)

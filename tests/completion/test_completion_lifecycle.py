@@ -14,6 +14,7 @@ import pytest
 from completion_support import (
     CommitLog,
     assert_one_terminal,
+    create_with_receipts,
     journal_row,
     plant,
     quarantine_path,
@@ -173,3 +174,17 @@ def test_a_replay_with_another_exit_code_is_not_consistent_and_is_quarantined(ru
     assert runtime.events(sub.run_id) == before
     assert quarantine_path(runtime.config.data_dir, sub.attempt_id).exists()
     assert_one_terminal(runtime, sub.run_id, "succeeded", 0)
+
+
+def test_recovery_applies_a_page_of_receipts_in_one_commit(runtime: Any, commits: CommitLog, data_dir: Path) -> None:
+    """One durable commit per recovery page, and no receipt removed before it."""
+    page = runtime.profile.page_size
+    subs = create_with_receipts(runtime, page)
+    commits.commits.clear()
+    counts = runtime.reconcile()
+    assert counts["applied"] == page
+    terminal = [w for w in commits.writes if w.count("INSERT ql_run_event") >= 2]
+    assert len(terminal) == 1 and terminal[0].count("UPDATE ql_run_attempt") == page, commits.writes
+    for i, sub in enumerate(subs):
+        assert_one_terminal(runtime, sub.run_id, "succeeded" if i % 7 == 0 else "failed", i % 7)
+        assert not receipt_path(data_dir, sub.attempt_id).exists()
