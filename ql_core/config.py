@@ -33,7 +33,6 @@ key or the file and the fix; nothing is silently ignored.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -133,6 +132,8 @@ def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (invalid byte at offset {exc.start}); "
                           f"save it as UTF-8") from None
+    import tomllib  # only when there is a file to parse: most commands run without one
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

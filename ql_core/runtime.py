@@ -33,6 +33,7 @@ from .config import Config
 from .crashpoints import crashpoint
 from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError, UsageError
 from .ids import new_id
+from .log import logger
 from . import paths
 from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
 from .ports.context import RuntimeContext
@@ -52,6 +53,8 @@ __all__ = ["Runtime", "Submission", "RunView"]
 
 #: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
+#: How soon a waiting host retries an intent the run store was too busy to take.
+BUSY_RETRY_S = 0.2
 #: How often :meth:`Runtime.wait` looks at a run it is not the parent of (re-attached, or queued).
 REATTACH_POLL_S = 0.2
 
@@ -309,14 +312,20 @@ class Runtime:
         from .logs import open_log_artifact
         from .ports.executor import SpawnRequest
 
+        from .ports.receipt_store import ReceiptStoreError
+
         assert self.receipts is not None
+        reason = "RECEIPT_LOCATION_UNAVAILABLE"
         try:
             location = self.receipts.prepare(sub.attempt_id)
+            reason = "LOG_ARTIFACT_UNAVAILABLE"
             log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
             crashpoint("spawn.after_log_created")
-        except (OSError, QlError, ValueError) as exc:
-            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="LOG_ARTIFACT_UNAVAILABLE")
-            detail = getattr(exc, "strerror", None) or type(exc).__name__
+        except (OSError, QlError, ValueError, ReceiptStoreError) as exc:
+            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason=reason)
+            # A store's own message is written for users (the OS error, the path); others by name.
+            detail = (getattr(exc, "strerror", None) or (isinstance(exc, ReceiptStoreError) and str(exc))
+                      or type(exc).__name__)
             raise QlError(f"cannot prepare the log or receipt location in {self.config.data_dir} ({detail}); "
                           f"nothing ran and run {sub.run_id} is marked failed; run `ql doctor`") from None
         request = SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
@@ -394,22 +403,34 @@ class Runtime:
 
     def _wait_live(self, sub: Submission, executor: Executor, *, on_tick: Callable[[], None] | None,
                    tick_s: float) -> ExitObservation:
-        """Block on our child until it exits, enforcing the deadline and dispatching intents."""
+        """Block on our child until it exits, enforcing the deadline and dispatching intents.
+
+        A run store that stays busy (another process holds the write lock past the retries) does not
+        end the wait: the intent or its dispatch is tried again after a short pause — the task is
+        still ours to watch, and recovery enforces the persisted deadline as well."""
+        from .ports.journal import StoreBusyError, ConflictError
+
         intent = False
         while True:
             self._check_data_dir()
             if on_tick is not None:
                 on_tick()
-            if not intent:
-                intent = self._has_intent(sub.run_id)
-            if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
-                # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
-                self.canceller.request(sub.run_id, "timeout")
-                intent = True
-            if intent:
-                self.canceller.dispatch_one(sub.run_id)
-            timeout = tick_s
-            if not intent and sub.deadline_at_ms is not None:
+            busy = False
+            try:
+                if not intent:
+                    intent = self._has_intent(sub.run_id)
+                if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
+                    # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
+                    self.canceller.request(sub.run_id, "timeout")
+                    intent = True
+                if intent:
+                    self.canceller.dispatch_one(sub.run_id)
+            except (StoreBusyError, ConflictError) as exc:
+                busy = True
+                logger.warning("run {}: the run store is busy ({}); the deadline and intents are retried",
+                               sub.run_id, type(exc).__name__)
+            timeout = BUSY_RETRY_S if busy else tick_s
+            if not intent and not busy and sub.deadline_at_ms is not None:
                 timeout = min(timeout, max(0.0, (sub.deadline_at_ms - now_ms()) / 1000))
             observed = executor.wait(sub.task, timeout)
             if observed is not None:
@@ -424,6 +445,8 @@ class Runtime:
 
     def _watch(self, run_id: str, *, on_tick: Callable[[], None] | None) -> RunView:
         """Wait for a run this runtime is not the parent of: look, settle, sleep, until it is terminal."""
+        from .ports.journal import ConflictError, StoreBusyError
+
         while True:
             self._check_data_dir()
             if on_tick is not None:
@@ -431,7 +454,10 @@ class Runtime:
             view = self.status(run_id)
             if view.terminal:
                 return view
-            self.settle(view)
+            try:
+                self.settle(view)
+            except (StoreBusyError, ConflictError) as exc:  # another writer holds the store: next time
+                logger.warning("run {}: the run store is busy ({}); retrying", run_id, type(exc).__name__)
             view = self.status(run_id)
             if view.terminal:
                 if on_tick is not None:
@@ -515,8 +541,18 @@ class Runtime:
                               started_at_ms=sub.started_at_ms,
                               finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms),
                               exit_code=observed.exit_code)
+        from .ports.journal import ConflictError, StoreBusyError
+
         try:
             result = self.completion.complete(observation, executor=sub.executor)
+        except (StoreBusyError, ConflictError) as exc:
+            # The store stayed busy: the task publishes its receipt, and the caller watches the run
+            # end from it (wait() falls back to watching a run that is not terminal yet).
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
+                           sub.run_id, type(exc).__name__)
+            return None
         except BaseException:
             executor.acknowledge(sub.task, committed=False)
             sub.awaited = False

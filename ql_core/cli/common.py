@@ -57,12 +57,28 @@ def config_from_args(args: argparse.Namespace) -> Config:
     )
 
 
+#: Runtimes the writing commands opened: closed before the process exits (``close_opened``), so
+#: the writer — not the next reader — folds the database's write-ahead log back into it.
+_OPENED: list[Runtime] = []
+
+
 def runtime_from_args(args: argparse.Namespace) -> Runtime:
     """An opened runtime for a command that writes (run, cancel, reconcile, supervise): the data dir
     and its database are created and migrated when missing."""
     from ql_core.runtime import Runtime
 
-    return Runtime.open(config_from_args(args))
+    rt = Runtime.open(config_from_args(args))
+    _OPENED.append(rt)
+    return rt
+
+
+def close_opened() -> None:
+    """Close what :func:`runtime_from_args` opened (the ``ql`` executable exits without teardown)."""
+    while _OPENED:
+        try:
+            _OPENED.pop().close()
+        except Exception:  # noqa: BLE001 - committed work is durable; closing only tidies up
+            pass
 
 
 def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> Runtime:

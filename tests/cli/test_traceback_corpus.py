@@ -504,10 +504,7 @@ def test_corpus_is_complete() -> None:
     assert len(CASES) >= 80
 
 
-# -- inputs whose fix belongs to the core (strict xfail until the core owner fixes them) -----------------
-@pytest.mark.xfail(strict=True, reason="core: Runtime.wait lets the store's GaveUpError/ConflictError escape "
-                                        "when the database is write-locked while the deadline passes; the "
-                                        "timeout must be retried later, not end `ql run` with exit 1")
+# -- inputs whose fix was in the core ---------------------------------------------------------------
 def test_write_locked_database_while_the_deadline_passes_still_times_out(open_tmp: Path) -> None:
     import time
 
@@ -536,10 +533,6 @@ def test_write_locked_database_while_the_deadline_passes_still_times_out(open_tm
     assert host.returncode == 124, err
 
 
-@pytest.mark.xfail(strict=True, reason="core: Runtime._spawn catches OSError/QlError/ValueError around "
-                                        "receipts.prepare but not ReceiptStoreError, so a receipt shard that "
-                                        "cannot be created leaves the run queued instead of ending it failed "
-                                        "with a reason saying nothing ran")
 def test_a_receipt_shard_that_cannot_be_created_ends_the_run_saying_nothing_ran(open_tmp: Path) -> None:
     c = CASES["receipt_shards/symlinks"](open_tmp)
     out = _run_case(c)
