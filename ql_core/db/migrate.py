@@ -9,7 +9,7 @@ from ..errors import DatabaseError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["SCHEMA_HEAD", "upgrade", "migrate_url", "current_revision", "head_revision"]
+__all__ = ["SCHEMA_HEAD", "upgrade", "migrate_url", "migrate_url_in_child", "current_revision", "head_revision"]
 
 #: The newest revision in migrations/versions (a test keeps this equal to Alembic's head).
 #: Knowing it without Alembic saves every start-up ~0.3 s of importing it.
@@ -81,3 +81,59 @@ def migrate_url(url: str) -> str:
         return upgrade(engine)
     finally:
         engine.dispose()
+
+
+#: The child of :func:`migrate_url_in_child`: reads {"url", "path"} from stdin, migrates, prints one
+#: JSON line ({"head"} or {"error"}). The URL travels on stdin: never in an argv (it may hold a secret).
+_CHILD = (
+    "import json, sys\n"
+    "job = json.loads(sys.stdin.read())\n"
+    "sys.path[:] = job['path']\n"
+    "from ql_core.db.migrate import _child_main\n"
+    "_child_main(job['url'])\n"
+)
+
+#: A migration that takes longer than this is reported as stuck (the child is then killed).
+MIGRATION_TIMEOUT_S = 600
+
+
+def _child_main(url: str) -> None:
+    import json
+    import sys
+
+    try:
+        head = migrate_url(url)
+    except DatabaseError as exc:
+        print(json.dumps({"error": str(exc)}))
+        sys.exit(1)
+    print(json.dumps({"head": head}))
+
+
+def migrate_url_in_child(url: str, *, keep_fds: tuple[int, ...] = ()) -> str:
+    """:func:`migrate_url` in a short-lived child process (same interpreter and ``sys.path``), so
+    the calling process never imports the migration machinery. ``keep_fds`` are inherited (a
+    lock the child must hold too). Returns the head revision; raises :class:`DatabaseError` with
+    the child's own one-line reason."""
+    import json
+    import subprocess
+    import sys
+
+    job = json.dumps({"url": url, "path": sys.path})
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD], input=job, capture_output=True, text=True,
+                              pass_fds=keep_fds, timeout=MIGRATION_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise DatabaseError(f"migrating the run database took over {MIGRATION_TIMEOUT_S} s; another "
+                            f"process may hold it locked: stop it and retry (`ql db upgrade`)") from None
+    except OSError as exc:
+        raise DatabaseError(f"cannot start the migration process ({exc.strerror}); check the Python "
+                            f"installation ({sys.executable})") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        answer = {}
+    if done.returncode == 0 and isinstance(answer.get("head"), str):
+        return answer["head"]
+    reason = answer.get("error") or (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    raise DatabaseError(reason if answer.get("error") else f"cannot migrate the run database: {reason[:300]}")

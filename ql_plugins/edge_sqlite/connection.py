@@ -183,12 +183,14 @@ class SqliteConnections:
             raise DatabaseError(f"the run database {self.path} is at schema "
                                 f"{self.schema_revision() or 'none'}, this ql needs {head}: "
                                 f"run `ql db upgrade` (or any writing command) first")
-        with _migration_lock(self.path):
+        with _migration_lock(self.path) as lock_fd:
             if self.schema_revision() == head:  # another process migrated while we waited
                 return
-            from ql_core.db.migrate import migrate_url
+            from ql_core.db.migrate import migrate_url_in_child
 
-            migrate_url(f"sqlite:///{self.path}")
+            # In a child process, so this long-lived process never loads SQLAlchemy, Alembic and
+            # SQLModel (≈ 50 MiB); the child shares the lock, which then outlives our death.
+            migrate_url_in_child(f"sqlite:///{self.path}", keep_fds=(lock_fd,))
 
 
 def _create_private(path: Path) -> None:
@@ -219,7 +221,7 @@ def _store_error(exc: sqlite3.Error, path: Path) -> StoreError:
 
 
 @contextlib.contextmanager
-def _migration_lock(db_path: Path) -> Iterator[None]:
+def _migration_lock(db_path: Path) -> Iterator[int]:
     """An exclusive ``flock`` on ``<db>.migrate-lock`` (a regular file we own; never a FIFO)."""
     lock_path = db_path.with_name(db_path.name + ".migrate-lock")
     try:
@@ -232,6 +234,6 @@ def _migration_lock(db_path: Path) -> Iterator[None]:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DatabaseError(f"{lock_path} is not a regular file; remove it")
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield fd
     finally:
         os.close(fd)

@@ -514,12 +514,14 @@ def test_write_locked_database_while_the_deadline_passes_still_times_out(open_tm
     config.write_text("[limits]\nbusy_timeout_ms = 200\ncompletion_retries = 2\n")
     from tests.conftest import QL
 
-    host = subprocess.Popen([*QL, "--config", str(config), *dd(d, "run", "--timeout", "1", "--", "sleep", "6")],
+    started = open_tmp / "started"
+    host = subprocess.Popen([*QL, "--config", str(config),
+                             *dd(d, "run", "--timeout", "1", "--", "sh", "-c", f'touch "{started}"; sleep 6')],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        while not list((d / "logs").glob("*/*.log"))[1:] and time.monotonic() < deadline:
-            time.sleep(0.05)  # the second log: this run's task has started
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the task runs: its handle is committed (locking before would fail the start)
         lock = sqlite3.connect(d / "ql.db", isolation_level=None, timeout=10)
         lock.execute("BEGIN EXCLUSIVE")  # held across the deadline
         time.sleep(3)

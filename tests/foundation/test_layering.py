@@ -113,3 +113,21 @@ def test_a_reader_imports_nothing_heavy(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", probe, str(data)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_host_that_created_its_data_dir_keeps_no_migration_machinery(tmp_path: Path) -> None:
+    """The first open of a fresh data dir migrates in a child process: the host itself (which may
+    run for months with hundreds of tasks) never loads SQLAlchemy, SQLModel or Alembic (≈ 50 MiB)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom ql_core.config import load_config\nfrom ql_core.runtime import Runtime\n"
+             "rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]))\n"
+             "view = rt.run(['true']); rt.close()\n"
+             "heavy = ('sqlalchemy', 'sqlmodel', 'alembic', 'pydantic', 'mako')\n"
+             "print(view.status, sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "fresh")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "succeeded []"
+    assert (tmp_path / "fresh" / "ql.db").stat().st_mode & 0o777 == 0o600
