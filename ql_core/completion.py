@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
-import hmac
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -28,6 +26,7 @@ from .ports.context import RunEventInfo
 from .ports.journal import EventSpec, Snapshot, Transition
 from .retrying import retrying
 from .states import RECOVERABLE_ATTEMPT, RUN_ACTIVE
+from .tokens import hash_token, same_hash
 
 if TYPE_CHECKING:
     from .ports.journal import JournalBackend
@@ -69,11 +68,6 @@ class CompletionResult:
     #: A valid claim that arrived after another path had already ended the attempt.
     late: bool = False
     events: tuple[RunEventInfo, ...] = ()
-
-
-def hash_token(token: str) -> str:
-    """SHA-256 hex of a callback token; only this is ever stored."""
-    return hashlib.sha256(token.encode("ascii")).hexdigest()
 
 
 def _rejected(reason: CompletionRejection) -> tuple[CompletionResult, None]:
@@ -183,7 +177,7 @@ class CompletionService:
             return CompletionRejection.WRONG_OWNER
         if attempt.executor != executor if executor is not None else not self._executor_known(attempt.executor):
             return CompletionRejection.WRONG_EXECUTOR
-        if not hmac.compare_digest(attempt.callback_token_hash, hash_token(claim.token)):
+        if not same_hash(attempt.callback_token_hash, claim.token):
             return CompletionRejection.WRONG_TOKEN
         return None
 

@@ -279,15 +279,13 @@ class Runtime:
     def _create_run(self, *, name: str | None, timeout_s: float | None,
                     log_max_bytes: int | None = None) -> Submission:
         """The *create* commit. Any failure here means: nothing is spawned."""
-        import secrets
-
-        from .completion import hash_token
         from .retrying import retrying
+        from .tokens import hash_token, new_token
 
         executor, receipts = self._require_executor()
         assert self.config.executor is not None
         run_id, attempt_id, log_id = new_id(), new_id(), new_id()
-        token = secrets.token_urlsafe(32)  # 256 bits, 43 chars of [A-Za-z0-9_-]
+        token = new_token()  # 256 bits, 43 chars of [A-Za-z0-9_-]
         now = now_ms()
         deadline = now + int(timeout_s * 1000) if timeout_s is not None else None
         new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=name,

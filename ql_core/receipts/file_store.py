@@ -50,7 +50,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import stat
 from collections.abc import Iterator
 from typing import Final
@@ -132,7 +131,7 @@ def _receipt_name(attempt_id: str) -> str:
 
 def _temp_name(attempt_id: str) -> str:
     """A fresh temp name: pid plus 64 random bits, unique across processes and threads."""
-    return f".{attempt_id}.{os.getpid()}r{secrets.token_hex(8)}.tmp"
+    return f".{attempt_id}.{os.getpid()}r{os.urandom(8).hex()}.tmp"
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:

@@ -208,6 +208,7 @@ class LocalProcessExecutor:
             uid, gid = run_as
             self._prefix = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
         self._hints = _LaunchHints()
+        self._host_handle: tuple[int, str | None] | None = None
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
         if self._prefix:
@@ -297,5 +298,11 @@ class LocalProcessExecutor:
                 continue
 
     def host_handle(self) -> str | None:
-        handle = identity.capture_handle(os.getpid())
-        return encode_handle(handle) if handle is not None else None
+        # The calling process's identity never changes while it runs: read once (per pid: a host
+        # that forked gets its own).
+        pid = os.getpid()
+        cached = self._host_handle
+        if cached is None or cached[0] != pid:
+            handle = identity.capture_handle(pid)
+            cached = self._host_handle = (pid, encode_handle(handle) if handle is not None else None)
+        return cached[1]

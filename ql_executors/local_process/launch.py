@@ -32,7 +32,6 @@ import os
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from typing import Any, Literal
 
 from ql_core.ids import is_uuid7
@@ -62,18 +61,23 @@ LAUNCH_FLAGS = "cepa"
 _TRAMPOLINE = 'exec 3<&0 0</dev/null; exec "$@"'
 
 
+_LAUNCHER_PATH: str | None = None
+
+
 def launcher_path() -> str:
-    """Absolute path of the packaged ``launcher.sh``.
+    """Absolute path of the packaged ``launcher.sh`` (found once per process).
 
     Tasks outlive the host, so the script must be a real file that stays put: a zipped install
     (which ``importlib.resources.as_file`` would extract to a temporary copy) is refused.
     """
-    ref = resources.files("ql_executors.local_process").joinpath("launcher.sh")
-    if not isinstance(ref, os.PathLike):
-        raise FileNotFoundError("launcher.sh is not installed as a plain file (zipped package?)")
-    path = os.path.abspath(os.fspath(ref))
+    global _LAUNCHER_PATH
+    if _LAUNCHER_PATH is not None:
+        return _LAUNCHER_PATH
+    # Next to this module: a zipped install has no such plain file and is refused below.
+    path = os.path.abspath(os.path.join(os.path.dirname(__file__), "launcher.sh"))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"launcher.sh is not a regular file at {path!r}")
+    _LAUNCHER_PATH = path
     return path
 
 
