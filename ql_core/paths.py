@@ -204,12 +204,18 @@ def read_existing_node_id(data_dir: Path) -> str:
 
 def read_or_create_node_id(data_dir: Path) -> str:
     """This node's stable id (the attempts' runtime owner), created once, atomically."""
-    path = data_dir / "node_id"
     try:
         return read_existing_node_id(data_dir)
     except FileNotFoundError:
         pass
-    value = new_id()
+    write_node_id(data_dir, new_id())
+    return read_or_create_node_id(data_dir)
+
+
+def write_node_id(data_dir: Path, value: str) -> None:
+    """Create ``<data_dir>/node_id`` holding ``value``, durably and atomically; an existing one is
+    kept (a concurrent first start keeps the winner's id: read it back)."""
+    path = data_dir / "node_id"
     tmp = data_dir / f".node_id.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
@@ -232,4 +238,43 @@ def read_or_create_node_id(data_dir: Path) -> str:
             os.unlink(tmp)
         except OSError:
             pass
-    return read_or_create_node_id(data_dir)
+
+
+#: Serializes a data dir's first use (node id, run database): see :func:`first_use_lock`.
+FIRST_USE_LOCK = ".first-use.lock"
+
+
+class first_use_lock:
+    """An exclusive ``flock`` on ``<data_dir>/.first-use.lock`` while a data dir is set up.
+
+    A process that finds no node id takes it, looks again, and creates the node id and opens the run
+    store (creating and migrating the database) before it lets go. So a node id without a database
+    always means a lost database, never one that a concurrent first start is still creating: fifty
+    processes starting on a fresh data dir at once all succeed.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self._path = Path(data_dir) / FIRST_USE_LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> first_use_lock:
+        import fcntl
+
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
+        except OSError as exc:
+            raise DataDirError(explain_os_error(exc, "cannot create the data dir's first-use lock", self._path)) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UnsafePathError(f"{self._path} is not a regular file; remove it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

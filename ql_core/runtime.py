@@ -165,6 +165,29 @@ class Runtime:
         if create:
             in_use = read_node_id(config.data_dir) is not None
             data_dir = ensure_data_dir(config.data_dir)
+            if not in_use:
+                # First use (or one racing ours): node id and run store are set up under one lock, so
+                # a node id without a database only ever means a lost database.
+                from .paths import first_use_lock
+
+                with first_use_lock(data_dir):
+                    found = read_node_id(data_dir)
+                    if data_dir != config.data_dir:
+                        config = replace(config, data_dir=data_dir)
+                    plugins = load_plugin_host(config.plugins, environ, optional=config.seam_plugins)
+                    rt = cls(config, plugins=plugins, node_id=found or new_id(), create=create,
+                             data_dir_in_use=found is not None)
+                    if found is None:
+                        # Written only now that the run store exists: the node id is the mark of a
+                        # data dir whose database was created.
+                        from .paths import write_node_id
+
+                        try:
+                            write_node_id(data_dir, rt.node_id)
+                        except BaseException:
+                            rt.close()
+                            raise
+                    return rt
             node_id = read_or_create_node_id(data_dir)
         else:
             data_dir = existing_data_dir(config.data_dir)

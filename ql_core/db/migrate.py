@@ -125,9 +125,10 @@ def migrate_url_in_child(url: str, *, keep_fds: tuple[int, ...] = ()) -> str:
     except subprocess.TimeoutExpired:
         raise DatabaseError(f"migrating the run database took over {MIGRATION_TIMEOUT_S} s; another "
                             f"process may hold it locked: stop it and retry (`ql db upgrade`)") from None
-    except OSError as exc:
-        raise DatabaseError(f"cannot start the migration process ({exc.strerror}); check the Python "
-                            f"installation ({sys.executable})") from None
+    except OSError:
+        # The interpreter cannot start itself here (e.g. a host under another uid whose Python lives
+        # in a private directory): migrate in this process; it only costs the memory we wanted back.
+        return migrate_url(url)
     lines = done.stdout.strip().splitlines()
     try:
         answer = json.loads(lines[-1]) if lines else {}
