@@ -344,6 +344,15 @@ class Worker:
                 delay = min(delay * 2, 5.0)
                 continue
             except ControlDBError as exc:
+                if exc.sqlstate == "42501":
+                    # Connected as a worker role that was not granted (yet, or not since the last
+                    # upgrade): the admin's grant makes this call work; wait for it.
+                    logger.warning("this worker's database role may not call the worker functions: run `ql db "
+                                   "grant-worker ROLE` as the control database's admin (again after every "
+                                   "`ql db upgrade`); retried in {:.1f}s", delay)
+                    self.stop.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
                 if exc.sqlstate not in ("42883", "42P01"):  # anything but "no such function / table"
                     raise
                 # The control database has no (current) schema yet: `ql control` or `ql db upgrade`

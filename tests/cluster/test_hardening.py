@@ -173,9 +173,14 @@ def test_grant_worker_refuses_roles_it_cannot_make_least_privileged(cluster_dsn:
 
 
 def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: Harness, worker_role: str) -> None:
-    assert _grant_cli(harness, worker_role).returncode == 0
     harness.start_control()
     worker = harness.start_worker("a", database_url=_role_dsn(harness.dsn, worker_role))
+    # Started before the grant: it waits, saying what the admin must run, and never registers.
+    wait_for(lambda: "grant-worker" in worker.log.read_text(), what="the worker to ask for the grant",
+             diagnose=harness.logs)
+    assert worker.alive()
+    assert harness.sql.execute("SELECT count(*) AS n FROM ql_worker").fetchone()["n"] == 0
+    assert _grant_cli(harness, worker_role).returncode == 0
     ok = harness.submit(["sh", "-c", "exit 0"])
     failing = harness.submit(["sh", "-c", "exit 3"], retries=1)
     assert harness.wait_status(ok)["status"] == "succeeded"
@@ -294,6 +299,27 @@ def test_submit_refuses_plaintext_and_malformed_copies(cluster: Cluster) -> None
         with pytest.raises(ControlDBError, match=what):
             cluster.db.submit(run_id, sealed=bad, max_attempts=2)
     assert cluster.run(run_id) is None
+
+
+def test_rotation_the_previous_key_opens_what_it_sealed_and_nothing_else(tmp_path: Path) -> None:
+    from ql_plugins.cluster_fenced.sealing import SealedCopy, SpecKeyRing, encode_spec
+
+    old, new = tmp_path / "old.key", tmp_path / "new.key"
+    new_key_file(old)
+    new_key_file(new)
+    run_id = new_id()
+    plain = encode_spec(["echo", "rotated"], False, None, {"A": "1"})
+    sealed_old = SpecKeyRing.from_settings(str(old), None).seal(run_id, plain, 1)
+    sealed_new = SpecKeyRing.from_settings(str(new), None).seal(run_id, plain, 1)
+    rotating = SpecKeyRing.from_settings(str(new), str(old))  # a worker during the rotation
+    for sealed in (sealed_old, sealed_new):
+        copy = SealedCopy(sealed.key_id, 1, sealed.copies[0])
+        assert rotating.open(run_id, copy)["command"] == ["echo", "rotated"]
+    assert rotating.seal(run_id, plain, 1).key_id == sealed_new.key_id  # seals with the current key only
+    after = SpecKeyRing.from_settings(str(new), None)  # the old key removed
+    with pytest.raises(SpecUnreadable, match=sealed_old.key_id) as info:
+        after.open(run_id, SealedCopy(sealed_old.key_id, 1, sealed_old.copies[0]))
+    assert old.read_bytes().hex() not in str(info.value)
 
 
 # -- key files ----------------------------------------------------------------------------------------
