@@ -382,3 +382,44 @@ def test_new_spec_key_command_creates_a_private_key(harness: Harness) -> None:
     assert load_key_file(path).key_id in out.stdout and stat.S_IMODE(path.stat().st_mode) == 0o600
     again = subprocess.run(QL + ["db", "new-spec-key", str(path)], capture_output=True, text=True, timeout=30)
     assert again.returncode != 0 and "already exists" in again.stderr
+
+
+# -- the upgrade ------------------------------------------------------------------------------------
+def test_upgrading_to_0005_ends_plaintext_queued_runs_clearly_and_keeps_the_rest(postgres_url: str) -> None:
+    """A database at 0004 with a plaintext spec queued: the upgrade cannot seal it (no key in the
+    database), so that run ends failed SPEC_NOT_SEALED with its event; nothing else changes."""
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from ql_core.db.migrate import _alembic_config, upgrade
+    from tests.cluster.support import check_invariants, conninfo_of
+
+    name = f"ql_u_{uuid.uuid4().hex[:12]}"
+    admin = admin_conninfo(postgres_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_url.rsplit("/", 1)[0] + "/" + name
+    dsn = conninfo_of(url)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "0004_cluster_worker")
+        queued = new_id()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT * FROM ql_submit(%s, NULL, %s::jsonb, NULL, 1)",
+                         (queued, '{"command": ["echo", "clear"], "env": {}}'))
+        assert upgrade(engine) == "0005_worker_role"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT status, reason FROM ql_run WHERE id = %s", (queued,)).fetchone()
+            assert row == ("failed", "SPEC_NOT_SEALED")
+            types = [r[0] for r in conn.execute("SELECT type FROM ql_run_event WHERE run_id = %s ORDER BY seq",
+                                                (queued,)).fetchall()]
+            assert types == ["run.created", "run.failed"]
+            assert conn.execute("SELECT count(*) FROM ql_run_spec").fetchone()[0] == 0
+        check_invariants(dsn)
+        assert not _contains(_pg_dump(dsn), "clear\"")
+    finally:
+        engine.dispose()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
