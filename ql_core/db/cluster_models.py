@@ -7,8 +7,9 @@ Three tables beside the common ones (``ql_run``, ``ql_run_attempt``, ``ql_run_ev
 - :class:`AttemptLease` (``ql_attempt_lease``): the run lease of one attempt, the only authority to
   run it. ``lease_generation`` (a database-wide sequence) is the lease's fencing token; only the
   SHA-256 digest of the lease token is stored.
-- :class:`RunSpec` (``ql_run_spec``): what to run (command, shell flag, cwd, env) in ONE column,
-  handed only to the lease holder by ``ql_claim`` and erased when the run ends.
+- :class:`RunSpec` (``ql_run_spec``): what to run (command, shell flag, cwd, env), SEALED since
+  revision 0005 (one AES-GCM copy per allowed attempt), handed only to the lease holder by
+  ``ql_claim`` and erased when the attempt / the run ends.
 
 They are written only by the PL/pgSQL functions that the same revision creates (see
 ``docs/cluster-control-db.md``); this module is the declaration that the schema test compares with
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, Column, Index, text
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, text
 from sqlmodel import Field
 
 from .models import QlTable, _ms
@@ -107,14 +107,18 @@ class AttemptLease(QlTable, table=True):
 
 
 class RunSpec(QlTable, table=True):
-    """What a run executes; one column so that a later revision can seal it (AES-GCM) in place."""
+    """A run's SEALED spec (revision 0005): one AES-GCM copy per attempt its retry policy allows."""
 
     __tablename__ = "ql_run_spec"
     __table_args__ = ({"info": POSTGRESQL_ONLY},)
 
     run_id: str = Field(primary_key=True, max_length=36, foreign_key="ql_run.id")
-    #: ``{"command": [...], "shell": bool, "cwd": str | null, "env": {...}}`` — never logged.
-    spec: dict[str, Any] = Field(sa_column=Column(JSONB, nullable=False))
+    #: The n-th attempt that may start gets copy n (its associated data binds run id and n).
+    ordinal: int = Field(primary_key=True)
+    #: Which key sealed it (16 hex digits, ql_plugins/cluster_fenced/sealing.py); never the key.
+    key_id: str = Field(max_length=16)
+    #: nonce ‖ ciphertext ‖ tag — never the command, cwd or environment in clear.
+    sealed: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at_ms: int = Field(sa_column=_ms())
 
 

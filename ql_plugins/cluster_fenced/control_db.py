@@ -1,6 +1,6 @@
 """A thin typed client of the cluster control plane's PL/pgSQL functions (psycopg 3).
 
-One method per function of revisions ``0003_cluster_control`` and ``0004_cluster_worker``; each is ONE statement
+One method per function of revisions ``0003_cluster_control`` to ``0005_worker_role``; each is ONE statement
 (``SELECT * FROM ql_xxx(...)``) on a connection in autocommit mode, so each call is exactly one
 transaction that the server commits when the statement ends. Nobody else commits, nothing is
 held open between calls, and no row of any table is read or written here directly — the same
@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from .results import (
     CancelAnswer,
@@ -56,6 +56,8 @@ from .results import (
     WorkerFence,
 )
 
+from .sealing import SealedCopy, SealedSpec
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -72,7 +74,7 @@ __all__ = [
 ]
 
 #: The schema revision whose functions this client calls.
-SCHEMA_REVISION = "0004_cluster_worker"
+SCHEMA_REVISION = "0005_worker_role"
 #: ``claim`` never returns more than this many runs per call.
 MAX_CLAIM = 8
 #: ``sweep``'s default page and the hard cap the database enforces.
@@ -82,13 +84,14 @@ SWEEP_HARD_CAP = 64
 T = TypeVar("T")
 
 # -- prebuilt statements ------------------------------------------------------------------------
-_SQL_SUBMIT = "SELECT answer, created_at_ms, db_now_ms FROM ql_submit(%s, %s, %s, %s, %s)"
+_SQL_SUBMIT = "SELECT answer, created_at_ms, db_now_ms FROM ql_submit(%s, %s, %s, %s::bytea[], %s, %s)"
 _SQL_CANCEL = "SELECT answer, status, db_now_ms FROM ql_request_cancel(%s, %s)"
 _SQL_REGISTER = "SELECT generation, lease_expires_at_ms, db_now_ms FROM ql_register(%s, %s, %s, %s, %s)"
 _SQL_HEARTBEAT = "SELECT answer, lease_expires_at_ms, db_now_ms FROM ql_heartbeat(%s, %s, %s, %s)"
 _SQL_DEREGISTER = "SELECT answer, db_now_ms FROM ql_deregister(%s, %s, %s)"
-_SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec, timeout_ms,"
-              " lease_expires_at_ms, db_now_ms FROM ql_claim(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s)")
+_SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec_key_id,"
+              " spec_ordinal, sealed_spec, timeout_ms, lease_expires_at_ms, db_now_ms"
+              " FROM ql_claim(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s)")
 _LEASE_COLUMNS = ("answer, reason, lease_expires_at_ms, db_now_ms, cancel_reason, cancel_requested_at_ms,"
                   " deadline_at_ms")
 _SQL_START = f"SELECT {_LEASE_COLUMNS} FROM ql_start(%s, %s, %s, %s, %s, %s)"
@@ -247,18 +250,18 @@ class ControlDB:
         return rows[0]
 
     # -- control side ----------------------------------------------------------------------------
-    def submit(self, run_id: str, *, spec: Mapping[str, Any], name: str | None = None,
+    def submit(self, run_id: str, *, sealed: SealedSpec, name: str | None = None,
                timeout_ms: int | None = None, max_attempts: int = 1) -> SubmitResult:
-        """Insert a queued run with its task spec (any control node: ``ql run --detach``, ``Runtime.submit``).
+        """Insert a queued run with its SEALED task spec (``ql run --detach``, ``Runtime.submit``).
 
-        ``run_id`` is a fresh UUIDv7 from :func:`ql_core.ids.new_id`; ``spec`` is a JSON object
-        (command, shell flag, cwd, env) that only the lease holder will receive; ``timeout_ms`` is
+        ``run_id`` is a fresh UUIDv7 from :func:`ql_core.ids.new_id`; ``sealed`` comes from
+        :meth:`~.sealing.SpecKeyRing.seal` with the same ``run_id`` and ``max_attempts`` (one copy
+        per allowed attempt; only each attempt's lease holder receives its copy); ``timeout_ms`` is
         per attempt (the deadline is set when the attempt starts running); ``max_attempts`` > 1
         only for tasks declared safe to run again after a lost attempt. ``EXISTS`` on a replay.
         """
-        psycopg = _psycopg()
-        row = self._one("submit", _SQL_SUBMIT, (run_id, name, psycopg.types.json.Jsonb(dict(spec)),
-                                                 timeout_ms, max_attempts))
+        row = self._one("submit", _SQL_SUBMIT, (run_id, name, sealed.key_id, list(sealed.copies), timeout_ms,
+                                                 max_attempts))
         return SubmitResult(SubmitAnswer(row[0]), row[1], row[2])
 
     def request_cancel(self, run_id: str, reason: str = "user") -> CancelResult:
@@ -318,7 +321,7 @@ class ControlDB:
         """Claim up to ``min(max_n, free_slots, 8, len(attempt_ids))`` queued runs, oldest first.
 
         ``attempt_ids``/``log_ids`` are fresh UUIDv7s (one pair per run that may be claimed).
-        Each :class:`ClaimedAttempt` carries the only copy of its lease token and the run's spec:
+        Each :class:`ClaimedAttempt` carries the only copy of its lease token and its sealed spec:
         persist the fence locally, then call :meth:`start` before spawning.
         """
         if len(attempt_ids) != len(log_ids):
@@ -327,10 +330,13 @@ class ControlDB:
                                                 free_slots, executor, list(attempt_ids), list(log_ids),
                                                 lease_ttl_ms))
         if rows and rows[0][0] == "fenced":
-            return ClaimResult(LeaseAnswer.FENCED, (), rows[0][9])
+            return ClaimResult(LeaseAnswer.FENCED, (), rows[0][11])
         attempts = tuple(ClaimedAttempt(run_id=r[1], attempt_id=r[2], attempt_no=r[3], lease_generation=r[4],
-                                        lease_token=r[5], spec=r[6], timeout_ms=r[7], lease_expires_at_ms=r[8],
-                                        db_now_ms=r[9]) for r in rows)
+                                        lease_token=r[5],
+                                        sealed_spec=None if r[8] is None else SealedCopy(r[6], int(r[7]),
+                                                                                         bytes(r[8])),
+                                        timeout_ms=r[9], lease_expires_at_ms=r[10], db_now_ms=r[11])
+                         for r in rows)
         return ClaimResult(LeaseAnswer.OK, attempts, attempts[0].db_now_ms if attempts else None)
 
     # -- per attempt -------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class PostgresJournal:
         self._db = PgConnections(url, connect_timeout_s=connect_timeout_s, application_name="ql-store")
         self._noted: set[str] = set()
         self._noted_lock = threading.Lock()
+        #: The spec key ring (sealing.SpecKeyRing), loaded by the first enqueue.
+        self._ring: Any = None
         #: The ``[plugin.cluster-fenced]`` settings and profile numbers (control node / sweeper).
         self.settings = settings
         self.profile = profile
@@ -434,15 +436,35 @@ class PostgresJournal:
 
         return ControlDB(self._db.connection())
 
+    def _key_ring(self) -> Any:
+        """The spec key ring, read on the first submit (a control node that only reads needs no key)."""
+        if self._ring is None:
+            from ql_core.errors import ConfigError
+
+            from .settings import parse_settings
+
+            settings = self.settings
+            if settings is None:
+                settings = parse_settings({}, node_id="control")
+            if not settings.spec_key_file:
+                raise ConfigError('a cluster run is queued with its command, cwd and environment sealed, and this '
+                                  'node has no key: set [plugin.cluster-fenced] spec_key_file = "/etc/ql/spec.key" '
+                                  '(create it once with `ql db new-spec-key PATH`; the workers need the same key)')
+            self._ring = settings.key_ring()
+        return self._ring
+
     def enqueue(self, run: QueuedRun) -> list[RunEventInfo]:
-        """``ql_submit``: the queued run and its spec (only the lease holder will receive the spec)."""
+        """``ql_submit``: the queued run and its spec, sealed here (one copy per allowed attempt) so the
+        control database never holds it in clear; only each attempt's lease holder receives a copy."""
         from .control_db import ControlDBError, TransientError
         from .results import SubmitAnswer
+        from .sealing import encode_spec
 
-        spec = {"command": list(run.spec.command), "shell": bool(run.spec.shell), "cwd": run.spec.cwd,
-                "env": dict(run.spec.env) if run.spec.env else {}}
+        plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env)
+        sealed = self._key_ring().seal(run.run_id, plain, run.max_attempts)
+        del plain
         try:
-            result = self._control().submit(run.run_id, spec=spec, name=run.name, timeout_ms=run.timeout_ms,
+            result = self._control().submit(run.run_id, sealed=sealed, name=run.name, timeout_ms=run.timeout_ms,
                                             max_attempts=run.max_attempts)
         except TransientError as exc:
             from ql_core.ports.journal import StoreBusyError

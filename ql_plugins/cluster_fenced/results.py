@@ -12,7 +12,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "CompletionAnswer",
@@ -148,8 +148,9 @@ class ClaimedAttempt:
     attempt_no: int
     lease_generation: int
     lease_token: str = field(repr=False)
-    #: The run's task spec (command, shell flag, cwd, env): for the executor only, never logged.
-    spec: Mapping[str, Any] | None = field(repr=False, default=None)
+    #: The run's task spec for THIS attempt, sealed (sealing.SealedCopy; None: the database had no
+    #: copy for it). Opened only by the worker, in memory, right before the spawn; never logged.
+    sealed_spec: Any = field(repr=False, default=None)
     timeout_ms: int | None = None
     lease_expires_at_ms: int = 0
     db_now_ms: int = 0

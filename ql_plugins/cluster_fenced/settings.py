@@ -6,6 +6,9 @@ worker_id = "build-03"     # default: this node's id (the data dir's node_id)
 slots = 4                  # attempts this worker runs at once
 drain = "finish"           # on SIGTERM: "finish" running attempts, or "hand_back" (stop them, lost)
 drain_timeout_s = 60       # finish at most this long, then hand back what still runs
+spec_key_file = "/etc/ql/spec.key"            # seals (control) / opens (worker) task specs; required
+                                              # to submit or to run cluster runs (docs/cluster.md)
+spec_previous_key_file = "/etc/ql/spec.key.old"  # opens only, during a key rotation
 ```
 
 The timing numbers (heartbeat, leases, claim batch, sweep page, …) are profile limits
@@ -28,7 +31,7 @@ PLUGIN_NAME = "cluster-fenced"
 #: What the control database accepts as a worker id.
 WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 DRAIN_MODES = ("finish", "hand_back")
-_KEYS = ("worker_id", "slots", "drain", "drain_timeout_s")
+_KEYS = ("worker_id", "slots", "drain", "drain_timeout_s", "spec_key_file", "spec_previous_key_file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,15 @@ class ClusterSettings:
     slots: int = 4
     drain: str = "finish"
     drain_timeout_s: float = 60.0
+    #: The task-spec key file (sealing.py); None: this node can neither submit nor run cluster runs.
+    spec_key_file: str | None = None
+    spec_previous_key_file: str | None = None
+
+    def key_ring(self) -> Any:
+        """The spec key ring (read now, checked); a one-line ConfigError naming the fix otherwise."""
+        from .sealing import SpecKeyRing
+
+        return SpecKeyRing.from_settings(self.spec_key_file, self.spec_previous_key_file)
 
 
 def _error(key: str, what: str) -> ConfigError:
@@ -61,7 +73,14 @@ def parse_settings(table: Mapping[str, Any], *, node_id: str) -> ClusterSettings
     timeout = table.get("drain_timeout_s", 60.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= 86_400:
         raise _error("drain_timeout_s", "must be a number of seconds between 0 and 86400")
-    return ClusterSettings(worker_id=worker_id, slots=slots, drain=drain, drain_timeout_s=float(timeout))
+    keys = {}
+    for key in ("spec_key_file", "spec_previous_key_file"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.startswith("/") or "\0" in value
+                                  or len(value) > 4096):
+            raise _error(key, 'must be an absolute path to a key file (e.g. "/etc/ql/spec.key")')
+        keys[key] = value
+    return ClusterSettings(worker_id=worker_id, slots=slots, drain=drain, drain_timeout_s=float(timeout), **keys)
 
 
 def check_profile(profile: Any) -> None:

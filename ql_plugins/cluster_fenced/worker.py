@@ -79,6 +79,7 @@ class Held:
     fence: LeaseFence
     run_id: str
     log_id: str = ""
+    #: The attempt's sealed spec (sealing.SealedCopy) until the runner opens it; never logged.
     spec: Any = field(default=None, repr=False)
     timeout_ms: int | None = None
     state: str = "claimed"
@@ -195,6 +196,8 @@ class Worker:
         self._lock_fd: int | None = None
         self._threads: list[threading.Thread] = []
         self.counts: dict[str, int] = {}
+        #: The spec key ring (sealing.SpecKeyRing), read when the worker starts.
+        self.ring: Any = None
 
     # -- the control database -----------------------------------------------------------------------
     def db(self) -> ControlDB:
@@ -217,6 +220,8 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> int:
+        # The spec key first: a worker that could not open what it claims must not claim at all.
+        self.ring = self.settings.key_ring()
         self._lock_data_dir()
         self.journal.on_outbox = self._on_outbox
         supervisor = None
@@ -339,6 +344,15 @@ class Worker:
                 delay = min(delay * 2, 5.0)
                 continue
             except ControlDBError as exc:
+                if exc.sqlstate == "42501":
+                    # Connected as a worker role that was not granted (yet, or not since the last
+                    # upgrade): the admin's grant makes this call work; wait for it.
+                    logger.warning("this worker's database role may not call the worker functions: run `ql db "
+                                   "grant-worker ROLE` as the control database's admin (again after every "
+                                   "`ql db upgrade`); retried in {:.1f}s", delay)
+                    self.stop.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
                 if exc.sqlstate not in ("42883", "42P01"):  # anything but "no such function / table"
                     raise
                 # The control database has no (current) schema yet: `ql control` or `ql db upgrade`
@@ -428,7 +442,7 @@ class Worker:
         self._count("claimed", len(result.attempts))
         log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
         for claimed, (fence, _run_id) in zip(result.attempts, fences):
-            held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.spec,
+            held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
                         timeout_ms=claimed.timeout_ms,
                         own_deadline=sent + self.ttl_s - self.margin_s, renew_due=sent + self.ttl_s / 2,
                         last_ok=time.monotonic())
@@ -493,12 +507,16 @@ class Worker:
                 self._release(held)
             return
         try:
-            spec = _task_spec(held.spec)
-            held.spec = None
+            sealed, held.spec = held.spec, None
+            spec, problem = self._open_spec(held.run_id, sealed)
+            del sealed
             self.leases.set_state(attempt_id, "launching", expected="claimed")
             if spec is None:
-                logger.error("attempt {}: the run's task spec is malformed; it is not run", attempt_id)
-                self.journal.outbox_direct(attempt_id, Payload("lost", reason="SPEC_INVALID"))
+                # Never spawned: the attempt ends lost with a reason that says why (the run fails
+                # clearly instead of waiting for a key that may never come).
+                logger.error("attempt {}: {}; it is not run", attempt_id, problem)
+                reason = "SPEC_INVALID" if problem == "the run's task spec is malformed" else "SPEC_UNREADABLE"
+                self.journal.outbox_direct(attempt_id, Payload("lost", reason=reason))
                 return
             command, shell, cwd, env = spec
             sub = spawn_claimed(self.rt, run_id=held.run_id, attempt_id=attempt_id, log_id=held.log_id,
@@ -526,6 +544,20 @@ class Worker:
             self.rt.wait(sub)
         except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity
             logger.warning("waiting for attempt {} failed: {}", attempt_id, type(exc).__name__)
+
+    def _open_spec(self, run_id: str, sealed: Any) -> tuple[Any, str]:
+        """The attempt's task spec, opened in memory: (spec, "") or (None, why — never a spec byte)."""
+        from .sealing import SpecUnreadable
+
+        if sealed is None:
+            return None, "the control database had no sealed spec for this attempt"
+        try:
+            opened = self.ring.open(run_id, sealed)
+        except SpecUnreadable as exc:
+            return None, f"its task spec cannot be opened: {exc}"
+        spec = _task_spec(opened)
+        del opened
+        return (spec, "") if spec is not None else (None, "the run's task spec is malformed")
 
     # -- lease calls -----------------------------------------------------------------------------------------
     def _lease_ok(self, held: Held, res: Any, sent: float) -> None:

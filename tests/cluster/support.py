@@ -17,6 +17,11 @@ from ql_plugins.cluster_fenced import (
     WorkerFence,
     completion_digest,
 )
+from ql_plugins.cluster_fenced.sealing import SpecKey, SpecKeyRing, encode_spec, key_id_of
+
+#: The tests' spec key (fixed: any 32 bytes; production keys come from `ql db new-spec-key`).
+TEST_KEY = SpecKey(key_id_of(b"ql-test-spec-key-0123456789abcde"), b"ql-test-spec-key-0123456789abcde")
+TEST_RING = SpecKeyRing(TEST_KEY)
 
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 TERMINAL_EVENTS = tuple(f"run.{s}" for s in TERMINAL)
@@ -29,6 +34,18 @@ def conninfo_of(url: str) -> str:
 
 def admin_conninfo(url: str) -> str:
     return conninfo_of(url.rsplit("/", 1)[0] + "/postgres")
+
+
+def seal(run_id: str, spec: dict[str, Any] | None = None, max_attempts: int = 1) -> Any:
+    """``spec`` (default: run ``true``) sealed with the tests' key, one copy per allowed attempt."""
+    spec = spec or {"command": ["true"], "shell": False, "cwd": None, "env": {}}
+    plain = encode_spec(spec.get("command", []), spec.get("shell", False), spec.get("cwd"), spec.get("env"))
+    return TEST_RING.seal(run_id, plain, max_attempts)
+
+
+def opened(claimed: ClaimedAttempt) -> dict[str, Any]:
+    """The spec a claim handed out, opened with the tests' key."""
+    return TEST_RING.open(claimed.run_id, claimed.sealed_spec)
 
 
 class Cluster:
@@ -53,8 +70,8 @@ class Cluster:
         ids = []
         for _ in range(n):
             run_id = new_id()
-            self.db.submit(run_id, spec=spec or {"command": ["true"], "shell": False, "cwd": None, "env": {}},
-                           timeout_ms=timeout_ms, max_attempts=max_attempts)
+            self.db.submit(run_id, sealed=seal(run_id, spec, max_attempts), timeout_ms=timeout_ms,
+                           max_attempts=max_attempts)
             ids.append(run_id)
         return ids
 

@@ -11,7 +11,7 @@ import pytest
 
 from ql_core.ids import new_id
 from ql_plugins.cluster_fenced import ControlDB, LeaseAnswer
-from tests.cluster.support import Cluster
+from tests.cluster.support import TEST_KEY, Cluster, opened
 
 pytestmark = pytest.mark.postgres
 
@@ -43,7 +43,8 @@ def test_claim_takes_the_oldest_first_and_records_attempt_lease_and_event(cluste
     assert [c.run_id for c in claimed] == queue[:2]
     first = claimed[0]
     assert first.attempt_no == 1 and first.timeout_ms == 5000
-    assert first.spec == {"command": ["echo", "x"], "shell": False, "cwd": "/tmp", "env": {"A": "1"}}
+    assert first.sealed_spec.ordinal == 1 and first.sealed_spec.key_id == TEST_KEY.key_id
+    assert opened(first) == {"command": ["echo", "x"], "shell": False, "cwd": "/tmp", "env": {"A": "1"}}
     assert len(first.lease_token) == 64 and set(first.lease_token) <= set(
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
     assert claimed[0].lease_token != claimed[1].lease_token

@@ -16,7 +16,7 @@ from ql_plugins.cluster_fenced import (
     TransientError,
     with_retries,
 )
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, seal
 
 pytestmark = pytest.mark.postgres
 
@@ -42,7 +42,7 @@ def test_a_client_needs_autocommit(cluster: Cluster) -> None:
 def test_final_errors_name_the_argument_never_its_value(cluster: Cluster) -> None:
     secret = "s3cr3t-env-value"
     with pytest.raises(ControlDBError) as err:
-        cluster.db.submit("run-" + secret, spec={"env": {"TOKEN": secret}})
+        cluster.db.submit("run-" + secret, sealed=seal("run-" + secret, {"env": {"TOKEN": secret}}))
     assert not isinstance(err.value, TransientError)
     assert secret not in str(err.value) and secret not in repr(err.value)
     assert err.value.sqlstate == "22023" and "run_id" in str(err.value)

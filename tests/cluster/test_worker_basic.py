@@ -131,7 +131,8 @@ def test_a_second_worker_on_the_same_data_dir_is_refused(harness: Harness) -> No
 def test_worker_settings_are_one_line_config_errors(harness: Harness, plugin_line: str, fragment: str) -> None:
     config = harness.write_config(harness.root / "bad.toml", profile="cluster-worker",
                                   data_dir=harness.worker_dir("bad"))
-    config.write_text(config.read_text() + "[plugin.cluster-fenced]\n" + plugin_line + "\n")
+    # write_config ends with the [plugin.cluster-fenced] table (it always names the spec key file).
+    config.write_text(config.read_text() + plugin_line + "\n")
     out = harness.ql("worker", env={"QL_CONFIG": str(config)}, timeout=30)
     assert out.returncode == 2 and fragment in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
@@ -163,6 +164,8 @@ def test_tokens_and_task_specs_stay_private(harness: Harness) -> None:
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
     texts = [json.dumps(harness.events(run_id), default=str)] + [p.log.read_text() for p in harness.procs]
     assert not any(secret in t for t in texts)
-    # The worker keeps no spec at all; its token is erased with the final answer.
-    (lease,) = harness.lease_rows("a")
+    # The worker keeps no spec at all; its token is erased with the final answer (which the worker
+    # records after the control database committed it: wait for that, not for the run's status).
+    (lease,) = wait_for(lambda: [r for r in harness.lease_rows("a") if r["state"] == "answered"],
+                        what="the final answer recorded locally", diagnose=harness.logs)
     assert lease["lease_token"] is None and secret not in json.dumps(lease)

@@ -107,6 +107,17 @@ class Harness:
     worker_dirs: dict[str, Path] = field(default_factory=dict)
     _control_rt: Any = None
     _sql: Any = None
+    #: The spec key every node of this test's cluster shares (created 0600 on first use).
+    _key_file: Path | None = None
+
+    @property
+    def key_file(self) -> Path:
+        if self._key_file is None:
+            from ql_plugins.cluster_fenced.sealing import new_key_file
+
+            self._key_file = self.root / "spec.key"
+            new_key_file(self._key_file)
+        return self._key_file
 
     # -- configs ----------------------------------------------------------------------------------
     def write_config(self, path: Path, *, profile: str, data_dir: Path, plugin: dict[str, Any] | None = None,
@@ -116,9 +127,9 @@ class Harness:
         merged = dict(self.limits, **(limits or {}))
         lines.append("[limits]")
         lines += [f"{k} = {toml_value(v)}" for k, v in merged.items()]
-        if plugin:
-            lines.append("[plugin.cluster-fenced]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in plugin.items()]
+        plugin = {"spec_key_file": str(self.key_file), **(plugin or {})}
+        lines.append("[plugin.cluster-fenced]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in plugin.items() if v is not None]
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -147,11 +158,12 @@ class Harness:
     def start_worker(self, name: str, *, worker_id: str | None = None, slots: int = 2, drain: str = "finish",
                      drain_timeout_s: float = 10.0, crash: str | None = None, prefix: list[str] | None = None,
                      limits: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                     data_dir: Path | None = None, database_url: str | None = None) -> Proc:
+                     data_dir: Path | None = None, database_url: str | None = None,
+                     plugin: dict[str, Any] | None = None) -> Proc:
         d = data_dir or self.worker_dir(name)
         config = self.write_config(self.root / f"{name}.toml", profile="cluster-worker", data_dir=d,
                                    plugin={"worker_id": worker_id or name, "slots": slots, "drain": drain,
-                                           "drain_timeout_s": drain_timeout_s}, limits=limits,
+                                           "drain_timeout_s": drain_timeout_s, **(plugin or {})}, limits=limits,
                                    database_url=database_url)
         extra = dict(env or {})
         if crash:
