@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from ql_core.config import Config, load_config
 from ql_core.errors import NotFoundError, QlError
-from ql_core.follow import follow_log
+from ql_core.follow import follow_run_log
 from ql_core.runtime import Runtime
 
 __all__ = ["create_app", "sse_event", "utf8_complete_prefix", "main"]
@@ -169,7 +169,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
 
 async def _stream(rt: Runtime, run_id: str, offset: int, keepalive_s: float) -> AsyncIterator[bytes]:
     """The SSE body: one follower generator, advanced in a worker thread one chunk at a time."""
-    follower = follow_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
+    follower = follow_run_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
     pending = b""   # an incomplete UTF-8 tail, not sent yet
     sent = offset   # bytes of the log delivered so far = the id of the last event
     try:

@@ -95,6 +95,9 @@ class Profile:
     ship_batch_bytes: int = 256 * 1024
     #: After the store acknowledged a finalized log, the worker keeps its local copy this long.
     shipped_log_keep_s: float = 3600.0
+    #: ``ql logs -f`` of a run that ended but whose worker has not finalized its shipped log stops
+    #: after this long without new bytes (the worker is gone; it finishes shipping when it returns).
+    log_follow_unfinalized_s: float = 120.0
     #: Chunks deleted per retention call of ``ql control`` (shipped logs of runs older than
     #: ``log_retention_s``).
     artifact_sweep_page: int = 256
@@ -115,6 +118,7 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "ship_batch_bytes": (int, 4096, 1024 * 1024),
     "shipped_log_keep_s": (float, 0.0, 3650 * 24 * 3600.0),
     "artifact_sweep_page": (int, 1, 4096),
+    "log_follow_unfinalized_s": (float, 0.0, 24 * 3600.0),
     "scan_interval_s": (float, 0.05, 3600.0),
     "page_size": (int, 1, 256),
     "pages_per_round": (int, 1, 64),

@@ -18,6 +18,8 @@ offset). Contract (checked by :class:`ql_core.testing.ArtifactStoreContract`):
   ``already_finalized``; anything else ``mismatch``). After it, nothing can be appended;
 - **reads** (:meth:`~ArtifactStore.read`) return committed bytes only, from any offset, at most
   ``limit`` bytes, in the same byte offsets as the worker's local file;
+- :meth:`~ArtifactStore.run_log` names a run's current attempt and whether the run ended, so a
+  follower on any node knows which artifact to read and when to stop;
 - **retention** (:meth:`~ArtifactStore.sweep`) deletes bounded pages of artifacts of runs that
   ended longer ago than the retention.
 
@@ -40,6 +42,7 @@ __all__ = [
     "AppendResult",
     "FinalizeResult",
     "SweepResult",
+    "RunLogRef",
     "ArtifactStoreError",
     "ArtifactStoreUnavailable",
     "ArtifactFencedError",
@@ -123,6 +126,19 @@ class SweepResult:
     artifacts_deleted: int
 
 
+@dataclass(frozen=True, slots=True)
+class RunLogRef:
+    """Which artifact is a run's log, and whether the run has ended (what a follower needs to stop)."""
+
+    run_id: str
+    #: The run's current (latest) attempt; None while it is queued.
+    attempt_id: str | None
+    status: str
+    terminal: bool
+    exit_code: int | None = None
+    reason: str | None = None
+
+
 class ArtifactStoreError(Exception):
     """A final error of an artifact store call (a bug, a schema mismatch): do not retry."""
 
@@ -161,6 +177,11 @@ class ArtifactStore(Protocol):
 
     def read(self, attempt_id: str, offset: int, limit: int = MAX_CHUNK_BYTES) -> bytes:
         """Up to ``limit`` committed bytes from ``offset`` (b"" at or past the committed end)."""
+        ...
+
+    def run_log(self, run_id: str) -> RunLogRef | None:
+        """The run's current attempt and state as the cluster's control plane knows it (None: no
+        such run). A store next to the control plane answers it directly; followers poll it."""
         ...
 
     def sweep(self, *, retention_s: float, limit: int) -> SweepResult:

@@ -37,6 +37,7 @@ from ql_core.ports.artifact_store import (
     ArtifactStoreUnavailable,
     FinalizeAnswer,
     FinalizeResult,
+    RunLogRef,
     SweepResult,
 )
 
@@ -70,6 +71,8 @@ _SQL_APPEND = ("SELECT answer, fence_reason, committed_bytes"
                " FROM ql_artifact_append(%s, %s, %s, %s, %s, %s, %s, %s, %s)")
 _SQL_FINALIZE = ("SELECT answer, fence_reason, committed_bytes"
                  " FROM ql_artifact_finalize(%s, %s, %s, %s, %s, %s, %s, %s)")
+_SQL_RUN = "SELECT id, current_attempt_id, status, exit_code, reason FROM ql_run WHERE id = %s"
+_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 _SQL_SWEEP = "SELECT chunks_deleted, artifacts_deleted FROM ql_artifact_sweep(%s, %s)"
 _SQL_STATE = ("SELECT attempt_id, run_id, committed_bytes, max_bytes, status, total_bytes, sha256"
               " FROM ql_artifact WHERE attempt_id = %s")
@@ -154,6 +157,13 @@ class PostgresArtifactStore:
         r = rows[0]
         return ArtifactState(r[0], r[1], int(r[2]), int(r[3]), r[4] == "final",
                              None if r[5] is None else int(r[5]), r[6])
+
+    def run_log(self, run_id: str) -> RunLogRef | None:
+        rows = self._rows("artifact_run", _SQL_RUN, (run_id,))
+        if not rows:
+            return None
+        r = rows[0]
+        return RunLogRef(r[0], r[1], r[2], r[2] in _TERMINAL, r[3], r[4])
 
     def read(self, attempt_id: str, offset: int, limit: int = MAX_CHUNK_BYTES) -> bytes:
         if offset < 0:
