@@ -5,18 +5,25 @@ contiguous from byte 0 — nothing lost, nothing duplicated."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
+import subprocess
+import threading
+import time
 
 import pytest
 
+from ql_core.paths import log_path
 from tests.cluster.log_support import (
     artifact,
     assert_shipped_equals_local,
     bulk_command,
-    shipped,
+    rss_kib,
     writer_command,
 )
-from tests.cluster.worker_support import Harness, wait_for
+from tests.cluster.proxy import Proxy
+from tests.cluster.worker_support import QL, Harness, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -49,3 +56,183 @@ def test_kill_9_of_the_worker_mid_shipping_then_restart_resumes(harness: Harness
     harness.start_worker("a", limits={"log_max_bytes": 256 << 20})
     harness.wait_status(run_id)
     assert_shipped_equals_local(harness, "a", attempt["id"])
+
+
+BIG = {"log_max_bytes": 512 << 20}
+
+
+@pytest.mark.parametrize("point", ["ship.after_append", "ship.after_finalize"])
+def test_kill_at_a_shipping_step_then_restart(harness: Harness, point: str) -> None:
+    """Where a real kill cannot aim: right after a chunk or the finalize committed, before the
+    shipper heard of it. The restart asks the store where it stands and goes on from there."""
+    from ql_core.crashpoints import CRASH_EXIT_CODE
+
+    harness.start_control()
+    crashed = harness.start_worker("a", crash=point, limits=BIG)
+    run_id = harness.submit(bulk_command(6, pieces=3, pause_s=0.2))
+    assert crashed.wait(60) == CRASH_EXIT_CODE, harness.logs()
+    attempt = harness.attempts(run_id)[0]
+    committed = (artifact(harness, attempt["id"]) or {}).get("committed_bytes", 0)
+    assert committed > 0  # the crash came after a commit
+    harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"), limits=BIG)
+    harness.wait_status(run_id)
+    assert_shipped_equals_local(harness, "a", attempt["id"])
+
+
+def _proxy(harness: Harness) -> Proxy:
+    return Proxy("127.0.0.1", int(harness.sql.info.port))
+
+
+def test_a_chunk_corrupted_in_transit_is_refused_and_sent_again(harness: Harness) -> None:
+    proxy = _proxy(harness)
+    try:
+        proxy.corrupt_next_bulk()
+        harness.start_worker("a", database_url=harness.proxied_url(proxy.port), limits=BIG)
+        run_id = harness.submit(bulk_command(4, pieces=2, pause_s=0.2))
+        harness.wait_status(run_id)
+        assert_shipped_equals_local(harness, "a", harness.attempts(run_id)[0]["id"])
+        assert proxy.corrupted == 1
+        wait_for(lambda: "refused as corrupt" in harness.procs[-1].log.read_text(), what="the refusal logged")
+    finally:
+        proxy.close()
+
+
+def test_a_lost_append_answer_is_replayed_without_a_duplicate(harness: Harness) -> None:
+    proxy = _proxy(harness)
+    try:
+        proxy.cut_after_commit("ql_artifact_append")
+        harness.start_worker("a", database_url=harness.proxied_url(proxy.port), limits=BIG)
+        run_id = harness.submit(bulk_command(3, pieces=3, pause_s=0.3))
+        harness.wait_status(run_id)
+        assert_shipped_equals_local(harness, "a", harness.attempts(run_id)[0]["id"])
+        assert proxy.cuts == 1
+    finally:
+        proxy.close()
+
+
+def test_a_partition_while_shipping_only_delays_it(harness: Harness) -> None:
+    harness.start_control()
+    proxy = _proxy(harness)
+    try:
+        harness.start_worker("a", database_url=harness.proxied_url(proxy.port), limits=BIG)
+        run_id = harness.submit(bulk_command(16, pieces=16, pause_s=0.25))
+        attempt = harness.wait_attempt(run_id)
+        wait_for(lambda: (artifact(harness, attempt["id"]) or {}).get("committed_bytes", 0) > 0,
+                 what="shipping to start", diagnose=harness.logs)
+        proxy.partition()
+        time.sleep(2.0)
+        proxy.heal()
+        harness.wait_status(run_id)
+        assert_shipped_equals_local(harness, "a", attempt["id"])
+    finally:
+        proxy.close()
+
+
+def test_a_256_mib_log_ships_with_bounded_worker_memory(harness: Harness) -> None:
+    worker = harness.start_worker("a", limits=BIG)
+    wait_for(lambda: "slots" in worker.log.read_text(), what="the worker to register", diagnose=harness.logs)
+    time.sleep(0.5)
+    base = peak = rss_kib(worker.pid)
+    run_id = harness.submit(["sh", "-c", "head -c 256M /dev/urandom"])
+    attempt = harness.wait_attempt(run_id, ("running", "succeeded"))
+    deadline = time.monotonic() + 55
+    while time.monotonic() < deadline:
+        peak = max(peak, rss_kib(worker.pid))
+        row = artifact(harness, attempt["id"])
+        if row is not None and row["status"] == "final":
+            break
+        time.sleep(0.05)
+    row = artifact(harness, attempt["id"])
+    assert row is not None and row["status"] == "final", harness.logs()
+    assert row["total_bytes"] == 256 << 20
+    # Streamed on both sides (the test holds one chunk at a time too).
+    digest, at = hashlib.sha256(), 0
+    for chunk in harness.sql.execute("SELECT byte_offset, data FROM ql_artifact_chunk WHERE attempt_id = %s "
+                                     "ORDER BY byte_offset", (attempt["id"],)):
+        assert chunk["byte_offset"] == at
+        digest.update(chunk["data"])
+        at += len(chunk["data"])
+    local = hashlib.sha256()
+    with open(log_path(harness.worker_dir("a"), attempt["log_artifact_id"]), "rb") as f:
+        while piece := f.read(1 << 20):
+            local.update(piece)
+    assert digest.hexdigest() == local.hexdigest() == row["sha256"]
+    growth_mib = (peak - base) / 1024
+    assert growth_mib < 64, f"worker RSS grew by {growth_mib:.1f} MiB while shipping 256 MiB"
+
+
+# -- reading on the control node -------------------------------------------------------------------------
+class Follower:
+    """`ql logs -f RUN` on the control profile, its stdout collected by a thread as it arrives."""
+
+    def __init__(self, harness: Harness, run_id: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+        env.update({"QL_CONFIG": str(harness.control_config()), "HOME": str(harness.root)})
+        self.proc = subprocess.Popen(QL + ["logs", "-f", run_id], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self.out = bytearray()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while piece := self.proc.stdout.read1(65536):
+            self.out += piece
+
+    def finish(self, timeout: float = 90) -> tuple[int, bytes, str]:
+        rc = self.proc.wait(timeout)
+        self._thread.join(10)
+        assert self.proc.stderr is not None
+        return rc, bytes(self.out), self.proc.stderr.read().decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._thread.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_a_follower_on_the_control_node_sees_the_bytes_in_order_while_the_worker_ships(harness: Harness) -> None:
+    harness.start_control()
+    harness.start_worker("a")
+    run_id = harness.submit(writer_command(20_000, pause_every=1000, pause_s=0.2))
+    harness.wait_attempt(run_id)
+    follower = Follower(harness, run_id)
+    try:
+        wait_for(lambda: len(follower.out) > 0, what="the follower's first bytes", diagnose=harness.logs)
+        seen_while_running = harness.status(run_id) == "running"
+        rc, out, err = follower.finish()
+    finally:
+        follower.kill()
+    assert rc == 0, err
+    assert seen_while_running, "the follower saw nothing before the run ended"
+    attempt_id = harness.attempts(run_id)[0]["id"]
+    assert out == assert_shipped_equals_local(harness, "a", attempt_id)
+    assert out.splitlines()[:2] == [b"00000000 " + b"0" * 90, b"00000001 " + b"0" * 90]
+
+
+def test_acceptance_follow_on_control_survives_a_worker_kill_and_restart(harness: Harness) -> None:
+    """The user story: `ql logs -f` on the control node streams a task running on a worker; the
+    worker is SIGKILLed and restarted; the stream goes on without a gap or a duplicate."""
+    harness.start_control()
+    worker = harness.start_worker("a")
+    run_id = harness.submit(writer_command(60_000, pause_every=2000, pause_s=0.2))
+    attempt_id = harness.wait_attempt(run_id)["id"]
+    follower = Follower(harness, run_id)
+    try:
+        wait_for(lambda: len(follower.out) > 100_000, what="the stream to be under way", diagnose=harness.logs)
+        worker.signal(signal.SIGKILL)
+        worker.wait()
+        streamed_before_restart = len(follower.out)
+        harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"))
+        rc, out, err = follower.finish()
+    finally:
+        follower.kill()
+    assert rc == 0, err
+    local = assert_shipped_equals_local(harness, "a", attempt_id)
+    assert len(out) > streamed_before_restart  # the rest came after the restart
+    assert hashlib.sha256(out).hexdigest() == hashlib.sha256(local).hexdigest()
+    assert harness.status(run_id) in ("lost", "failed", "succeeded", "cancelled")

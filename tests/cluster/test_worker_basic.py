@@ -163,6 +163,8 @@ def test_tokens_and_task_specs_stay_private(harness: Harness) -> None:
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
     texts = [json.dumps(harness.events(run_id), default=str)] + [p.log.read_text() for p in harness.procs]
     assert not any(secret in t for t in texts)
-    # The worker keeps no spec at all; its token is erased with the final answer.
-    (lease,) = harness.lease_rows("a")
+    # The worker keeps no spec at all; its token is erased with the final answer (recorded just
+    # after the control database committed the completion the run's status shows).
+    (lease,) = wait_for(lambda: [r for r in harness.lease_rows("a") if r["state"] == "answered"],
+                        what="the final answer recorded", diagnose=harness.logs)
     assert lease["lease_token"] is None and secret not in json.dumps(lease)
