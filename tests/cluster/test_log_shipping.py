@@ -9,6 +9,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -236,3 +237,44 @@ def test_acceptance_follow_on_control_survives_a_worker_kill_and_restart(harness
     assert len(out) > streamed_before_restart  # the rest came after the restart
     assert hashlib.sha256(out).hexdigest() == hashlib.sha256(local).hexdigest()
     assert harness.status(run_id) in ("lost", "failed", "succeeded", "cancelled")
+
+
+def test_ql_logs_reads_the_shipped_log_on_any_node_without_the_orm(harness: Harness) -> None:
+    """On the control node and on another worker: the same bytes, the same offsets; `ql logs` loads
+    no SQLAlchemy/SQLModel/Alembic (psycopg only, like the rest of the cluster read path)."""
+    harness.start_worker("a")
+    harness.start_worker("b")
+    run_id = harness.submit(writer_command(5000))
+    harness.wait_status(run_id)
+    attempt_id = harness.attempts(run_id)[0]["id"]
+    local = assert_shipped_equals_local(harness, "a", attempt_id)
+    probe = ("import sys\nfrom ql_core.cli.main import main\n"
+             "try:\n    main(sys.argv[1:])\nfinally:\n"
+             "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'sqlmodel', 'alembic'))\n"
+             "    sys.stderr.write('HEAVY=' + ','.join(heavy) + '\\n')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["HOME"] = str(harness.root)
+    for config in (harness.control_config(), harness.root / "b.toml"):
+        env["QL_CONFIG"] = str(config)
+        out = subprocess.run([sys.executable, "-c", probe, "logs", run_id], env=env, capture_output=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == local
+        assert b"HEAVY=\n" in out.stderr, out.stderr
+        tail = subprocess.run(QL + ["logs", run_id, "--offset", "4321"], env=env, capture_output=True)
+        assert tail.stdout == local[4321:]
+
+
+def test_ql_control_deletes_shipped_logs_past_retention(harness: Harness) -> None:
+    harness.start_worker("a")
+    run_id = harness.submit(writer_command(3000))
+    harness.wait_status(run_id)
+    attempt_id = harness.attempts(run_id)[0]["id"]
+    assert_shipped_equals_local(harness, "a", attempt_id)
+    harness.start_control(limits={"log_retention_s": 60.0, "artifact_sweep_page": 1})
+    time.sleep(1.0)
+    assert artifact(harness, attempt_id) is not None  # ended just now: kept
+    # Time travel for the run's end alone: it ended two minutes ago (database clock).
+    harness.sql.execute("UPDATE ql_run SET finished_at_ms = ql__clock_ms() - 120000 WHERE id = %s", (run_id,))
+    wait_for(lambda: artifact(harness, attempt_id) is None, what="retention to delete the shipped log",
+             diagnose=harness.logs)
+    assert harness.sql.execute("SELECT count(*) AS n FROM ql_artifact_chunk").fetchone()["n"] == 0
