@@ -18,6 +18,11 @@ Endpoints
   and its log drained; a client should then close its EventSource (it would otherwise reconnect and
   get the same ``end`` again). A ``: keep-alive`` comment is sent after 15 s of silence.
 
+On a cluster-control profile (``--config control.toml``) the same endpoints work: ``POST /runs``
+queues the run for a worker, and ``/runs/{run_id}/log`` streams the chunks the worker ships to the
+artifact store (``ql_core.follow.follow_run_log``), with the same byte offsets as ids. Start it with
+``supervise`` off there (the control profile has no local tasks): ``create_app(rt, supervise=False)``.
+
 What it shows about ql
 - The task writes its log file itself: a slow or stalled browser never slows it, and nothing runs
   for a log nobody watches (each stream is one follower generator, driven only while connected).
