@@ -20,8 +20,8 @@ Endpoints
 
 On a cluster-control profile (``--config control.toml``) the same endpoints work: ``POST /runs``
 queues the run for a worker, and ``/runs/{run_id}/log`` streams the chunks the worker ships to the
-artifact store (``ql_core.follow.follow_run_log``), with the same byte offsets as ids. Start it with
-``supervise`` off there (the control profile has no local tasks): ``create_app(rt, supervise=False)``.
+artifact store (``ql_core.follow.follow_run_log``), with the same byte offsets as ids. No local
+supervisor is started there (the control profile runs no tasks; ``ql control`` sweeps).
 
 What it shows about ql
 - The task writes its log file itself: a slow or stalled browser never slows it, and nothing runs
@@ -101,7 +101,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
             state["rt"] = await anyio.to_thread.run_sync(Runtime.open, chosen)
         rt: Runtime = state["rt"]
         supervisor = watch = None
-        if supervise:
+        if supervise and rt.config.profile.runs_tasks:  # a cluster-control node has no local tasks
             supervisor = rt.supervisor()
             watch = rt.start_wakeups(supervisor)  # None unless the "watchfiles" plugin is configured
             supervisor.start()

@@ -62,7 +62,16 @@ def test_kill_9_of_the_worker_mid_shipping_then_restart_resumes(harness: Harness
 BIG = {"log_max_bytes": 512 << 20}
 
 
-@pytest.mark.parametrize("point", ["ship.after_append", "ship.after_finalize"])
+SHIP_CRASH_POINTS = ("ship.after_append", "ship.after_finalize")
+
+
+def test_every_shipping_crash_point_has_a_case() -> None:
+    from ql_core.crashpoints import CRASH_POINTS
+
+    assert {p for p in CRASH_POINTS if p.startswith("ship.")} == set(SHIP_CRASH_POINTS)
+
+
+@pytest.mark.parametrize("point", SHIP_CRASH_POINTS)
 def test_kill_at_a_shipping_step_then_restart(harness: Harness, point: str) -> None:
     """Where a real kill cannot aim: right after a chunk or the finalize committed, before the
     shipper heard of it. The restart asks the store where it stands and goes on from there."""

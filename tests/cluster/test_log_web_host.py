@@ -65,7 +65,7 @@ def test_the_web_host_streams_a_worker_run_from_the_control_profile(harness: Har
     harness.start_control()
     harness.start_worker("a")
     rt = Runtime.open(load_config(config_path=harness.control_config(), environ={}, cwd=harness.root))
-    srv, thread, sock, base = _serve(web.create_app(rt, supervise=False, keepalive_s=0.5))
+    srv, thread, sock, base = _serve(web.create_app(rt, keepalive_s=0.5))
     try:
         with httpx.Client(base_url=base, timeout=60) as client:
             created = client.post("/runs", json={"argv": writer_command(4000, pause_every=500, pause_s=0.1)})
