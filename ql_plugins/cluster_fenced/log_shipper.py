@@ -284,8 +284,12 @@ class LogShipper:
                 self._count("unavailable")
                 wait = self._backoff
             except Exception as exc:  # noqa: BLE001 - type only: never a value that could hold data
-                logger.error("log shipping round failed ({}); retried in 1s", type(exc).__name__)
-                wait = 1.0
+                # A final store error (a schema mismatch, a bug) or the local disk: say so, back off
+                # (capped) instead of repeating the same failure every second.
+                self._backoff = min(30.0, max(1.0, self._backoff * 2))
+                self._retry_at = time.monotonic() + self._backoff
+                logger.error("log shipping round failed ({}); retried in {:g}s", type(exc).__name__, self._backoff)
+                wait = self._backoff
             self._idle.set()
             self._wake.wait(max(0.01, wait))
             self._wake.clear()

@@ -117,3 +117,20 @@ def test_worker_functions_are_security_definer_with_a_pinned_search_path(cluster
                                   (signature,)).fetchone()
         assert row["prosecdef"] is True, signature
         assert "search_path=pg_catalog, public" in (row["proconfig"] or []), (signature, row)
+
+
+def test_the_store_is_selected_by_name_and_only_on_cluster_profiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ql_core.config import load_config
+    from ql_core.errors import ConfigError
+
+    url = "postgresql+psycopg://u@127.0.0.1/db"
+    for profile in ("cluster-control", "cluster-worker"):
+        path = tmp_path / f"{profile}.toml"
+        path.write_text(f'profile = "{profile}"\ndata_dir = "{tmp_path}"\ndatabase_url = "{url}"\n')
+        config = load_config(config_path=path, environ={})
+        assert config.artifact_store == "postgres" and "postgres" in config.seam_plugins
+    edge = tmp_path / "edge.toml"
+    edge.write_text(f'data_dir = "{tmp_path}"\nartifact_store = "postgres"\n')
+    with pytest.raises(ConfigError, match="artifact_store is for the cluster profiles"):
+        load_config(config_path=edge, environ={})
+    assert load_config(config_path=None, data_dir=tmp_path, environ={}).artifact_store is None
