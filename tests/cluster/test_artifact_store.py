@@ -116,7 +116,7 @@ def test_worker_functions_are_security_definer_with_a_pinned_search_path(cluster
         row = cluster.sql.execute("SELECT p.prosecdef, p.proconfig FROM pg_proc p WHERE p.oid = %s::regprocedure",
                                   (signature,)).fetchone()
         assert row["prosecdef"] is True, signature
-        assert "search_path=pg_catalog, public" in (row["proconfig"] or []), (signature, row)
+        assert "search_path=pg_catalog, public, pg_temp" in (row["proconfig"] or []), (signature, row)
 
 
 def test_the_store_is_selected_by_name_and_only_on_cluster_profiles(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ PostgreSQL only (nothing changes on SQLite; a single node keeps its logs as file
 - ``ql_artifact_chunk``: the bytes, ≤ 1 MiB per row, keyed by (attempt id, byte offset), with the
   SHA-256 the database computed itself on insert.
 
-Worker functions (``SECURITY DEFINER``, pinned ``search_path``; granted to the least-privilege
+Worker functions (``SECURITY DEFINER``, ``search_path`` pinned to ``pg_catalog``, ql's schema and
+``pg_temp`` last; granted to the least-privilege
 worker role by ``ql db grant-worker``; their names are ``ARTIFACT_WORKER_FUNCTIONS`` in
 ``ql_plugins.cluster_fenced.artifact_store``):
 
@@ -54,10 +55,19 @@ def upgrade() -> None:
     # On the driver's own cursor, without parameters: PL/pgSQL's "%" is not a placeholder there.
     cursor = op.get_bind().connection.dbapi_connection.cursor()
     try:
+        # Pin the functions' search_path to the schema ql is installed in (current_schema() now),
+        # with pg_temp LAST: a SECURITY DEFINER function must not resolve a name through a schema
+        # the caller can write to (a temp table named ql_artifact would otherwise shadow the real one).
+        cursor.execute("SELECT quote_ident(current_schema())")
+        schema = cursor.fetchone()[0]
         for statement in SQL_STATEMENTS:
-            cursor.execute(statement)
+            cursor.execute(statement.replace(SEARCH_PATH, f"pg_catalog, {schema}, pg_temp"))
     finally:
         cursor.close()
+
+
+#: Placeholder in the function bodies below, replaced by :func:`upgrade`.
+SEARCH_PATH = "pg_catalog, public"
 
 
 def downgrade() -> None:
