@@ -371,6 +371,8 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
         if ref.terminal:
             if attempt_id is None or (state is not None and state.finalized):
                 return
+            if state is None and not ref.attempt_started:
+                return  # ended before its task ever started: no log will come
             if time.monotonic() - last_progress >= unfinalized_s:
                 return
         now = time.monotonic()

@@ -137,6 +137,9 @@ class RunLogRef:
     terminal: bool
     exit_code: int | None = None
     reason: str | None = None
+    #: The attempt was reported running (its task spawned): a log may exist. False for an attempt
+    #: that never started (cancelled or released before the spawn): no log will ever come.
+    attempt_started: bool = True
 
 
 class ArtifactStoreError(Exception):

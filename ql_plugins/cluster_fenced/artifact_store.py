@@ -71,7 +71,8 @@ _SQL_APPEND = ("SELECT answer, fence_reason, committed_bytes"
                " FROM ql_artifact_append(%s, %s, %s, %s, %s, %s, %s, %s, %s)")
 _SQL_FINALIZE = ("SELECT answer, fence_reason, committed_bytes"
                  " FROM ql_artifact_finalize(%s, %s, %s, %s, %s, %s, %s, %s)")
-_SQL_RUN = "SELECT id, current_attempt_id, status, exit_code, reason FROM ql_run WHERE id = %s"
+_SQL_RUN = ("SELECT r.id, r.current_attempt_id, r.status, r.exit_code, r.reason, a.started_at_ms IS NOT NULL"
+            " FROM ql_run r LEFT JOIN ql_run_attempt a ON a.id = r.current_attempt_id WHERE r.id = %s")
 _TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 _SQL_SWEEP = "SELECT chunks_deleted, artifacts_deleted FROM ql_artifact_sweep(%s, %s)"
 _SQL_STATE = ("SELECT attempt_id, run_id, committed_bytes, max_bytes, status, total_bytes, sha256"
@@ -163,7 +164,7 @@ class PostgresArtifactStore:
         if not rows:
             return None
         r = rows[0]
-        return RunLogRef(r[0], r[1], r[2], r[2] in _TERMINAL, r[3], r[4])
+        return RunLogRef(r[0], r[1], r[2], r[2] in _TERMINAL, r[3], r[4], bool(r[5]))
 
     def read(self, attempt_id: str, offset: int, limit: int = MAX_CHUNK_BYTES) -> bytes:
         if offset < 0:

@@ -287,3 +287,12 @@ def test_ql_control_deletes_shipped_logs_past_retention(harness: Harness) -> Non
     wait_for(lambda: artifact(harness, attempt_id) is None, what="retention to delete the shipped log",
              diagnose=harness.logs)
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_artifact_chunk").fetchone()["n"] == 0
+
+
+def test_follow_of_a_run_cancelled_before_it_started_returns_at_once(harness: Harness) -> None:
+    run_id = harness.submit(["true"])
+    assert harness.ql("cancel", run_id).returncode == 0
+    started = time.monotonic()
+    out = harness.ql("logs", "-f", run_id, timeout=30)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert time.monotonic() - started < 20  # not log_follow_unfinalized_s (120 s)
