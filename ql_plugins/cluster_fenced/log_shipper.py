@@ -48,7 +48,6 @@ from ql_core.ports.artifact_store import (
     MAX_CHUNK_BYTES,
     AppendAnswer,
     ArtifactStore,
-    ArtifactStoreError,
     ArtifactStoreUnavailable,
     FinalizeAnswer,
 )

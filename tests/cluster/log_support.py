@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -78,4 +77,4 @@ def rss_kib(pid: int) -> int:
 
 
 __all__ = ["artifact", "shipped", "local_log", "sha", "wait_finalized", "assert_shipped_equals_local",
-           "writer_command", "bulk_command", "rss_kib", "os"]
+           "writer_command", "bulk_command", "rss_kib"]
