@@ -18,7 +18,8 @@ What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker
    rest is shipped, then the total length and the whole-file SHA-256 of the local bytes
    (re-read in 1 MiB slices) are sent; the store checks both against what it holds.
 4. **delete** the local copy only after the store acknowledged the finalize and the attempt ended
-   more than ``shipped_log_keep_s`` ago (local retention may still delete earlier, see docs/logs.md).
+   more than ``shipped_log_keep_s`` ago. The local log retention skips a log still ``shipping``
+   (:meth:`~.worker_store.WorkerJournal.ended_logs`), so a worker cut off from the database keeps it.
 
 Proof: the lease identity of the attempt (lease generation + token, persisted here at claim time)
 plus this process's live worker session (see :mod:`.artifact_store`). The token is erased from the

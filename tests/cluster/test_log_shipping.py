@@ -298,3 +298,27 @@ def test_follow_of_a_run_cancelled_before_it_started_returns_at_once(harness: Ha
     out = harness.ql("logs", "-f", run_id, timeout=30)
     assert out.returncode == 0 and out.stdout == "", out.stderr
     assert time.monotonic() - started < 20  # not log_follow_unfinalized_s (120 s)
+
+
+def test_local_retention_keeps_a_log_until_it_is_shipped(harness: Harness) -> None:
+    """Cut off from the database, a worker whose logs exceed log_total_max_bytes still keeps the one
+    it has not shipped: when the network heals it ships it whole (the local copy goes only after
+    the store acknowledged it)."""
+    proxy = _proxy(harness)
+    try:
+        harness.start_worker("a", database_url=harness.proxied_url(proxy.port),
+                             limits={"log_total_max_bytes": 1 << 20, "log_max_bytes": 64 << 20})
+        run_id = harness.submit(["sh", "-c", "sleep 0.5; head -c 3M /dev/urandom"])
+        attempt = harness.wait_attempt(run_id)
+        proxy.partition()
+        log_id = attempt["log_artifact_id"]
+        # The local retention pass has finalized and sized it (the next step would evict it).
+        wait_for(lambda: harness.local_rows("a", "SELECT size_bytes FROM ql_log_artifact WHERE id = ? AND "
+                                                 "size_bytes IS NOT NULL", (log_id,)),
+                 timeout=30, what="the local retention pass to size the ended log", diagnose=harness.logs)
+        time.sleep(1.5)  # several more retention rounds (scan_interval_s = 0.5)
+        assert log_path(harness.worker_dir("a"), log_id).exists()
+        proxy.heal()
+        assert_shipped_equals_local(harness, "a", attempt["id"])
+    finally:
+        proxy.close()
