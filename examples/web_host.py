@@ -18,6 +18,11 @@ Endpoints
   and its log drained; a client should then close its EventSource (it would otherwise reconnect and
   get the same ``end`` again). A ``: keep-alive`` comment is sent after 15 s of silence.
 
+On a cluster-control profile (``--config control.toml``) the same endpoints work: ``POST /runs``
+queues the run for a worker, and ``/runs/{run_id}/log`` streams the chunks the worker ships to the
+artifact store (``ql_core.follow.follow_run_log``), with the same byte offsets as ids. No local
+supervisor is started there (the control profile runs no tasks; ``ql control`` sweeps).
+
 What it shows about ql
 - The task writes its log file itself: a slow or stalled browser never slows it, and nothing runs
   for a log nobody watches (each stream is one follower generator, driven only while connected).
@@ -42,7 +47,7 @@ from starlette.routing import Route
 
 from ql_core.config import Config, load_config
 from ql_core.errors import NotFoundError, QlError
-from ql_core.follow import follow_log
+from ql_core.follow import follow_run_log
 from ql_core.runtime import Runtime
 
 __all__ = ["create_app", "sse_event", "utf8_complete_prefix", "main"]
@@ -96,7 +101,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
             state["rt"] = await anyio.to_thread.run_sync(Runtime.open, chosen)
         rt: Runtime = state["rt"]
         supervisor = watch = None
-        if supervise:
+        if supervise and rt.config.profile.runs_tasks:  # a cluster-control node has no local tasks
             supervisor = rt.supervisor()
             watch = rt.start_wakeups(supervisor)  # None unless the "watchfiles" plugin is configured
             supervisor.start()
@@ -169,7 +174,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
 
 async def _stream(rt: Runtime, run_id: str, offset: int, keepalive_s: float) -> AsyncIterator[bytes]:
     """The SSE body: one follower generator, advanced in a worker thread one chunk at a time."""
-    follower = follow_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
+    follower = follow_run_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
     pending = b""   # an incomplete UTF-8 tail, not sent yet
     sent = offset   # bytes of the log delivered so far = the id of the last event
     try:

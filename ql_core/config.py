@@ -17,6 +17,7 @@ database_url = "sqlite:////var/lib/myhost/ql/ql.db"
 executor = "local"                # the seams, each selected by its registered name
 receipt_store = "file"            # (defaults: the profile's)
 journal = "edge-sqlite"
+artifact_store = "postgres"       # cluster profiles only: where workers ship logs
 
 [limits]                          # any profile number, within its hard range
 page_size = 16
@@ -44,9 +45,10 @@ __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
 
 DEFAULT_CONFIG_NAME = "ql.toml"
 _TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "disable_plugins", "database_url", "executor",
-                   "receipt_store", "journal", "limits", "plugin"}
+                   "receipt_store", "journal", "artifact_store", "limits", "plugin"}
 #: The seams selected by name (config key -> what it names, for messages).
-SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal": "journal backend"}
+SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal": "journal backend",
+             "artifact_store": "artifact store"}
 #: Deepest nesting accepted inside a ``[plugin.<name>]`` table (a deeper one is a mistake or an attack).
 _MAX_PLUGIN_DEPTH = 8
 #: A config file larger than this is not a config file.
@@ -77,6 +79,8 @@ class Config:
     #: The selected receipt store (None: this profile runs no local processes).
     receipt_store: str | None = None
     journal: str = "edge-sqlite"
+    #: The selected log artifact store (cluster profiles; None elsewhere: logs stay local files).
+    artifact_store: str | None = None
     #: Plugins the config disables (``disable_plugins``).
     disabled_plugins: tuple[str, ...] = ()
     #: ``[plugin.<name>]`` tables, handed to that plugin's factories through the runtime context.
@@ -89,7 +93,7 @@ class Config:
     @property
     def seam_plugins(self) -> tuple[str, ...]:
         """The selected seam names not disabled: each loads the installed plugin of the same name."""
-        names = (self.executor, self.receipt_store, self.journal)
+        names = (self.executor, self.receipt_store, self.journal, self.artifact_store)
         return tuple(n for n in dict.fromkeys(names) if n and n not in self.disabled_plugins)
 
 
@@ -306,9 +310,14 @@ def load_config(
         raise ConfigError(f"profile {name!r} runs no local processes; remove executor/receipt_store from "
                           f"{source} (or use profile standalone or cluster-worker)")
     journal = settings.get("journal", chosen.default_journal)
+    if "artifact_store" in settings and chosen.default_artifact_store is None:
+        raise ConfigError(f"profile {name!r} keeps logs as local files; artifact_store is for the cluster "
+                          f"profiles (cluster-control, cluster-worker): remove it from {source}")
+    artifact_store = settings.get("artifact_store", chosen.default_artifact_store)
     disabled = settings.get("disable_plugins", ())
     wanted = chosen.default_plugins + settings.get("plugins", ())
     plugins = tuple(n for n in dict.fromkeys(wanted) if n not in disabled)
     return Config(profile=chosen, data_dir=directory, database_url=url, plugins=plugins, source=source,
-                  executor=executor, receipt_store=receipt_store, journal=journal, disabled_plugins=tuple(disabled),
+                  executor=executor, receipt_store=receipt_store, journal=journal,
+                  artifact_store=artifact_store, disabled_plugins=tuple(disabled),
                   plugin_settings=settings["plugin"])

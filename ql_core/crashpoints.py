@@ -42,6 +42,9 @@ CRASH_POINTS: tuple[str, ...] = (
     "worker.running.before_call",    # spawned, handle committed locally, `running` not reported
     "worker.outbox.before_insert",   # ended locally (terminal committed), outbox row not written
     "worker.outbox.after_submit",    # completion committed at the control plane, answer not recorded
+    # the worker's log shipper (ql_plugins.cluster_fenced.log_shipper)
+    "ship.after_append",             # a chunk committed in the artifact store, the shipper not told
+    "ship.after_finalize",           # the artifact finalized in the store, not recorded locally
 )
 
 

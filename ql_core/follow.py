@@ -46,14 +46,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from .ids import UUID7_PATTERN, shard_of
 from .logs import LOG_CHUNK_BYTES, enforce_log_quota, finalize_log, log_facts, read_log_chunk
 from .paths import log_path, receipts_root
+from .ports.artifact_store import MAX_CHUNK_BYTES
 from .ports.wakeup import OnChange, WakeupSource, WakeupWatch
 
 if TYPE_CHECKING:
+    from .ports.artifact_store import ArtifactStore
     from .runtime import Runtime
 
 __all__ = [
     "LogChunk",
     "follow_log",
+    "follow_run_log",
+    "follow_artifact",
     "wakeup_sources",
     "wakeup_policy",
     "start_supervisor_wakeups",
@@ -302,6 +306,81 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
     finally:
         if waiter is not None:
             waiter.close()
+
+
+def follow_run_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = False,
+                   heartbeat_s: float | None = None) -> Iterator[LogChunk]:
+    """A run's log wherever it lives: on a cluster profile (``artifact_store`` set) the chunks the
+    worker shipped to the artifact store (:func:`follow_artifact`), else this node's file
+    (:func:`follow_log`). Same chunks, same byte offsets, same resume rule."""
+    name = rt.config.artifact_store
+    if not name:
+        yield from follow_log(rt, run_id, offset=offset, follow=follow, heartbeat_s=heartbeat_s)
+        return
+    store = rt.plugins.artifact_stores.create(name, rt.context)
+    try:
+        yield from follow_artifact(store, run_id, offset=offset, follow=follow, heartbeat_s=heartbeat_s,
+                                   unfinalized_s=float(rt.profile.log_follow_unfinalized_s))
+    finally:
+        store.close()
+
+
+#: How often a follower of a shipped log looks again when it has read everything committed.
+ARTIFACT_POLL_S = 0.25
+
+
+def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follow: bool = False,
+                    chunk_bytes: int = MAX_CHUNK_BYTES, poll_s: float = ARTIFACT_POLL_S,
+                    heartbeat_s: float | None = None, unfinalized_s: float = 120.0) -> Iterator[LogChunk]:
+    """Yield a run's shipped log (its current attempt's artifact) from byte ``offset``.
+
+    The byte offsets are the worker's local file's: resume with ``offset=last.end``. Without
+    ``follow`` it yields what is committed now. With ``follow`` it polls (every ``poll_s``, one
+    small query) until the run is terminal and the artifact is finalized and drained — or, when the
+    run ended but its worker has not finalized the log, until nothing new was committed for
+    ``unfinalized_s`` (the worker is gone; a later ``--offset`` picks up what it ships when it
+    restarts). Memory: one chunk at a time. Raises ``NotFoundError`` for an unknown run.
+    """
+    from .errors import NotFoundError
+
+    if offset < 0:
+        raise ValueError("offset must be >= 0")
+    ref = store.run_log(run_id)
+    if ref is None:
+        raise NotFoundError(f"run {run_id[:80]!r} not found in the cluster's control database")
+    attempt_id = ref.attempt_id
+    last_progress = last_yield = time.monotonic()
+    while True:
+        if attempt_id is not None:
+            data = store.read(attempt_id, offset, chunk_bytes)
+            if data:
+                yield LogChunk(offset, data)
+                offset += len(data)
+                last_progress = last_yield = time.monotonic()
+                continue
+        if not follow:
+            return
+        ref = store.run_log(run_id)
+        if ref is None:
+            return  # forgotten by history retention while we followed
+        if attempt_id is None:
+            attempt_id = ref.attempt_id  # it was queued: follow its first attempt
+        state = store.state(attempt_id) if attempt_id is not None else None
+        if state is not None and state.committed_bytes > offset:
+            continue  # committed between the read and this look: read it first
+        if ref.terminal:
+            if attempt_id is None or (state is not None and state.finalized):
+                return
+            if state is None and not ref.attempt_started:
+                return  # ended before its task ever started: no log will come
+            if time.monotonic() - last_progress >= unfinalized_s:
+                return
+        now = time.monotonic()
+        if heartbeat_s is not None and now - last_yield >= heartbeat_s:
+            yield LogChunk(offset, b"")
+            last_yield = time.monotonic()
+            continue
+        time.sleep(poll_s if heartbeat_s is None else max(0.0, min(poll_s, heartbeat_s - (now - last_yield))))
 
 
 def _settle(rt: Runtime, run_id: str, attempt_id: str) -> bool:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from .ports import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
+    from .ports import ArtifactStore, Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
 
 __all__ = [
     "PROJECT_NAME",
@@ -34,6 +34,7 @@ __all__ = [
     "RegisterReceiptStore",
     "RegisterJournalBackend",
     "RegisterWakeupSource",
+    "RegisterArtifactStore",
 ]
 
 PROJECT_NAME = "ql"
@@ -44,6 +45,7 @@ RegisterExecutor = Callable[[str, "Callable[[RuntimeContext], Executor]"], None]
 RegisterReceiptStore = Callable[[str, "Callable[[RuntimeContext], ReceiptStore]"], None]
 RegisterJournalBackend = Callable[[str, "Callable[[RuntimeContext], JournalBackend]"], None]
 RegisterWakeupSource = Callable[[str, "Callable[[RuntimeContext], WakeupSource]"], None]
+RegisterArtifactStore = Callable[[str, "Callable[[RuntimeContext], ArtifactStore]"], None]
 
 
 class QlHookSpecs:
@@ -99,6 +101,22 @@ class QlHookSpecs:
         :class:`~ql_core.errors.PluginError` (e.g. an optional dependency is not
         installed); core logs it once and carries on without wake-ups. The
         built-in ``watchfiles`` plugin registers ``watchfiles``. Returns nothing.
+        """
+
+    @hookspec
+    def ql_register_artifact_stores(self, register: RegisterArtifactStore) -> None:
+        """Called once when the plugin host starts; register log artifact stores.
+
+        ``register(name, factory)``: ``name`` is what ``artifact_store = "..."``
+        selects (cluster profiles default to ``postgres``, the built-in store of
+        the ``cluster-fenced`` plugin: chunks in the control database). The
+        factory builds an :class:`~ql_core.ports.ArtifactStore` — where a
+        cluster worker ships each attempt's log in checksummed chunks and where
+        ``ql logs`` on any node of the cluster reads it. It is called when a
+        worker starts shipping, when ``ql logs`` reads a cluster run and when
+        ``ql control`` sweeps retention; each caller gets its own instance (one
+        per thread). Run the contract suite
+        :class:`ql_core.testing.ArtifactStoreContract` against it. Returns nothing.
         """
 
     @hookspec

@@ -21,7 +21,7 @@ from .hookspecs import PROJECT_NAME, QlHookSpecs
 
 if TYPE_CHECKING:
     from .config import Config
-    from .ports import Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
+    from .ports import ArtifactStore, Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -102,12 +102,13 @@ class Registry(Generic[T]):
             have = ", ".join(self.names()) or "none"
             raise PluginError(f"{self.kind} {name!r} not found; registered: {have}; "
                               f"is the plugin that provides it installed and enabled?") from None
+        from .ports.artifact_store import ArtifactStoreError
         from .ports.journal import StoreError
         from .ports.receipt_store import ReceiptStoreError
 
         try:
             return factory(context)
-        except (QlError, StoreError, ReceiptStoreError):
+        except (QlError, StoreError, ReceiptStoreError, ArtifactStoreError):
             # A one-line error written for users: its [plugin.<name>] table is wrong, or the store it
             # opens is unusable (permissions, a symlink, a damaged database) — not a broken package.
             raise
@@ -128,6 +129,7 @@ class PluginHost:
     receipt_stores: Registry[ReceiptStore] = field(default_factory=lambda: Registry("receipt store"))
     journal_backends: Registry[JournalBackend] = field(default_factory=lambda: Registry("journal backend"))
     wakeup_sources: Registry[WakeupSource] = field(default_factory=lambda: Registry("wake-up source"))
+    artifact_stores: Registry[ArtifactStore] = field(default_factory=lambda: Registry("artifact store"))
 
     def _collect(self) -> None:
         """Run each registration hook plugin by plugin, so duplicates name their owner."""
@@ -139,6 +141,7 @@ class PluginHost:
                 (self.receipt_stores, "ql_register_receipt_stores"),
                 (self.journal_backends, "ql_register_journal_backends"),
                 (self.wakeup_sources, "ql_register_wakeup_sources"),
+                (self.artifact_stores, "ql_register_artifact_stores"),
             ):
                 registry._current_plugin = name
                 caller = self.pm.subset_hook_caller(hook_name, remove_plugins=[
@@ -371,7 +374,7 @@ def explain_unregistered(key: str, name: str, config: Config, host: PluginHost) 
     env = host.environ
     kind = SEAM_KEYS.get(key, key)
     registry = {"executor": host.executors, "receipt_store": host.receipt_stores,
-                "journal": host.journal_backends}.get(key)
+                "journal": host.journal_backends, "artifact_store": host.artifact_stores}.get(key)
     have = ", ".join(registry.names()) if registry is not None and registry.names() else "none"
     installed = {p.name for p in installed_plugins()}
     why = ""

@@ -86,6 +86,21 @@ class Profile:
     control_call_timeout_s: float = 5.0
     #: Cap of the worker outbox's retry backoff.
     outbox_backoff_cap_s: float = 30.0
+    # -- cluster logs (the artifact store; docs/logs.md "Cluster logs") --
+    #: The artifact store workers ship logs to and ``ql logs`` reads from (None: local files only).
+    default_artifact_store: str | None = None
+    #: A worker ships a running attempt's new log bytes at least this often (seconds) ...
+    ship_interval_s: float = 1.0
+    #: ... or as soon as this many new bytes are waiting (chunks are at most 1 MiB).
+    ship_batch_bytes: int = 256 * 1024
+    #: After the store acknowledged a finalized log, the worker keeps its local copy this long.
+    shipped_log_keep_s: float = 3600.0
+    #: ``ql logs -f`` of a run that ended but whose worker has not finalized its shipped log stops
+    #: after this long without new bytes (the worker is gone; it finishes shipping when it returns).
+    log_follow_unfinalized_s: float = 120.0
+    #: Chunks deleted per retention call of ``ql control`` (shipped logs of runs older than
+    #: ``log_retention_s``).
+    artifact_sweep_page: int = 256
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """Return a copy with validated numeric overrides applied."""
@@ -99,6 +114,11 @@ class Profile:
 
 #: name -> (type, minimum, maximum). Every overridable number, with its hard cap.
 LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
+    "ship_interval_s": (float, 0.05, 60.0),
+    "ship_batch_bytes": (int, 4096, 1024 * 1024),
+    "shipped_log_keep_s": (float, 0.0, 3650 * 24 * 3600.0),
+    "artifact_sweep_page": (int, 1, 4096),
+    "log_follow_unfinalized_s": (float, 0.0, 24 * 3600.0),
     "scan_interval_s": (float, 0.05, 3600.0),
     "page_size": (int, 1, 256),
     "pages_per_round": (int, 1, 64),
@@ -155,6 +175,7 @@ PROFILES: dict[str, Profile] = {
         name="cluster-control", database="postgresql", runs_tasks=False,
         default_plugins=("cluster-fenced",),
         default_executor=None, default_receipt_store=None, default_journal="cluster-fenced",
+        default_artifact_store="postgres",
         scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=0,
         terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
         file_watcher="never",
@@ -163,6 +184,7 @@ PROFILES: dict[str, Profile] = {
         name="cluster-worker", database="postgresql", runs_tasks=True,
         default_plugins=("local", "file", "cluster-fenced"),
         default_executor="local", default_receipt_store="file", default_journal="cluster-fenced",
+        default_artifact_store="postgres",
         scan_interval_s=5.0, page_size=32, pages_per_round=4, publish_grace_ms=100,
         terminal_journal_retention_s=1 * _MIN, quarantine_retention_s=1 * _H,
         file_watcher="optional",

@@ -128,6 +128,7 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
         "executor": config.executor,
         "receipt_store": config.receipt_store,
         "journal": config.journal,
+        "artifact_store": config.artifact_store,
         "plugins": list(select_plugin_names(config.plugins)),
         "disabled_plugins": list(config.disabled_plugins),
         "limits": {name: getattr(config.profile, name) for name in config.profile.limit_names()},
@@ -141,7 +142,7 @@ def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     host = load_plugin_host(config.plugins, optional=config.seam_plugins, use_cache=False)
     chosen = []
     for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
-                          ("journal", host.journal_backends)):
+                          ("journal", host.journal_backends), ("artifact_store", host.artifact_stores)):
         name = getattr(config, key)
         if name is None:
             continue
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     text = [f"config   {shown['source']} (profile {shown['profile']})",
             f"data dir {shown['data_dir']}", f"database {shown['database_url']}",
             f"seams    executor={shown['executor']} receipt_store={shown['receipt_store']} "
-            f"journal={shown['journal']}",
+            f"journal={shown['journal']}"
+            + (f" artifact_store={shown['artifact_store']}" if shown["artifact_store"] else ""),
             f"plugins  {', '.join(shown['plugins']) or 'none'}"
             + (f" (disabled: {', '.join(shown['disabled_plugins'])})" if shown["disabled_plugins"] else ""),
             "limits   " + " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ql_core.cli.output import Output
+from ql_core.errors import DatabaseError
 
 HELP = "print a run's log from a byte offset; --follow until the run ends"
 EPILOG = ("--json: one object per chunk {run_id, offset, end, encoding: utf-8|base64, data}, then one "
@@ -103,6 +105,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
     rt = reader_from_args(args, run_id=args.run_id)
+    if rt.config.artifact_store:
+        try:
+            return _run_shipped(args, out, rt)
+        finally:
+            rt.close()
     try:
         chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
         for chunk in follow_log(rt, args.run_id, offset=args.offset, follow=args.follow):
@@ -130,4 +137,53 @@ def run(args: argparse.Namespace, out: Output) -> int:
                                  f"later output of the task was dropped\n")
     finally:
         rt.close()
+    return 0
+
+
+def _run_shipped(args: argparse.Namespace, out: Output, rt: object) -> int:
+    """``ql logs`` on a cluster node: the shipped chunks, from the artifact store."""
+    from ql_core.ports.artifact_store import ArtifactStoreError
+
+    config = rt.config  # type: ignore[attr-defined]
+    store = rt.plugins.artifact_stores.create(config.artifact_store, rt.context)  # type: ignore[attr-defined]
+    try:
+        return _print_shipped(args, out, store, config)
+    except ArtifactStoreError as exc:
+        if "42501" in str(exc):
+            raise DatabaseError("this node's database role may not read shipped logs (a least-privilege worker "
+                                "role can only call the worker functions): run ql logs with a control node's "
+                                "config, or a database_url whose role may read the run and artifact tables "
+                                "(docs/cluster.md, Logs)") from None
+        raise DatabaseError(f"cannot read the shipped log: {exc}") from None
+    finally:
+        store.close()
+
+
+def _print_shipped(args: argparse.Namespace, out: Output, store: Any, config: Any) -> int:
+    """The shipped chunks from ``args.offset`` (following when asked), then the state record or note."""
+    from ql_core.follow import follow_artifact
+
+    chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
+    for chunk in follow_artifact(store, args.run_id, offset=args.offset, follow=args.follow,
+                                 unfinalized_s=float(config.profile.log_follow_unfinalized_s)):
+        if chunks is not None:
+            for record in chunks.feed(chunk.data):
+                out.emit(record)
+        else:
+            sys.stdout.buffer.write(chunk.data)
+            sys.stdout.buffer.flush()
+    ref = store.run_log(args.run_id)
+    state = store.state(ref.attempt_id) if ref is not None and ref.attempt_id else None
+    if chunks is not None:
+        if ref is not None and ref.terminal:
+            for record in chunks.flush():
+                out.emit(record)
+        out.emit({"run_id": args.run_id, "status": ref.status if ref else None,
+                  "exit_code": ref.exit_code if ref else None, "reason": ref.reason if ref else None,
+                  "end": chunks.end, "log_truncated": False, "log_deleted": False,
+                  "log_finalized": bool(state is not None and state.finalized)})
+    elif args.follow and ref is not None and ref.terminal and not (state is not None and state.finalized) \
+            and ref.attempt_id is not None:
+        sys.stderr.write(f"ql: the worker has not finalized the log of run {args.run_id} yet; "
+                         f"run ql logs again later to read the rest\n")
     return 0

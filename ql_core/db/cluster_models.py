@@ -1,4 +1,5 @@
-"""The cluster control plane's declared schema (revision ``0003_cluster_control``; PostgreSQL only).
+"""The cluster control plane's declared schema (revisions ``0003_cluster_control`` and
+``0006_artifacts``; PostgreSQL only).
 
 Three tables beside the common ones (``ql_run``, ``ql_run_attempt``, ``ql_run_event``):
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, text
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text, text
 from sqlmodel import Field
 
 from .models import QlTable, _ms
@@ -31,6 +32,8 @@ __all__ = [
     "Worker",
     "AttemptLease",
     "RunSpec",
+    "Artifact",
+    "ArtifactChunk",
     "POSTGRESQL_ONLY",
     "LIVE_LEASE_STATES",
     "table_dialects",
@@ -120,6 +123,54 @@ class RunSpec(QlTable, table=True):
     #: nonce ‖ ciphertext ‖ tag — never the command, cwd or environment in clear.
     sealed: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at_ms: int = Field(sa_column=_ms())
+
+
+def _text(*, primary_key: bool = False, nullable: bool = False) -> Any:
+    return Column(Text, primary_key=primary_key, nullable=nullable)
+
+
+class Artifact(QlTable, table=True):
+    """A shipped attempt log (revision ``0006_artifacts``): who may write it (the lease identity,
+    copied at the first open), its quota, the committed contiguous prefix, and once finalized its
+    total length and whole-file SHA-256. Written only by the ``ql_artifact_*`` functions."""
+
+    __tablename__ = "ql_artifact"
+    __table_args__ = (
+        Index("ix_ql_artifact_run", "run_id"),
+        Index("ix_ql_artifact_created", "created_at_ms"),
+        {"info": POSTGRESQL_ONLY},
+    )
+
+    attempt_id: str = Field(sa_column=_text(primary_key=True))
+    run_id: str = Field(sa_column=_text())
+    worker_id: str = Field(sa_column=_text())
+    worker_generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    lease_generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    token_digest: str = Field(sa_column=_text())
+    max_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    committed_bytes: int = Field(sa_column=Column(BigInteger, nullable=False, server_default=text("0")))
+    chunk_count: int = Field(sa_column=Column(Integer, nullable=False, server_default=text("0")))
+    #: "open" | "final"
+    status: str = Field(sa_column=Column(Text, nullable=False, server_default=text("'open'")))
+    total_bytes: Optional[int] = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    sha256: Optional[str] = Field(default=None, sa_column=_text(nullable=True))
+    created_at_ms: int = Field(sa_column=_ms())
+    updated_at_ms: int = Field(sa_column=_ms())
+    finalized_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+
+
+class ArtifactChunk(QlTable, table=True):
+    """One chunk (1 byte .. 1 MiB) of a shipped log at a byte offset, with the SHA-256 the database
+    computed on insert."""
+
+    __tablename__ = "ql_artifact_chunk"
+    __table_args__ = ({"info": POSTGRESQL_ONLY},)
+
+    attempt_id: str = Field(sa_column=_text(primary_key=True))
+    byte_offset: int = Field(sa_column=Column(BigInteger, primary_key=True, nullable=False))
+    length: int = Field(sa_column=Column(Integer, nullable=False))
+    sha256: str = Field(sa_column=_text())
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 def table_dialects(table: Any) -> tuple[str, ...] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .artifact_store import ArtifactStore, ArtifactStoreError, ArtifactStoreUnavailable
     from .context import RunEventInfo, RuntimeContext
     from .executor import (
         MAX_HANDLE_BYTES,
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 
 # Imported on first use (PEP 562): a reader that needs one protocol does not pay for all four.
 _WHERE = {
+    "ArtifactStore": "artifact_store",
+    "ArtifactStoreError": "artifact_store",
+    "ArtifactStoreUnavailable": "artifact_store",
     "RunEventInfo": "context",
     "RuntimeContext": "context",
     "MAX_HANDLE_BYTES": "executor",
@@ -107,6 +111,9 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ArtifactStore",
+    "ArtifactStoreError",
+    "ArtifactStoreUnavailable",
     "RuntimeContext",
     "RunEventInfo",
     "MAX_HANDLE_BYTES",

@@ -1,4 +1,4 @@
-"""Contract test suites for the four plugin seams (huey's ``StorageTests`` style).
+"""Contract test suites for the plugin seams (huey's ``StorageTests`` style).
 
 Every built-in runs them, and so must a third-party plugin. Subclass a
 contract in your own test module and provide its factory fixture::
@@ -17,9 +17,10 @@ contract in your own test module and provide its factory fixture::
 pytest collects the inherited tests; each states a promise core relies on.
 """
 
+from .artifact_store import ArtifactStoreContract
 from .executor import ExecutorContract
 from .journal import JournalBackendContract
 from .receipt_store import ReceiptStoreContract
 from .wakeup import WakeupSourceContract
 
-__all__ = ["ExecutorContract", "JournalBackendContract", "ReceiptStoreContract", "WakeupSourceContract"]
+__all__ = ["ArtifactStoreContract", "ExecutorContract", "JournalBackendContract", "ReceiptStoreContract", "WakeupSourceContract"]

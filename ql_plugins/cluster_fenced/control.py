@@ -4,7 +4,9 @@ Every ``sweep_interval_s`` one round: at most ``sweep_pages_per_round`` calls of
 ``sweep_page`` rows per step each — expired ``claimed`` leases back to the queue, expired
 ``starting``/``running`` leases ``lost`` (``LEASE_EXPIRED``, or a new attempt where the run's retry
 policy allows), passed deadlines → timeout intents, retention of ended leases and leftover specs.
-A round ends early when a call found less than a page of work. Each call is one transaction; the
+A round ends early when a call found less than a page of work. Then one call of the artifact
+store's retention (shipped logs of runs that ended more than ``log_retention_s`` ago, at most
+``artifact_sweep_page`` chunks). Each call is one transaction; the
 next round starts only after the previous one ended (no overlap); a stop request is seen between
 calls, so stopping takes at most one call (bounded by the statement timeout).
 
@@ -28,8 +30,11 @@ __all__ = ["run_sweeper", "Sweeper"]
 class Sweeper:
     """One ``ql control`` process's sweeper (its own connection)."""
 
-    def __init__(self, url: str, profile: Any, *, on_round: Callable[[dict[str, int]], None] | None = None) -> None:
+    def __init__(self, url: str, profile: Any, *, on_round: Callable[[dict[str, int]], None] | None = None,
+                 make_artifact_store: Callable[[], Any] | None = None) -> None:
         self.url = url
+        self._make_artifact_store = make_artifact_store
+        self._artifacts: Any = None
         self.profile = profile
         self.on_round = on_round
         self.totals: Counter[str] = Counter()
@@ -50,6 +55,26 @@ class Sweeper:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._artifacts is not None:
+            self._artifacts.close()
+            self._artifacts = None
+
+    def _sweep_artifacts(self, counts: Counter[str]) -> None:
+        """One bounded retention call of the artifact store (its errors are the store's own)."""
+        from ql_core.ports.artifact_store import ArtifactStoreError
+
+        if self._make_artifact_store is None:
+            return
+        try:
+            if self._artifacts is None:
+                self._artifacts = self._make_artifact_store()
+            done = self._artifacts.sweep(retention_s=float(self.profile.log_retention_s),
+                                         limit=int(self.profile.artifact_sweep_page))
+        except ArtifactStoreError as exc:
+            logger.warning("log retention failed this round: {}", exc)
+            return
+        counts["log_chunks_deleted"] += done.chunks_deleted
+        counts["logs_deleted"] += done.artifacts_deleted
 
     def round(self, stop: threading.Event | None = None) -> dict[str, int]:
         """One bounded round; the counts of what it did."""
@@ -67,6 +92,8 @@ class Sweeper:
             if max(done.requeued + done.lost + done.retried, done.timeouts, done.leases_deleted,
                    done.specs_deleted) < page and done.skipped == 0:
                 break
+        if not (stop is not None and stop.is_set()):
+            self._sweep_artifacts(counts)
         self.rounds += 1
         self.totals.update(counts)
         return dict(counts)
@@ -102,7 +129,8 @@ class Sweeper:
         return 0
 
 
-def run_sweeper(url: str, profile: Any, stop: threading.Event) -> int:
+def run_sweeper(url: str, profile: Any, stop: threading.Event, *,
+                make_artifact_store: Callable[[], Any] | None = None) -> int:
     logger.info("ql control: sweeping every {:g}s ({} rows per step, {} calls per round at most)",
                 profile.sweep_interval_s, profile.sweep_page, profile.sweep_pages_per_round)
-    return Sweeper(url, profile).run(stop)
+    return Sweeper(url, profile, make_artifact_store=make_artifact_store).run(stop)

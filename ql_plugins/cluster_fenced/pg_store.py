@@ -497,5 +497,8 @@ class PostgresJournal:
     def run_control(self, runtime: object, stop: threading.Event) -> int:
         from .control import run_sweeper
 
-        return run_sweeper(self.url, self.profile, stop)
+        rt: Any = runtime
+        name = rt.config.artifact_store if rt is not None else None
+        make_store = (lambda: rt.plugins.artifact_stores.create(name, rt.context)) if name else None
+        return run_sweeper(self.url, self.profile, stop, make_artifact_store=make_store)
 

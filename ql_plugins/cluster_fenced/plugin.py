@@ -1,6 +1,7 @@
 """The ``cluster-fenced`` plugin: PostgreSQL as the control plane of many ql workers (DESIGN.md §9).
 
-Registers the journal backend ``cluster-fenced``. Its factory chooses by the profile:
+Registers the journal backend ``cluster-fenced`` and the artifact store ``postgres`` (shipped logs
+as checksummed chunks in the control database, :mod:`.artifact_store`). Its factory chooses by the profile:
 
 - ``cluster-worker``: a :class:`~.worker_store.WorkerJournal` — the worker's own local run store
   (an edge-sqlite store at ``<data_dir>/worker.db``, plus the worker's lease/outbox table) and the
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ql_core.hookspecs import RegisterJournalBackend, hookimpl
+from ql_core.hookspecs import RegisterArtifactStore, RegisterJournalBackend, hookimpl
 
 if TYPE_CHECKING:
-    from ql_core.ports import JournalBackend, RuntimeContext
+    from ql_core.ports import ArtifactStore, JournalBackend, RuntimeContext
 
-__all__ = ["ql_register_journal_backends", "make_journal"]
+__all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "make_journal", "make_artifact_store"]
 
 NAME = "cluster-fenced"
 
@@ -51,3 +52,15 @@ def make_journal(context: RuntimeContext) -> JournalBackend:
 @hookimpl
 def ql_register_journal_backends(register: RegisterJournalBackend) -> None:
     register(NAME, make_journal)
+
+
+def make_artifact_store(context: RuntimeContext) -> ArtifactStore:
+    """The ``postgres`` artifact store on this node's control database (imported on first use)."""
+    from .artifact_store import make_artifact_store as make
+
+    return make(context)
+
+
+@hookimpl
+def ql_register_artifact_stores(register: RegisterArtifactStore) -> None:
+    register("postgres", make_artifact_store)

@@ -15,6 +15,9 @@ Threads, and who may talk to whom:
   after half the margin), keeps receipt and log, records ``SELF_FENCED`` locally, stops claiming;
 - the **queue listener**: ``LISTEN ql_queue`` on its own connection; a notification only wakes the
   control loop early (it polls anyway);
+- the **log shipper** (:mod:`.log_shipper`): ships each claimed attempt's local log to the artifact
+  store on its own connection, resumes from the store's committed offset, finalizes after the
+  attempt ended; it never holds a lock the others need, so it never delays a task or a completion;
 - the runtime's own **supervisor** (local reconciliation rounds): settles attempts whose runner is
   gone (e.g. after a restart) from their receipts or process identity.
 
@@ -57,6 +60,7 @@ from .results import EndAnswer, EndStatus, LeaseAnswer, LeaseFence, WorkerFence
 if TYPE_CHECKING:
     from ql_core.runtime import Runtime, Submission
 
+    from .log_shipper import LogShipper
     from .worker_store import WorkerJournal
     from .worker_tables import LeaseRow
 
@@ -198,6 +202,7 @@ class Worker:
         self.counts: dict[str, int] = {}
         #: The spec key ring (sealing.SpecKeyRing), read when the worker starts.
         self.ring: Any = None
+        self.shipper: LogShipper | None = None
 
     # -- the control database -----------------------------------------------------------------------
     def db(self) -> ControlDB:
@@ -227,10 +232,13 @@ class Worker:
         supervisor = None
         try:
             self._thread(self._stop_watch, "ql-worker-stop")
+            self._prepare_shipper()
             self._recover_previous()
             if not self._register():
                 return 0  # stopped before the control plane ever answered
             self._fence_previous()
+            if self.shipper is not None:
+                self.shipper.start()
             self._thread(self._guard_loop, "ql-worker-fence-guard")
             self._thread(self._listen_loop, "ql-worker-queue")
             supervisor = self.rt.supervisor()
@@ -251,10 +259,36 @@ class Worker:
             self.guard_wake.set()
             if supervisor is not None:
                 supervisor.stop()
+            if self.shipper is not None:
+                self.shipper.stop()
+                self.shipper.table.close()
             self.journal.on_outbox = None
             if self._db is not None:
                 self._db.close()
             self._unlock_data_dir()
+
+    def _prepare_shipper(self) -> None:
+        """Create the log shipper (when an artifact store is configured) and make sure every attempt
+        this data dir still holds a token for is tracked — before the recovery of the previous
+        process answers (and so erases) any token: a crash between recording a claim and tracking it
+        leaves no log behind. Started after registering (its proof needs the live session)."""
+        name = self.rt.config.artifact_store
+        if not name:
+            return
+        from .log_shipper import LogShipper, open_ship_table
+
+        table = open_ship_table(self.rt.config.data_dir, int(self.profile.busy_timeout_ms))
+        self.shipper = LogShipper(self.rt, table, lambda: self.rt.plugins.artifact_stores.create(name, self.rt.context),
+                                  worker_id=self.worker_id, profile=self.profile,
+                                  fence=lambda: None if self.taken_over else self.worker)
+        missing = []
+        for row in self.leases.unanswered():
+            attempt = self.rt.journal.attempt(row.attempt_id)
+            if row.lease_token and attempt is not None and table.get(row.attempt_id) is None:
+                missing.append((row.attempt_id, row.run_id, attempt.log_artifact_id, row.lease_generation,
+                                row.lease_token))
+        if missing:
+            table.track(missing)
 
     def _thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -441,6 +475,12 @@ class Worker:
             return
         self._count("claimed", len(result.attempts))
         log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
+        if self.shipper is not None:
+            try:  # before anything spawns: every byte of these logs is shipped
+                self.shipper.track([(f.attempt_id, run_id, log_of[f.attempt_id], f.lease_generation, f.lease_token)
+                                    for f, run_id in fences])
+            except Exception as exc:  # noqa: BLE001 - the next start tracks them from ql_worker_lease
+                logger.error("claimed attempts not tracked for log shipping ({})", type(exc).__name__)
         for claimed, (fence, _run_id) in zip(result.attempts, fences):
             held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
                         timeout_ms=claimed.timeout_ms,
@@ -710,6 +750,8 @@ class Worker:
                 held.kill_due = None
         self.outbox_next.pop(attempt_id, None)
         self.wake.set()
+        if self.shipper is not None:
+            self.shipper.wake()  # the attempt ended: finalize its log soon
 
     def _submit_outbox(self, *, pre_register: bool = False) -> int:
         """Submit due outbox rows with their fences; returns how many got a final answer."""
@@ -874,6 +916,11 @@ class Worker:
                 break
             self.wake.wait(0.1)
             self.wake.clear()
+        if self.shipper is not None and self.worker is not None and not self.taken_over:
+            # Deregistering ends the session that proves this worker to the artifact store: finalize
+            # the logs of ended attempts first (bounded; a later start finishes whatever is left).
+            if not self.shipper.flush(min(10.0, max(1.0, self.settings.drain_timeout_s))):
+                logger.info("some logs are not finalized yet; the next start of this worker ships them")
         if self.worker is not None and not self.taken_over:
             with contextlib.suppress(ControlDBError):
                 self.call(lambda db: db.deregister(self.worker))  # type: ignore[arg-type]

@@ -266,8 +266,14 @@ class WorkerJournal:
 
     def ended_logs(self, owner: str, *, unsized: bool = False, created_before_ms: int | None = None,
                    sized: bool = False, limit: int) -> list[LogFacts]:
-        return self.local.ended_logs(owner, unsized=unsized, created_before_ms=created_before_ms, sized=sized,
+        logs = self.local.ended_logs(owner, unsized=unsized, created_before_ms=created_before_ms, sized=sized,
                                      limit=limit)
+        if unsized:
+            return logs  # finalizing (cut to the quota, size recorded) is what the shipper waits for
+        # The other two asks are for deletion (age, total size): never a log the shipper has not
+        # finalized in the artifact store yet — a worker cut off from the database keeps its logs.
+        keep = self.leases.unshipped_logs([f.id for f in logs])
+        return [f for f in logs if f.id not in keep]
 
     def ended_log_bytes(self, owner: str) -> int:
         return self.local.ended_log_bytes(owner)

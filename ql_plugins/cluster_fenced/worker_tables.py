@@ -218,5 +218,22 @@ class WorkerLeases:
                 return out
             cursor = rows[-1].attempt_id
 
+    def unshipped_logs(self, log_ids: list[str]) -> set[str]:
+        """Which of these local logs the log shipper has not finalized in the artifact store yet
+        (table ``ql_log_ship`` of :mod:`.log_shipper`; none when no artifact store ever ran here)."""
+        import sqlite3
+
+        if not log_ids:
+            return set()
+        marks = ", ".join("?" * len(log_ids))
+        try:
+            rows = self._db.connection().execute(
+                f"SELECT log_id FROM ql_log_ship WHERE state = 'shipping' AND log_id IN ({marks})", tuple(log_ids))
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return set()
+            raise
+        return {r[0] for r in rows}
+
     def counts(self) -> dict[str, int]:
         return {state: int(n) for state, n in self._db.connection().execute(_COUNT)}

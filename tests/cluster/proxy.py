@@ -8,6 +8,9 @@
 - :meth:`Proxy.partition` — stop forwarding in both directions; connections stay open and new ones
   are accepted but nothing gets through (packets dropped, the peer never answers).
 - :meth:`Proxy.heal` — drop every connection (their streams are broken) and forward again.
+- :meth:`Proxy.corrupt_next_bulk` — flip one bit in the middle of the next large piece a client
+  sends (a bulk parameter such as a log chunk's bytes): corruption in transit that only a checksum
+  computed by the server can notice.
 
 The client must not use TLS through it (``sslmode=disable``) so that the marker is visible; the
 proxy reads nothing else of the protocol but message boundaries of the server's answer.
@@ -46,6 +49,8 @@ class Proxy:
         self._pairs: list[_Pair] = []
         self._blocked = False
         self._marker: bytes | None = None
+        self._corrupt_min: int | None = None
+        self.corrupted = 0
         self.cuts = 0
         self._stopped = False
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -54,6 +59,10 @@ class Proxy:
     def cut_after_commit(self, marker: str) -> None:
         with self._lock:
             self._marker = marker.encode()
+
+    def corrupt_next_bulk(self, min_bytes: int = 16384) -> None:
+        with self._lock:
+            self._corrupt_min = min_bytes
 
     def partition(self) -> None:
         with self._lock:
@@ -115,6 +124,11 @@ class Proxy:
                 if upstream and self._marker is not None and self._marker in data:
                     self._marker = None
                     pair.armed = True
+                if upstream and self._corrupt_min is not None and len(data) >= self._corrupt_min:
+                    self._corrupt_min = None
+                    self.corrupted += 1
+                    middle = len(data) // 2
+                    data = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1:]
             if blocked:
                 continue  # dropped on the floor: the peer never hears of it
             if not upstream and pair.armed:

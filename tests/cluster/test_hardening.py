@@ -28,6 +28,7 @@ from ql_plugins.cluster_fenced.sealing import (
     load_key_file,
     new_key_file,
 )
+from tests.cluster.log_support import assert_shipped_equals_local
 from tests.cluster.support import TEST_RING, Cluster, admin_conninfo, opened, seal
 from tests.cluster.worker_support import QL, Harness, wait_for
 
@@ -181,11 +182,25 @@ def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: 
     assert worker.alive()
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_worker").fetchone()["n"] == 0
     assert _grant_cli(harness, worker_role).returncode == 0
-    ok = harness.submit(["sh", "-c", "exit 0"])
+    ok = harness.submit(["sh", "-c", "seq 1 20000; exit 0"])
     failing = harness.submit(["sh", "-c", "exit 3"], retries=1)
     assert harness.wait_status(ok)["status"] == "succeeded"
     row = harness.wait_status(failing)
     assert (row["status"], row["exit_code"]) == ("failed", 3)
+    # Its log was shipped and finalized through the fenced artifact functions alone (the
+    # read-back that checks the whole-file SHA-256 included): the same bytes as the local file.
+    (attempt,) = harness.attempts(ok)
+    shipped = assert_shipped_equals_local(harness, "a", attempt["id"])
+    assert shipped == "".join(f"{i}\n" for i in range(1, 20001)).encode()
+    # Reading logs is not a worker's right: `ql logs` with the worker's own config (the role) is
+    # one line naming the fix, never a traceback; the control node's config reads them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env.update({"QL_CONFIG": str(harness.root / "a.toml"), "HOME": str(harness.root)})
+    denied = subprocess.run(QL + ["logs", ok], env=env, capture_output=True, text=True, timeout=60)
+    assert denied.returncode == 1 and "Traceback" not in denied.stderr, denied.stderr
+    assert "may not read shipped logs" in denied.stderr and "control node" in denied.stderr
+    assert PASSWORD not in denied.stderr
+    assert harness.ql("logs", ok).stdout.encode() == shipped
     # It really was the role: its sessions are the role's.
     users = {r["usename"] for r in harness.sql.execute(
         "SELECT usename FROM pg_stat_activity WHERE application_name LIKE 'ql-%%'").fetchall()}
@@ -392,7 +407,7 @@ def test_upgrading_to_0005_ends_plaintext_queued_runs_clearly_and_keeps_the_rest
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from ql_core.db.migrate import _alembic_config, upgrade
+    from ql_core.db.migrate import SCHEMA_HEAD, _alembic_config, upgrade
     from tests.cluster.support import check_invariants, conninfo_of
 
     name = f"ql_u_{uuid.uuid4().hex[:12]}"
@@ -409,7 +424,7 @@ def test_upgrading_to_0005_ends_plaintext_queued_runs_clearly_and_keeps_the_rest
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SELECT * FROM ql_submit(%s, NULL, %s::jsonb, NULL, 1)",
                          (queued, '{"command": ["echo", "clear"], "env": {}}'))
-        assert upgrade(engine) == "0005_worker_role"
+        assert upgrade(engine) == SCHEMA_HEAD
         with psycopg.connect(dsn, autocommit=True) as conn:
             row = conn.execute("SELECT status, reason FROM ql_run WHERE id = %s", (queued,)).fetchone()
             assert row == ("failed", "SPEC_NOT_SEALED")

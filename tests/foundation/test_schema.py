@@ -15,7 +15,7 @@ TABLES = {"ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_rec
 
 
 #: Tables that exist only on PostgreSQL (the cluster control plane, revision 0003).
-POSTGRES_TABLES = {"ql_worker", "ql_attempt_lease", "ql_run_spec"}
+POSTGRES_TABLES = {"ql_worker", "ql_attempt_lease", "ql_run_spec", "ql_artifact", "ql_artifact_chunk"}
 
 
 def assert_schema_matches_metadata(engine) -> None:

@@ -1,0 +1,475 @@
+"""The worker's log shipper: each attempt's local log, shipped to the artifact store in chunks.
+
+One daemon thread per ``ql worker`` (``ql-worker-logs``), with its own store connection; it never
+holds a lock the control loop or a runner needs, so shipping never delays a task, a lease renewal
+or a completion — a database that is down only delays the shipping (capped backoff).
+
+What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker.db``):
+
+1. **open** the artifact (quota: the profile's ``log_max_bytes``); the store answers its committed
+   offset — where shipping resumes after any crash, restart or lost connection. Nothing about
+   progress is trusted from local state: the store's offset is the truth.
+2. **ship** new bytes of the local log while the task runs: when at least ``ship_batch_bytes``
+   (256 KiB) wait, or ``ship_interval_s`` (1 s) passed since the last chunk. The local file is read
+   in slices of at most 1 MiB (``os.pread`` at the committed offset; never the whole file), each
+   slice one chunk with its SHA-256. Answers: ``appended``/``duplicate`` advance, ``gap``/
+   ``conflict`` resynchronise to the store's offset (a lost answer), ``corrupt`` re-reads.
+3. **finalize** once the local attempt is terminal and its log is final (cut to its quota): the
+   rest is shipped, then the total length and the whole-file SHA-256 of the local bytes
+   (re-read in 1 MiB slices) are sent; the store checks both against what it holds.
+4. **delete** the local copy only after the store acknowledged the finalize and the attempt ended
+   more than ``shipped_log_keep_s`` ago. The local log retention skips a log still ``shipping``
+   (:meth:`~.worker_store.WorkerJournal.ended_logs`), so a worker cut off from the database keeps it.
+
+Proof: the lease identity of the attempt (lease generation + token, persisted here at claim time)
+plus this process's live worker session (see :mod:`.artifact_store`). The token is erased from the
+row once the finalize is acknowledged.
+
+Local files are opened without blocking and without following links (``O_NOFOLLOW|O_NONBLOCK``,
+then ``fstat`` must say regular file), like every other log access. Privacy: no chunk content, no
+command, no environment ever reaches a log line — only attempt ids, offsets, sizes and answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ql_core.clock import now_ms
+from ql_core.crashpoints import crashpoint
+from ql_core.log import logger
+from ql_core.ports.artifact_store import (
+    MAX_CHUNK_BYTES,
+    AppendAnswer,
+    ArtifactStore,
+    ArtifactStoreUnavailable,
+    FinalizeAnswer,
+)
+from ql_core.states import RUN_TERMINAL
+
+from .results import LeaseFence, WorkerFence
+
+if TYPE_CHECKING:
+    from ql_core.runtime import Runtime
+
+__all__ = ["LogShipper", "ShipTable", "ShipRow", "SHIP_PAGE", "local_log_sha256", "open_ship_table"]
+
+#: Attempts looked at per round (oldest first); the rest wait for the next round.
+SHIP_PAGE = 64
+#: Bytes one attempt may ship per round before the next attempt's turn (fairness, not a limit).
+_ROUND_BYTES = 16 * MAX_CHUNK_BYTES
+#: Fence reasons that can never turn into a yes for this attempt: stop trying, keep the local log.
+_PERMANENT = frozenset({"NO_LEASE", "WRONG_WORKER", "STALE_LEASE_GENERATION", "WRONG_TOKEN"})
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS ql_log_ship (
+        attempt_id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        log_id TEXT NOT NULL,
+        lease_generation INTEGER NOT NULL,
+        lease_token TEXT,
+        state TEXT NOT NULL,
+        total_bytes INTEGER,
+        reason TEXT,
+        created_at_ms INTEGER NOT NULL,
+        finalized_at_ms INTEGER,
+        updated_at_ms INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS ix_ql_log_ship_state ON ql_log_ship (state, created_at_ms)",
+)
+_COLUMNS = "attempt_id, run_id, log_id, lease_generation, lease_token, state, total_bytes, reason, finalized_at_ms"
+
+
+@dataclass(frozen=True, slots=True)
+class ShipRow:
+    attempt_id: str
+    run_id: str
+    log_id: str
+    lease_generation: int
+    lease_token: str | None = field(repr=False)
+    #: ``shipping`` → ``final`` (acknowledged; token erased) → deleted with the local log;
+    #: ``abandoned`` (the store refused this attempt for good, or its log can never match).
+    state: str
+    total_bytes: int | None
+    reason: str | None
+    finalized_at_ms: int | None
+
+
+class ShipTable:
+    """``ql_log_ship`` in the worker's local database (same file, WAL; its own connection)."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 5000) -> None:
+        self._path = path
+        self._busy_ms = busy_timeout_ms
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute("PRAGMA synchronous=FULL")
+        for ddl in _DDL:
+            self._conn.execute(ddl)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def track(self, rows: list[tuple[str, str, str, int, str]]) -> None:
+        """Remember claimed attempts (attempt id, run id, log id, lease generation, token): one commit."""
+        now = now_ms()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(
+                    "INSERT OR IGNORE INTO ql_log_ship (attempt_id, run_id, log_id, lease_generation, lease_token,"
+                    " state, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'shipping', ?, ?)",
+                    [(*r, now, now) for r in rows])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def get(self, attempt_id: str) -> ShipRow | None:
+        rows = self._exec(f"SELECT {_COLUMNS} FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
+        return ShipRow(*rows[0]) if rows else None
+
+    def by_state(self, state: str, limit: int = SHIP_PAGE) -> list[ShipRow]:
+        return [ShipRow(*r) for r in self._exec(
+            f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = ? ORDER BY created_at_ms, attempt_id LIMIT ?",
+            (state, limit))]
+
+    def finalized(self, attempt_id: str, total_bytes: int) -> None:
+        now = now_ms()
+        self._exec("UPDATE ql_log_ship SET state = 'final', total_bytes = ?, finalized_at_ms = ?, lease_token = NULL,"
+                   " updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'", (total_bytes, now, now, attempt_id))
+
+    def abandon(self, attempt_id: str, reason: str) -> None:
+        now = now_ms()
+        self._exec("UPDATE ql_log_ship SET state = 'abandoned', reason = ?, lease_token = NULL, updated_at_ms = ?"
+                   " WHERE attempt_id = ? AND state = 'shipping'", (reason[:64], now, attempt_id))
+
+    def forget(self, attempt_id: str) -> None:
+        self._exec("DELETE FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
+
+    def due_deletions(self, finalized_before_ms: int, limit: int = SHIP_PAGE) -> list[ShipRow]:
+        return [ShipRow(*r) for r in self._exec(
+            f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = 'final' AND finalized_at_ms < ?"
+            " ORDER BY finalized_at_ms LIMIT ?", (finalized_before_ms, limit))]
+
+
+def _open_local(data_dir: Path, log_id: str) -> int | None:
+    """The local log, read-only: no link followed, never blocking, a regular file (else UnsafePathError)."""
+    from ql_core.logs import _LogDir
+
+    with _LogDir(data_dir, log_id) as d:
+        return d.open(os.O_RDONLY)
+
+
+def local_log_sha256(fd: int, total: int) -> str:
+    """SHA-256 of ``[0, total)`` of an open file, read in slices of at most 1 MiB."""
+    digest = hashlib.sha256()
+    at = 0
+    while at < total:
+        piece = os.pread(fd, min(MAX_CHUNK_BYTES, total - at), at)
+        if not piece:
+            break
+        digest.update(piece)
+        at += len(piece)
+    if at != total:
+        raise OSError("the local log is shorter than its recorded size")
+    return digest.hexdigest()
+
+
+@dataclass
+class _Progress:
+    """In memory only (the store's committed offset is the truth; reopened after a restart)."""
+
+    committed: int = 0
+    max_bytes: int = 0
+    last_ship: float = 0.0
+    corrupt: int = 0
+
+
+class LogShipper:
+    """The ``ql-worker-logs`` thread (see the module docstring)."""
+
+    def __init__(self, rt: Runtime, table: ShipTable, make_store: Callable[[], ArtifactStore], *,
+                 worker_id: str, fence: Callable[[], WorkerFence | None], profile: Any) -> None:
+        self.rt = rt
+        self.table = table
+        self._make_store = make_store
+        self._store: ArtifactStore | None = None
+        self.worker_id = worker_id
+        self._fence = fence
+        self.profile = profile
+        self.interval_s = float(profile.ship_interval_s)
+        self.batch_bytes = int(profile.ship_batch_bytes)
+        self.max_bytes = int(profile.log_max_bytes)
+        self.keep_ms = int(float(profile.shipped_log_keep_s) * 1000)
+        self._progress: dict[str, _Progress] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self.counts: dict[str, int] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="ql-worker-logs", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
+            self._store = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait (bounded) until no ended attempt's log is left unfinalized; True when none is."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while time.monotonic() < deadline:
+            self._idle.clear()
+            self._wake.set()
+            if self._idle.wait(min(1.0, max(0.0, deadline - time.monotonic()))) and not self._ended_pending():
+                return True
+        return not self._ended_pending()
+
+    def _ended_pending(self) -> bool:
+        for row in self.table.by_state("shipping"):
+            attempt = self.rt.journal.attempt(row.attempt_id)
+            if attempt is not None and attempt.status in RUN_TERMINAL:
+                return True
+        return False
+
+    def track(self, rows: list[tuple[str, str, str, int, str]]) -> None:
+        """Called by the control loop right after a claim was recorded (before anything spawns)."""
+        self.table.track(rows)
+        self._wake.set()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            wait = self.interval_s
+            try:
+                if time.monotonic() >= self._retry_at:
+                    wait = self._round()
+                    self._backoff = 0.0
+                else:
+                    wait = self._retry_at - time.monotonic()
+            except ArtifactStoreUnavailable:
+                # The database is away: only shipping waits (tasks, renewals, completions go on).
+                self._backoff = min(30.0, max(0.25, self._backoff * 2))
+                self._retry_at = time.monotonic() + self._backoff
+                self._count("unavailable")
+                wait = self._backoff
+            except Exception as exc:  # noqa: BLE001 - type only: never a value that could hold data
+                # A final store error (a schema mismatch, a bug) or the local disk: say so, back off
+                # (capped) instead of repeating the same failure every second.
+                self._backoff = min(30.0, max(1.0, self._backoff * 2))
+                self._retry_at = time.monotonic() + self._backoff
+                logger.error("log shipping round failed ({}); retried in {:g}s", type(exc).__name__, self._backoff)
+                wait = self._backoff
+            self._idle.set()
+            self._wake.wait(max(0.01, wait))
+            self._wake.clear()
+
+    def store(self) -> ArtifactStore:
+        if self._store is None:
+            self._store = self._make_store()
+        return self._store
+
+    def _round(self) -> float:
+        """One pass over the pending attempts; returns how long to sleep."""
+        fence = self._fence()
+        if fence is None:
+            return self.interval_s  # not registered (yet): no proof to show
+        next_due = self.interval_s
+        for row in self.table.by_state("shipping"):
+            if self._stop.is_set():
+                break
+            due = self._ship(row, fence)
+            next_due = min(next_due, due)
+        self._delete_shipped()
+        return next_due
+
+    def _proof(self, row: ShipRow, fence: WorkerFence) -> LeaseFence:
+        assert row.lease_token is not None
+        return LeaseFence(self.worker_id, fence.generation, fence.session, row.attempt_id, row.lease_generation,
+                          row.lease_token)
+
+    def _ship(self, row: ShipRow, fence: WorkerFence) -> float:
+        """Ship (and maybe finalize) one attempt's log; returns when it wants to be looked at again."""
+        attempt = self.rt.journal.attempt(row.attempt_id)
+        if attempt is None:
+            lease = self._lease_state(row.attempt_id)
+            if lease in (None, "answered"):
+                self.table.forget(row.attempt_id)  # never spawned here: no log exists or ever will
+            return self.interval_s
+        if row.lease_token is None:
+            self.table.abandon(row.attempt_id, "NO_TOKEN")
+            return self.interval_s
+        proof = self._proof(row, fence)
+        store = self.store()
+        progress = self._progress.get(row.attempt_id)
+        if progress is None:
+            state = store.open(row.attempt_id, proof, max_bytes=self.max_bytes)
+            if state.fenced:
+                return self._fenced(row, state.fence_reason or "FENCED")
+            if state.finalized:
+                self._acknowledged(row, state.total_bytes or 0)
+                return self.interval_s
+            progress = self._progress[row.attempt_id] = _Progress(state.committed_bytes, state.max_bytes)
+            if state.committed_bytes:
+                logger.info("attempt {}: log shipping resumes at byte {}", row.attempt_id, state.committed_bytes)
+        ended = attempt.status in RUN_TERMINAL
+        if ended:
+            from ql_core.logs import finalize_log
+
+            # Cut to the quota first: the local bytes are then final and the SHA is of exactly them.
+            finalize_log(self.rt, row.log_id)
+        fd = _open_local(self.rt.config.data_dir, row.log_id)
+        try:
+            size = 0 if fd is None else os.fstat(fd).st_size
+            size = min(size, progress.max_bytes, self.max_bytes)
+            pending = size - progress.committed
+            now = time.monotonic()
+            if pending > 0 and (ended or pending >= self.batch_bytes or now - progress.last_ship >= self.interval_s):
+                assert fd is not None
+                if not self._send(row, proof, progress, fd, size):
+                    return self.interval_s
+            if not ended:
+                if size - progress.committed >= self.batch_bytes:
+                    return 0.0
+                return max(0.0, self.interval_s - (time.monotonic() - progress.last_ship))
+            if progress.committed < size:
+                return 0.0  # more to send first (its round budget ran out)
+            sha = local_log_sha256(fd, size) if fd is not None else hashlib.sha256(b"").hexdigest()
+        finally:
+            if fd is not None:
+                os.close(fd)
+        result = store.finalize(row.attempt_id, proof, total_bytes=size, sha256=sha)
+        crashpoint("ship.after_finalize")
+        if result.acknowledged:
+            self._acknowledged(row, size)
+        elif result.answer is FinalizeAnswer.FENCED:
+            return self._fenced(row, result.fence_reason or "FENCED")
+        else:
+            # The stored bytes differ from the local file (they cannot be rewritten): keep the local
+            # log for good, say so once; the reader sees an artifact that never finalizes.
+            logger.error("attempt {}: shipped log does not match the local log ({} bytes committed, {} local); "
+                         "the local log is kept", row.attempt_id, result.committed_bytes, size)
+            self.table.abandon(row.attempt_id, "MISMATCH")
+            self._progress.pop(row.attempt_id, None)
+        return self.interval_s
+
+    def _send(self, row: ShipRow, proof: LeaseFence, progress: _Progress, fd: int, size: int) -> bool:
+        """Send chunks from the committed offset up to ``size`` (at most a round's budget)."""
+        store = self.store()
+        budget = _ROUND_BYTES
+        while progress.committed < size and budget > 0:
+            at = progress.committed
+            piece = os.pread(fd, min(MAX_CHUNK_BYTES, size - at), at)
+            if not piece:
+                return True  # the file shrank (cut to its quota): the next round sees the new size
+            sha = hashlib.sha256(piece).hexdigest()
+            result = self._append(store, row, proof, at, piece, sha)
+            crashpoint("ship.after_append")
+            answer = result.answer
+            if answer in (AppendAnswer.APPENDED, AppendAnswer.DUPLICATE, AppendAnswer.GAP, AppendAnswer.CONFLICT):
+                # duplicate/gap/conflict: our idea of the end was stale (a lost answer, a restart):
+                # the store's committed offset is the truth.
+                if answer is not AppendAnswer.APPENDED:
+                    self._count(f"append_{answer}")
+                progress.committed = result.committed_bytes
+                progress.last_ship = time.monotonic()
+                budget -= len(piece)
+                self._count("bytes", len(piece))
+            elif answer is AppendAnswer.CORRUPT:
+                # Never expected from a faithful read: re-read next time; say so without any byte.
+                progress.corrupt += 1
+                self._count("append_corrupt")
+                logger.warning("attempt {}: chunk at byte {} refused as corrupt; it is read again",
+                               row.attempt_id, at)
+                return False
+            elif answer is AppendAnswer.QUOTA:
+                progress.max_bytes = progress.committed  # nothing more fits
+                return True
+            elif answer is AppendAnswer.FINALIZED:
+                self._acknowledged(row, result.committed_bytes)
+                return False
+            else:
+                self._fenced(row, result.fence_reason or "FENCED")
+                return False
+            del piece
+        return True
+
+    def _append(self, store: ArtifactStore, row: ShipRow, proof: LeaseFence, at: int, piece: bytes,
+                sha: str) -> Any:
+        return store.append(row.attempt_id, proof, at, piece, sha)
+
+    def _acknowledged(self, row: ShipRow, total: int) -> None:
+        self.table.finalized(row.attempt_id, total)
+        self._progress.pop(row.attempt_id, None)
+        self._count("finalized")
+        logger.info("attempt {}: log shipped and finalized ({} bytes)", row.attempt_id, total)
+
+    def _fenced(self, row: ShipRow, reason: str) -> float:
+        self._progress.pop(row.attempt_id, None)
+        if reason in _PERMANENT or reason == "NOT_OPENED":
+            if reason != "NOT_OPENED":
+                logger.warning("attempt {}: the artifact store refuses its log ({}); the local log is kept",
+                               row.attempt_id, reason)
+                self.table.abandon(row.attempt_id, reason)
+            return self.interval_s
+        # This process's session is stale or lapsed: the control loop re-establishes it (or exits).
+        self._count("fenced_session")
+        return max(self.interval_s, 1.0)
+
+    def _lease_state(self, attempt_id: str) -> str | None:
+        leases = getattr(self.rt.journal, "leases", None)
+        if leases is None:
+            return None
+        row = leases.get(attempt_id)
+        return None if row is None else str(row.state)
+
+    def _delete_shipped(self) -> None:
+        """Local copies of acknowledged logs, once the keep time passed (bounded page)."""
+        from ql_core.logs import _delete
+
+        cutoff = now_ms() - self.keep_ms
+        for row in self.table.due_deletions(cutoff):
+            facts = self.rt.journal.log_facts(row.log_id)
+            try:
+                if facts is not None and not facts.deleted:
+                    _delete(self.rt, facts, now_ms())
+                self.table.forget(row.attempt_id)
+                self._count("local_deleted")
+            except Exception as exc:  # noqa: BLE001 - retried next round
+                logger.warning("attempt {}: shipped local log not deleted ({})", row.attempt_id, type(exc).__name__)
+
+
+def open_ship_table(data_dir: Path, busy_timeout_ms: int) -> ShipTable:
+    """The table in the worker's local database (``<data_dir>/worker.db``)."""
+    return ShipTable(Path(data_dir) / "worker.db", busy_timeout_ms=busy_timeout_ms)
+

@@ -1,0 +1,80 @@
+"""Helpers of the cluster-log tests: the shipped bytes, the local file, a task that writes a known log."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from ql_core.paths import log_path
+from tests.cluster.worker_support import Harness, wait_for
+
+
+def artifact(h: Harness, attempt_id: str) -> dict[str, Any] | None:
+    return h.sql.execute("SELECT * FROM ql_artifact WHERE attempt_id = %s", (attempt_id,)).fetchone()
+
+
+def shipped(h: Harness, attempt_id: str) -> bytes:
+    """Every stored chunk, checked to be contiguous from 0 (no hole, no overlap, no duplicate)."""
+    out = bytearray()
+    for row in h.sql.execute("SELECT byte_offset, length, sha256, data FROM ql_artifact_chunk "
+                             "WHERE attempt_id = %s ORDER BY byte_offset", (attempt_id,)).fetchall():
+        assert row["byte_offset"] == len(out), f"hole or overlap at {len(out)}"
+        data = bytes(row["data"])
+        assert len(data) == row["length"] <= 1024 * 1024
+        assert hashlib.sha256(data).hexdigest() == row["sha256"]
+        out += data
+    return bytes(out)
+
+
+def local_log(h: Harness, worker: str, attempt_id: str) -> bytes:
+    log_id = h.sql.execute("SELECT log_artifact_id FROM ql_run_attempt WHERE id = %s", (attempt_id,)).fetchone()
+    return Path(log_path(h.worker_dir(worker), log_id["log_artifact_id"])).read_bytes()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def wait_finalized(h: Harness, attempt_id: str, timeout: float = 60) -> dict[str, Any]:
+    return wait_for(lambda: (lambda a: a if a is not None and a["status"] == "final" else None)(
+        artifact(h, attempt_id)), timeout=timeout, what=f"the log of {attempt_id} to be finalized",
+        diagnose=h.logs)
+
+
+def assert_shipped_equals_local(h: Harness, worker: str, attempt_id: str) -> bytes:
+    art = wait_finalized(h, attempt_id)
+    data = shipped(h, attempt_id)
+    local = local_log(h, worker, attempt_id)
+    assert len(data) == art["total_bytes"] == len(local), (len(data), art["total_bytes"], len(local))
+    assert sha(data) == art["sha256"] == sha(local)
+    return data
+
+
+def writer_command(lines: int, *, pause_every: int = 0, pause_s: float = 0.05, width: int = 100) -> list[str]:
+    """A task that prints ``lines`` numbered lines of ``width`` bytes (pausing now and then)."""
+    script = ("i=0; while [ $i -lt %d ]; do printf '%%08d %%0%dd\\n' $i 0; i=$((i+1)); "
+              % (lines, width - 10))
+    if pause_every:
+        script += f"if [ $((i % {pause_every})) -eq 0 ]; then sleep {pause_s}; fi; "
+    script += "done"
+    return ["sh", "-c", script]
+
+
+def bulk_command(mib: int, *, pieces: int = 1, pause_s: float = 0.0) -> list[str]:
+    """A task that writes ``mib`` MiB of random bytes in ``pieces`` parts (pausing between them)."""
+    per = mib // pieces
+    script = f"for p in $(seq {pieces}); do head -c {per}M /dev/urandom; sleep {pause_s}; done"
+    return ["sh", "-c", script]
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+__all__ = ["artifact", "shipped", "local_log", "sha", "wait_finalized", "assert_shipped_equals_local",
+           "writer_command", "bulk_command", "rss_kib"]
