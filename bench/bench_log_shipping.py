@@ -88,10 +88,16 @@ def ship(url: str, dsn: str, path: Path, tmp: Path) -> dict[str, float]:
     size = path.stat().st_size
     data_dir = tmp / "worker"
     data_dir.mkdir(mode=0o700)
+    from ql_plugins.cluster_fenced.sealing import SpecKeyRing, encode_spec, load_key_file, new_key_file
+
+    key_file = tmp / "spec.key"  # task specs travel sealed: the worker opens them with this key
+    new_key_file(key_file)
+    ring = SpecKeyRing(load_key_file(key_file))
     config = tmp / "worker.toml"
     config.write_text(f'profile = "cluster-worker"\ndata_dir = "{data_dir}"\ndatabase_url = "{url}"\n'
                       f'[limits]\nclaim_interval_s = 0.05\nlog_max_bytes = {size + CHUNK}\n'
-                      f'[plugin.cluster-fenced]\nworker_id = "bench-ship"\nslots = 1\n')
+                      f'[plugin.cluster-fenced]\nworker_id = "bench-ship"\nslots = 1\n'
+                      f'spec_key_file = "{key_file}"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env["QL_CONFIG"] = str(config)
     env["HOME"] = str(tmp)
@@ -112,7 +118,7 @@ def ship(url: str, dsn: str, path: Path, tmp: Path) -> dict[str, float]:
 
             run_id = new_id()
             with ControlDB.connect(dsn) as db:
-                db.submit(run_id, spec={"command": ["cat", str(path)], "shell": False, "cwd": None, "env": {}})
+                db.submit(run_id, sealed=ring.seal(run_id, encode_spec(["cat", str(path)], False, None, None), 1))
             peak, peak_rollup = base, _rollup(worker.pid)
             shipped_at = None
             deadline = time.monotonic() + 900
