@@ -22,6 +22,8 @@ Revises: 0002_plugin_seams
 
 import sqlalchemy as sa
 from alembic import op
+
+from ql_core.db.pg_migration import execute_statements, split_statements
 from sqlalchemy.dialects import postgresql
 
 revision = "0003_cluster_control"
@@ -92,13 +94,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["run_id"], ["ql_run.id"]),
         sa.PrimaryKeyConstraint("run_id"),
     )
-    # On the driver's own cursor, without parameters: PL/pgSQL's "%" is not a placeholder there.
-    cursor = op.get_bind().connection.dbapi_connection.cursor()
-    try:
-        for statement in SQL_STATEMENTS:
-            cursor.execute(statement)
-    finally:
-        cursor.close()
+    execute_statements(op, SQL_STATEMENTS)
 
 
 def downgrade() -> None:
@@ -1016,21 +1012,6 @@ END $$;
 
 
 
-def _statements(*blocks: str) -> list[str]:
-    """One statement per string (a driver may refuse several at once): split before each CREATE."""
-    out: list[str] = []
-    for block in blocks:
-        current: list[str] = []
-        for line in block.strip().splitlines():
-            if line.startswith("CREATE ") and any(not x.startswith("--") and x.strip() for x in current):
-                out.append("\n".join(current).strip())
-                current = []
-            current.append(line)
-        if current:
-            out.append("\n".join(current).strip())
-    return out
-
-
 #: Executed in order by :func:`upgrade` on PostgreSQL.
-SQL_STATEMENTS = _statements(_PRIVATE, _MAP_OUTCOME, _TRANSITIONS, _CONTROL, _WORKER_SESSION, _CLAIM,
+SQL_STATEMENTS = split_statements(_PRIVATE, _MAP_OUTCOME, _TRANSITIONS, _CONTROL, _WORKER_SESSION, _CLAIM,
                              _LEASE_OPS, _COMPLETE, _SWEEP)

@@ -27,6 +27,8 @@ Revises: 0003_cluster_control
 
 from alembic import op
 
+from ql_core.db.pg_migration import execute_statements, split_statements
+
 revision = "0004_cluster_worker"
 down_revision = "0003_cluster_control"
 branch_labels = None
@@ -36,13 +38,7 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    # On the driver's own cursor, without parameters: PL/pgSQL's "%" is not a placeholder there.
-    cursor = op.get_bind().connection.dbapi_connection.cursor()
-    try:
-        for statement in SQL_STATEMENTS:
-            cursor.execute(statement)
-    finally:
-        cursor.close()
+    execute_statements(op, SQL_STATEMENTS)
 
 
 def downgrade() -> None:
@@ -340,20 +336,5 @@ END $$;
 """
 
 
-def _statements(*blocks: str) -> list[str]:
-    """One statement per string (a driver may refuse several at once): split before each CREATE."""
-    out: list[str] = []
-    for block in blocks:
-        current: list[str] = []
-        for line in block.strip().splitlines():
-            if line.startswith("CREATE ") and any(not x.startswith("--") and x.strip() for x in current):
-                out.append("\n".join(current).strip())
-                current = []
-            current.append(line)
-        if current:
-            out.append("\n".join(current).strip())
-    return out
-
-
 #: Executed in order by :func:`upgrade` on PostgreSQL.
-SQL_STATEMENTS = _statements(_CLAIM, _CANCEL, _END, _QUEUE_NOTIFY, _DEREGISTER)
+SQL_STATEMENTS = split_statements(_CLAIM, _CANCEL, _END, _QUEUE_NOTIFY, _DEREGISTER)

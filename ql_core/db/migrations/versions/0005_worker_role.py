@@ -28,6 +28,8 @@ Revises: 0004_cluster_worker
 import sqlalchemy as sa
 from alembic import op
 
+from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_statements, split_statements
+
 revision = "0005_worker_role"
 down_revision = "0004_cluster_worker"
 branch_labels = None
@@ -59,13 +61,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["run_id"], ["ql_run.id"]),
         sa.PrimaryKeyConstraint("run_id", "ordinal"),
     )
-    # On the driver's own cursor, without parameters: PL/pgSQL's "%" is not a placeholder there.
-    cursor = op.get_bind().connection.dbapi_connection.cursor()
-    try:
-        for statement in SQL_STATEMENTS:
-            cursor.execute(statement)
-    finally:
-        cursor.close()
+    execute_statements(op, SQL_STATEMENTS)
 
 
 def downgrade() -> None:
@@ -195,41 +191,19 @@ def _claim() -> str:
 # Every public function except the pure ql_map_outcome runs as its owner with a pinned search_path
 # (the schema ql was migrated into, then pg_temp so that no temporary object can shadow a table);
 # nobody but the owner may execute any ql function until it is granted (ql db grant-worker).
-_HARDEN = r"""
+_DEFINER = r"""
 DO $$
 DECLARE
   v_fn regprocedure;
 BEGIN
   FOR v_fn IN SELECT p.oid::regprocedure FROM pg_proc p
                WHERE p.pronamespace = current_schema()::regnamespace
-                 AND p.proname = ANY (ARRAY['ql_submit', 'ql_request_cancel', 'ql_sweep', 'ql_register',
-                                            'ql_heartbeat', 'ql_deregister', 'ql_claim', 'ql_start',
-                                            'ql_running', 'ql_renew', 'ql_complete',
-                                            'ql_end_without_completion']) LOOP
-    EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', v_fn, current_schema());
-  END LOOP;
-  FOR v_fn IN SELECT p.oid::regprocedure FROM pg_proc p
-               WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'ql\_%' LOOP
-    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
+                 AND p.proname = ANY (ARRAY[%s]) LOOP
+    EXECUTE format('ALTER FUNCTION %%s SECURITY DEFINER SET search_path = %%I, pg_temp', v_fn, current_schema());
   END LOOP;
 END $$
-"""
-
-
-def _statements(*blocks: str) -> list[str]:
-    """One statement per string: split before each CREATE/DROP at the start of a line."""
-    out: list[str] = []
-    for block in blocks:
-        current: list[str] = []
-        for line in block.strip().splitlines():
-            if line.startswith(("CREATE ", "DROP ")) and any(not x.startswith("--") and x.strip() for x in current):
-                out.append("\n".join(current).strip())
-                current = []
-            current.append(line)
-        if current:
-            out.append("\n".join(current).strip())
-    return out
+""" % ", ".join(f"'{name}'" for name in DEFINER_FUNCTIONS)
 
 
 #: Executed in order by :func:`upgrade` on PostgreSQL (after the new ql_run_spec exists).
-SQL_STATEMENTS = _statements(_SUBMIT, _claim(), _lose(), _HARDEN)
+SQL_STATEMENTS = split_statements(_SUBMIT, _claim(), _lose(), _DEFINER, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)

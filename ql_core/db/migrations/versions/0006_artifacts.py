@@ -43,6 +43,8 @@ Revises: 0004_cluster_worker
 
 from alembic import op
 
+from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_statements, split_statements
+
 revision = "0006_artifacts"
 down_revision = "0005_worker_role"
 branch_labels = None
@@ -52,35 +54,13 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    # On the driver's own cursor, without parameters: PL/pgSQL's "%" is not a placeholder there.
-    cursor = op.get_bind().connection.dbapi_connection.cursor()
-    try:
-        # Pin the functions' search_path to the schema ql is installed in (current_schema() now),
-        # with pg_temp LAST: a SECURITY DEFINER function must not resolve a name through a schema
-        # the caller can write to (a temp table named ql_artifact would otherwise shadow the real one).
-        cursor.execute("SELECT quote_ident(current_schema())")
-        schema = cursor.fetchone()[0]
-        for statement in SQL_STATEMENTS:
-            cursor.execute(statement.replace(SEARCH_PATH, f"pg_catalog, {schema}, pg_temp"))
-        # As revision 0005 did for every earlier function: nobody but the owner executes a ql
-        # function until `ql db grant-worker` grants it (PostgreSQL's default is PUBLIC).
-        cursor.execute(_REVOKE_FROM_PUBLIC)
-    finally:
-        cursor.close()
+    # Pin the functions' search_path to the schema ql is installed in (current_schema() now), with
+    # pg_temp LAST: a SECURITY DEFINER function must not resolve a name through a schema the caller
+    # can write to (a temp table named ql_artifact would otherwise shadow the real one).
+    schema = op.get_bind().exec_driver_sql("SELECT quote_ident(current_schema())").scalar_one()
+    execute_statements(op, SQL_STATEMENTS,
+                       rewrite=lambda statement: statement.replace(SEARCH_PATH, f"pg_catalog, {schema}, pg_temp"))
 
-
-_REVOKE_FROM_PUBLIC = r"""
-DO $$
-DECLARE
-  v_fn regprocedure;
-BEGIN
-  FOR v_fn IN SELECT p.oid::regprocedure FROM pg_proc p
-               WHERE p.pronamespace = current_schema()::regnamespace
-                 AND (p.proname LIKE 'ql\_artifact\_%' OR p.proname LIKE 'ql\_\_artifact\_%') LOOP
-    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
-  END LOOP;
-END $$
-"""
 
 #: Placeholder in the function bodies below, replaced by :func:`upgrade`.
 SEARCH_PATH = "pg_catalog, public"
@@ -357,22 +337,6 @@ END $$;
 """
 
 
-def _statements(*blocks: str) -> list[str]:
-    """One statement per string (a driver may refuse several at once): split before each CREATE."""
-    out: list[str] = []
-    for block in blocks:
-        current: list[str] = []
-        for line in block.strip().splitlines():
-            if line.startswith("CREATE ") and any(not x.startswith("--") and x.strip() for x in current):
-                out.append("\n".join(current).strip())
-                current = []
-            current.append(line)
-        if current:
-            out.append("\n".join(current).strip())
-    return out
-
-
-#: Executed in order by :func:`upgrade` on PostgreSQL.
 _CHUNKS = r"""
 -- The writer reads back what it stored (to check the whole-file SHA-256 against its local log
 -- before it finalizes), with the same proof as every write: a worker role has no SELECT on the
@@ -398,4 +362,7 @@ BEGIN
 END $$;
 """
 
-SQL_STATEMENTS = _statements(_TABLES, _PROOF, _OPEN, _APPEND, _FINALIZE, _CHUNKS, _SWEEP)
+#: Executed in order by :func:`upgrade` on PostgreSQL; the last one keeps the new functions private
+#: to their owner until `ql db grant-worker` grants them, as revision 0005 does for the earlier ones.
+SQL_STATEMENTS = split_statements(_TABLES, _PROOF, _OPEN, _APPEND, _FINALIZE, _CHUNKS, _SWEEP,
+                                  REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
