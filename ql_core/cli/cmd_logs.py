@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 from ql_core.cli.output import Output
 from ql_core.errors import DatabaseError
@@ -112,13 +112,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             rt.close()
     try:
         chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
-        for chunk in follow_log(rt, args.run_id, offset=args.offset, follow=args.follow):
-            if chunks is not None:
-                for record in chunks.feed(chunk.data):
-                    out.emit(record)
-            else:
-                sys.stdout.buffer.write(chunk.data)
-                sys.stdout.buffer.flush()
+        _write_chunks(follow_log(rt, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
         view = rt.status(args.run_id)
         facts = log_facts(rt, view.log_artifact_id) if view.log_artifact_id else None
         if chunks is not None:
@@ -140,20 +134,31 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _write_chunks(stream: Iterable[Any], chunks: JsonChunks | None, out: Output) -> None:
+    """Each chunk as it comes: raw bytes to stdout, or (``--json``) records that never split a character."""
+    for chunk in stream:
+        if chunks is not None:
+            for record in chunks.feed(chunk.data):
+                out.emit(record)
+        else:
+            sys.stdout.buffer.write(chunk.data)
+            sys.stdout.buffer.flush()
+
+
 def _run_shipped(args: argparse.Namespace, out: Output, rt: object) -> int:
     """``ql logs`` on a cluster node: the shipped chunks, from the artifact store."""
-    from ql_core.ports.artifact_store import ArtifactStoreError
+    from ql_core.ports.artifact_store import ArtifactAccessDenied, ArtifactStoreError
 
     config = rt.config  # type: ignore[attr-defined]
     store = rt.plugins.artifact_stores.create(config.artifact_store, rt.context)  # type: ignore[attr-defined]
     try:
         return _print_shipped(args, out, store, config)
+    except ArtifactAccessDenied:
+        raise DatabaseError("this node's database role may not read shipped logs (a least-privilege worker "
+                            "role can only call the worker functions): run ql logs with a control node's "
+                            "config, or a database_url whose role may read the run and artifact tables "
+                            "(docs/cluster.md, Logs)") from None
     except ArtifactStoreError as exc:
-        if "42501" in str(exc):
-            raise DatabaseError("this node's database role may not read shipped logs (a least-privilege worker "
-                                "role can only call the worker functions): run ql logs with a control node's "
-                                "config, or a database_url whose role may read the run and artifact tables "
-                                "(docs/cluster.md, Logs)") from None
         raise DatabaseError(f"cannot read the shipped log: {exc}") from None
     finally:
         store.close()
@@ -164,14 +169,8 @@ def _print_shipped(args: argparse.Namespace, out: Output, store: Any, config: An
     from ql_core.follow import follow_artifact
 
     chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
-    for chunk in follow_artifact(store, args.run_id, offset=args.offset, follow=args.follow,
-                                 unfinalized_s=float(config.profile.log_follow_unfinalized_s)):
-        if chunks is not None:
-            for record in chunks.feed(chunk.data):
-                out.emit(record)
-        else:
-            sys.stdout.buffer.write(chunk.data)
-            sys.stdout.buffer.flush()
+    _write_chunks(follow_artifact(store, args.run_id, offset=args.offset, follow=args.follow,
+                                  unfinalized_s=float(config.profile.log_follow_unfinalized_s)), chunks, out)
     ref = store.run_log(args.run_id)
     state = store.state(ref.attempt_id) if ref is not None and ref.attempt_id else None
     if chunks is not None:

@@ -36,6 +36,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "MAX_CHUNK_BYTES",
+    "ArtifactAccessDenied",
     "AppendAnswer",
     "FinalizeAnswer",
     "ArtifactState",
@@ -149,6 +150,11 @@ class ArtifactStoreError(Exception):
 class ArtifactStoreUnavailable(ArtifactStoreError):
     """Transient: the store could not be reached or did not answer in time. The call may or may
     not have committed; repeat the same call later (every write is idempotent)."""
+
+
+class ArtifactAccessDenied(ArtifactStoreError):
+    """The store refused this caller's credentials for the call (e.g. a least-privilege worker
+    role reading logs): final, and not a bug; the message names no secret."""
 
 
 class ArtifactFencedError(ArtifactStoreError):

@@ -33,6 +33,7 @@ from ql_core.ports.artifact_store import (
     AppendAnswer,
     AppendResult,
     ArtifactState,
+    ArtifactAccessDenied,
     ArtifactStoreError,
     ArtifactStoreUnavailable,
     FinalizeAnswer,
@@ -112,6 +113,8 @@ class PostgresArtifactStore:
         except TransientError as exc:
             raise ArtifactStoreUnavailable(str(exc)) from None
         except ControlDBError as exc:
+            if exc.sqlstate == "42501":  # insufficient_privilege: this role may not make the call
+                raise ArtifactAccessDenied(str(exc)) from None
             raise ArtifactStoreError(str(exc)) from None
 
     def _one(self, operation: str, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
