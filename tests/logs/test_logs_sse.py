@@ -5,69 +5,20 @@ A real uvicorn server on 127.0.0.1 (free port, own thread), a real httpx client,
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import socket
-import threading
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
-from logs_support import lines_output, lines_script, wait_for
+from logs_support import lines_output, lines_script
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "web_host.py"
-
-
-def load_example() -> Any:
-    spec = importlib.util.spec_from_file_location("ql_example_web_host", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.web_host_support import load_web_host, serve, sse_events
 
 
 @pytest.fixture
 def server(make_runtime) -> Iterator[str]:
-    import uvicorn
-
-    web = load_example()
     rt = make_runtime(plugins=("watchfiles",))
-    app = web.create_app(rt, keepalive_s=0.5)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws="none", timeout_graceful_shutdown=5)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: srv.started, timeout=20)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(20)
-        sock.close()
-        assert not thread.is_alive()
-
-
-def sse_events(response: Any) -> Iterator[dict[str, str]]:
-    """Parse an SSE stream into events ({"event", "id", "data"}), skipping comments and retry."""
-    event: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if "data" in event:
-                yield event
-            event = {}
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            event["data"] = event["data"] + "\n" + value if "data" in event else value
-        elif field in ("event", "id"):
-            event[field] = value
+    with serve(load_web_host().create_app(rt, keepalive_s=0.5)) as base:
+        yield base
 
 
 def test_sse_stream_resumes_with_last_event_id_without_loss_or_duplication(server: str) -> None:
@@ -151,7 +102,7 @@ def test_bad_requests_are_refused(server: str) -> None:
 
 
 def test_utf8_prefix_helper() -> None:
-    web = load_example()
+    web = load_web_host()
     euro = "€".encode()
     assert web.utf8_complete_prefix(b"ab") == 2
     assert web.utf8_complete_prefix(b"ab" + euro[:1]) == 2
