@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from .errors import ConfigError, DataDirError, UnsafePathError, explain_os_error
-from .ids import is_uuid7, new_id, shard_of
+from .ids import is_uuid7, shard_of
 
 __all__ = [
     "DIR_MODE",
@@ -31,7 +31,6 @@ __all__ = [
     "receipts_root",
     "log_relative_path",
     "log_path",
-    "read_or_create_node_id",
     "read_node_id",
     "existing_data_dir",
     "read_small_file",
@@ -200,16 +199,6 @@ def read_existing_node_id(data_dir: Path) -> str:
     if is_uuid7(value):
         return value
     raise UnsafePathError(f"{path} is corrupt; it must hold one UUIDv7 (restore it from a backup)")
-
-
-def read_or_create_node_id(data_dir: Path) -> str:
-    """This node's stable id (the attempts' runtime owner), created once, atomically."""
-    try:
-        return read_existing_node_id(data_dir)
-    except FileNotFoundError:
-        pass
-    write_node_id(data_dir, new_id())
-    return read_or_create_node_id(data_dir)
 
 
 def write_node_id(data_dir: Path, value: str) -> None:

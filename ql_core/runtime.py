@@ -35,7 +35,7 @@ from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError
 from .ids import new_id
 from .log import logger
 from . import paths
-from .paths import ensure_data_dir, log_relative_path, read_or_create_node_id
+from .paths import ensure_data_dir, log_relative_path
 from .ports.context import RuntimeContext
 from .records import NewRun, RunView
 
@@ -156,46 +156,45 @@ class Runtime:
         exists — a missing data dir or database is a :class:`~ql_core.errors.NotFoundError` naming the
         fix, nothing is created or migrated (the runtime may still settle an attempt it shows).
         """
-        from dataclasses import replace
-
         from .errors import NotFoundError
         from .paths import existing_data_dir, read_node_id
-        from .plugins import load_plugin_host
 
-        if create:
-            in_use = read_node_id(config.data_dir) is not None
-            data_dir = ensure_data_dir(config.data_dir)
-            if not in_use:
-                # First use (or one racing ours): node id and run store are set up under one lock, so
-                # a node id without a database only ever means a lost database.
-                from .paths import first_use_lock
-
-                with first_use_lock(data_dir):
-                    found = read_node_id(data_dir)
-                    if data_dir != config.data_dir:
-                        config = replace(config, data_dir=data_dir)
-                    plugins = load_plugin_host(config.plugins, environ, optional=config.seam_plugins)
-                    rt = cls(config, plugins=plugins, node_id=found or new_id(), create=create,
-                             data_dir_in_use=found is not None)
-                    if found is None:
-                        # Written only now that the run store exists: the node id is the mark of a
-                        # data dir whose database was created.
-                        from .paths import write_node_id
-
-                        try:
-                            write_node_id(data_dir, rt.node_id)
-                        except BaseException:
-                            rt.close()
-                            raise
-                    return rt
-            node_id = read_or_create_node_id(data_dir)
-        else:
+        if not create:
             data_dir = existing_data_dir(config.data_dir)
             found = read_node_id(data_dir)
             if found is None:
                 raise NotFoundError(f"{data_dir} holds no ql data (no node_id): nothing has run with this data "
                                     f"dir; check --data-dir / QL_DATA_DIR")
-            node_id, in_use = found, True
+            return cls._assemble(config, data_dir, environ, node_id=found, create=False, in_use=True)
+        found = read_node_id(config.data_dir)  # first: an unreadable data dir is explained by who owns it
+        data_dir = ensure_data_dir(config.data_dir)
+        if found is None:
+            # First use (or one racing ours): node id and run store are set up under one lock, so a
+            # node id without a database only ever means a lost database.
+            from .paths import first_use_lock, write_node_id
+
+            with first_use_lock(data_dir):
+                found = read_node_id(data_dir)
+                if found is None:
+                    rt = cls._assemble(config, data_dir, environ, node_id=new_id(), create=True, in_use=False)
+                    try:
+                        # Written only now that the run store exists: the node id is the mark of a
+                        # data dir whose database was created.
+                        write_node_id(data_dir, rt.node_id)
+                    except BaseException:
+                        rt.close()
+                        raise
+                    return rt
+        return cls._assemble(config, data_dir, environ, node_id=found, create=True, in_use=True)
+
+    @classmethod
+    def _assemble(cls, config: Config, data_dir: Path, environ: dict[str, str] | None, *, node_id: str,
+                  create: bool, in_use: bool) -> Runtime:
+        """The runtime on ``data_dir`` (the canonical form of the configured one) with its plugins."""
+        from dataclasses import replace
+
+        from .plugins import load_plugin_host
+
         if data_dir != config.data_dir:
             config = replace(config, data_dir=data_dir)
         plugins = load_plugin_host(config.plugins, environ, optional=config.seam_plugins)
