@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -69,9 +68,12 @@ def test_ctrl_c_cancels_with_130_and_twice_detaches_with_125(env) -> None:
     # A task that ignores TERM: the first Ctrl-C commits the cancel, the second detaches at once.
     detached = _started(env, "sh", "-c", "trap '' TERM; echo ready; sleep 30")
     detached.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    assert detached.stderr is not None
+    first = detached.stderr.readline()  # the first Ctrl-C was handled: only now is the next one a second
+    assert "Ctrl-C again to detach" in first, first
     detached.send_signal(signal.SIGINT)
     _out, err = detached.communicate(timeout=60)
+    err = first + err
     assert detached.returncode == 125, err
     assert "detached" in err and "Traceback" not in err
     newest = json_lines(ql_proc(["--json", "list", "--limit", "1"], env).stdout)[0]
