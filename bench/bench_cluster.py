@@ -33,11 +33,10 @@ import time
 import uuid
 from pathlib import Path
 
+from pg_scratch import scratch_database
+
 COUNTS = (1, 2, 4)
 
-
-def _conninfo(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
 
 
 # -- floor ---------------------------------------------------------------------------------------
@@ -138,14 +137,18 @@ def claims_only(dsn: str, clients: int, n: int) -> float:
     return claims
 
 
-def _submit(dsn: str, n: int) -> list[str]:
+def _submit(dsn: str, n: int, key_file: Path | None = None) -> list[str]:
+    """Queue ``n`` runs of ``true``, sealed with ``key_file`` (what real workers open) or with a
+    throwaway key when nothing will run them."""
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB
+    from ql_plugins.cluster_fenced.sealing import SpecKey, SpecKeyRing, encode_spec, key_id_of, load_key_file
 
-    from ql_plugins.cluster_fenced.sealing import SpecKey, SpecKeyRing, encode_spec, key_id_of
-
-    key = os.urandom(32)
-    ring = SpecKeyRing(SpecKey(key_id_of(key), key))  # a throwaway key: the bench never runs the tasks
+    if key_file is not None:
+        ring = SpecKeyRing(load_key_file(key_file))
+    else:
+        key = os.urandom(32)
+        ring = SpecKeyRing(SpecKey(key_id_of(key), key))
     plain = encode_spec(["true"], False, None, None)
     ids = []
     with ControlDB.connect(dsn) as db:
@@ -189,7 +192,11 @@ def protocol(dsn: str, clients: int, n: int) -> tuple[float, float]:
 def end_to_end(dsn: str, workers: int, n: int, tmp: Path) -> tuple[float, float]:
     import psycopg
 
-    runs = _submit(dsn, n)
+    from ql_plugins.cluster_fenced.sealing import new_key_file
+
+    key_file = tmp / f"spec-{workers}.key"  # the workers open the specs with the submitter's key
+    new_key_file(key_file)
+    runs = _submit(dsn, n, key_file)
     procs = []
     for w in range(workers):
         d = tmp / f"w{workers}-{w}"
@@ -197,7 +204,8 @@ def end_to_end(dsn: str, workers: int, n: int, tmp: Path) -> tuple[float, float]
         config = tmp / f"w{workers}-{w}.toml"
         config.write_text(f'profile = "cluster-worker"\ndata_dir = "{d}"\ndatabase_url = "{dsn}"\n'
                           f'[limits]\nclaim_interval_s = 0.05\n'
-                          f'[plugin.cluster-fenced]\nworker_id = "bench-e{workers}-{w}"\nslots = 4\n')
+                          f'[plugin.cluster-fenced]\nworker_id = "bench-e{workers}-{w}"\nslots = 4\n'
+                          f'spec_key_file = "{key_file}"\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         env["QL_CONFIG"] = str(config)
         procs.append(subprocess.Popen([sys.executable, "-m", "ql_core.cli.main", "worker"], env=env,
@@ -208,6 +216,8 @@ def end_to_end(dsn: str, workers: int, n: int, tmp: Path) -> tuple[float, float]
                            "('succeeded', 'failed', 'lost', 'cancelled', 'timed_out')", (runs,)).fetchone()[0]:
             if time.monotonic() > deadline:
                 raise TimeoutError("runs did not finish")
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a ql worker exited; run one by hand with this config to see why")
             time.sleep(0.05)
     for p in procs:
         p.terminate()
@@ -225,37 +235,24 @@ def main() -> None:
     args = parser.parse_args()
     import psycopg
 
-    from ql_core.db.migrate import migrate_url
-
-    base = os.environ.get("QL_BENCH_POSTGRES_DSN") or os.environ.get("QL_TEST_POSTGRES_DSN")
-    if not base:
-        sys.exit("set QL_TEST_POSTGRES_DSN=postgresql+psycopg://user@host:port/db")
-    admin = _conninfo(base)
-    name = f"ql_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = base.rsplit("/", 1)[0] + "/" + name
-    dsn = _conninfo(url)
-    tmp = Path(tempfile.mkdtemp(prefix="ql-bench-cluster-"))
-    try:
-        migrate_url(url if url.startswith("postgresql+psycopg") else "postgresql+psycopg://" + url.split("://", 1)[1])
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bench_floor (id integer PRIMARY KEY, n integer NOT NULL)")
-            conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
-                         (args.floor_n * max(COUNTS),))
-        rows = []
-        for k in COUNTS:
-            floor = floor_rate(dsn, k, args.floor_n)
-            c_claims = claims_only(dsn, k, args.protocol_n)
-            p_claims, p_done = protocol(dsn, k, args.protocol_n)
-            e_claims, e_done = end_to_end(dsn, k, args.e2e_n, tmp)
-            rows.append({"workers": k, "floor_per_s": floor, "claim_only_per_s": c_claims,
-                         "protocol_claims_per_s": p_claims, "protocol_completions_per_s": p_done,
-                         "e2e_claims_per_s": e_claims, "e2e_completions_per_s": e_done})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database() as (url, dsn):
+        tmp = Path(tempfile.mkdtemp(prefix="ql-bench-cluster-"))
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE bench_floor (id integer PRIMARY KEY, n integer NOT NULL)")
+                conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
+                             (args.floor_n * max(COUNTS),))
+            rows = []
+            for k in COUNTS:
+                floor = floor_rate(dsn, k, args.floor_n)
+                c_claims = claims_only(dsn, k, args.protocol_n)
+                p_claims, p_done = protocol(dsn, k, args.protocol_n)
+                e_claims, e_done = end_to_end(dsn, k, args.e2e_n, tmp)
+                rows.append({"workers": k, "floor_per_s": floor, "claim_only_per_s": c_claims,
+                             "protocol_claims_per_s": p_claims, "protocol_completions_per_s": p_done,
+                             "e2e_claims_per_s": e_claims, "e2e_completions_per_s": e_done})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(rows))
         return

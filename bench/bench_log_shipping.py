@@ -32,11 +32,10 @@ import time
 import uuid
 from pathlib import Path
 
+from pg_scratch import scratch_database
+
 CHUNK = 1024 * 1024
 
-
-def _conninfo(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
 
 
 def _status_kib(pid: int, key: str = "VmRSS") -> int:
@@ -159,34 +158,17 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="log size in MiB")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    import psycopg
-
-    from ql_core.db.migrate import migrate_url
-
-    base = os.environ.get("QL_BENCH_POSTGRES_DSN") or os.environ.get("QL_TEST_POSTGRES_DSN")
-    if not base:
-        sys.exit("set QL_TEST_POSTGRES_DSN=postgresql+psycopg://user@host:port/db")
-    admin = _conninfo(base)
-    name = f"ql_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = base.rsplit("/", 1)[0] + "/" + name
-    if not url.startswith("postgresql+psycopg"):
-        url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    dsn = _conninfo(url)
-    tmp = Path(tempfile.mkdtemp(prefix="ql-bench-ship-"))
-    try:
-        migrate_url(url)
-        path = tmp / "log.bin"
-        with open(path, "wb") as f:
-            for _ in range(args.mib):
-                f.write(os.urandom(CHUNK))
-        floor = floor_insert(dsn, path)
-        result = ship(url, dsn, path, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database() as (url, dsn):
+        tmp = Path(tempfile.mkdtemp(prefix="ql-bench-ship-"))
+        try:
+            path = tmp / "log.bin"
+            with open(path, "wb") as f:
+                for _ in range(args.mib):
+                    f.write(os.urandom(CHUNK))
+            floor = floor_insert(dsn, path)
+            result = ship(url, dsn, path, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     result["floor_mib_per_s"] = floor
     result["ratio"] = result["ship_mib_per_s"] / floor
     if args.json:
