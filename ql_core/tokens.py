@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import os
 
-__all__ = ["new_token", "hash_token", "same_hash"]
+__all__ = ["new_token", "hash_token", "same_hash", "sha256_hex"]
 
 try:  # CPython's built-in SHA-256 (``_sha2`` from 3.12 on, ``_sha256`` before)
     from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]
@@ -35,7 +35,12 @@ def new_token() -> str:
 
 def hash_token(token: str) -> str:
     """The stored form of a token: hex SHA-256 of its ASCII bytes."""
-    return _sha256(token.encode("ascii")).hexdigest()
+    return sha256_hex(token.encode("ascii"))
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex SHA-256 without importing hashlib (and OpenSSL with it: ~1.3 MiB per host)."""
+    return _sha256(data).hexdigest()
 
 
 def same_hash(stored: str, token: str) -> bool:

@@ -24,13 +24,19 @@ from dataclasses import replace
 from ql_core.clock import now_ms_ceil
 from ql_core.ports.executor import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
 
+from ql_core.log import logger
+
 from . import identity
+from .compiled import CompiledLauncherError, compiled_launcher
 from .launch import acknowledge, release, spawn_launcher
 
-__all__ = ["LocalProcessExecutor", "LAUNCHER_LOST_STATUS", "encode_handle", "decode_handle", "run_as_user"]
+__all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "encode_handle", "decode_handle", "run_as_user"]
 
 #: launcher.sh's exit status when it could not learn the command's status (no receipt follows).
 LAUNCHER_LOST_STATUS = 125
+#: ``[plugin.local] launcher``: ``auto`` (compiled where it can be built, else the shell script),
+#: ``compiled`` (required: an error names why it cannot be built) or ``shell`` (launcher.sh).
+LAUNCHER_CHOICES = ("auto", "compiled", "shell")
 #: How long :meth:`LocalProcessExecutor.abort` gives a task between TERM and KILL.
 ABORT_TERM_GRACE_S = 2.0
 
@@ -202,18 +208,28 @@ class LocalProcessExecutor:
     through ``setpriv`` — so a task cannot read its launcher's memory (the token) or signal it.
     """
 
-    def __init__(self, *, run_as: tuple[int, int] | None = None) -> None:
+    def __init__(self, *, run_as: tuple[int, int] | None = None, launcher: str = "auto") -> None:
+        if launcher not in LAUNCHER_CHOICES:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_CHOICES)}")
+        self._launcher_choice = launcher
+        self._compiled: str | None = None
+        self._compiled_resolved = launcher == "shell"
+        if launcher == "compiled":
+            self._compiled = compiled_launcher(os.environ)  # CompiledLauncherError names the reason
+            self._compiled_resolved = True
         self._prefix: tuple[str, ...] = ()
         if run_as is not None:
             uid, gid = run_as
             self._prefix = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
         self._hints = _LaunchHints()
+        self._lock = threading.Lock()
         self._host_handle: tuple[int, str | None] | None = None
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
         if self._prefix:
             command = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
             request = replace(request, command=self._prefix + tuple(command), shell=False)
+        compiled = self.compiled_launcher()
         env_path = (request.env if request.env is not None else os.environ).get("PATH")
         process, channel = spawn_launcher(
             shard_dir=request.receipt_location,
@@ -229,12 +245,27 @@ class LocalProcessExecutor:
             env=request.env,
             hold=True,
             awaited=request.awaited,
-            hints=self._hints.for_path(env_path),
+            hints="" if compiled is not None else self._hints.for_path(env_path),
+            compiled=compiled,
         )
         # The launcher now waits for its token: the command starts only in release().
         held = _Held(process, channel, request.token)
         handle = identity.capture_handle(process.pid)
         return SpawnedTask(handle=encode_handle(handle) if handle is not None else None, live=held)
+
+    def compiled_launcher(self) -> str | None:
+        """The compiled launcher's path, or None for the shell launcher (``auto``: built on first
+        use where a C compiler is available; without one the shell launcher stays, silently)."""
+        if not self._compiled_resolved:
+            with self._lock:
+                if not self._compiled_resolved:
+                    try:
+                        self._compiled = compiled_launcher(os.environ)
+                    except CompiledLauncherError as exc:
+                        logger.debug("the compiled launcher is not available ({}); using launcher.sh", exc)
+                        self._compiled = None
+                    self._compiled_resolved = True
+        return self._compiled
 
     def release(self, task: SpawnedTask) -> None:
         task.live.release()

@@ -141,6 +141,7 @@ def _spawn_with_fd3(
     env: Mapping[str, str] | None,
     hold: bool = False,
     awaited: bool = False,
+    on_stdin: bool = False,
 ) -> tuple[subprocess.Popen[bytes], Any]:
     """Run ``shell + script_argv`` as a new session whose fd 3 is a pipe for ``fd3_payload``.
 
@@ -151,8 +152,10 @@ def _spawn_with_fd3(
 
     With ``hold`` the channel is the child's *stdin* (no trampoline: ``script_argv`` must carry the
     ``c`` flag), and with ``awaited`` it is a socket, returned as a :class:`socket.socket`.
+    ``on_stdin`` puts the channel on stdin without ``hold`` too (the compiled launcher, which moves
+    it itself, never needs the trampoline).
     """
-    if hold and fd3_payload is not None:
+    if (hold or on_stdin) and fd3_payload is not None:
         argv = [*shell, *script_argv]
         if awaited:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -160,6 +163,15 @@ def _spawn_with_fd3(
             stdin: Any = theirs.detach()
         else:
             stdin, w = os.pipe()
+            if not hold:
+                try:
+                    os.write(w, fd3_payload)  # fits the pipe buffer, never blocks
+                except BaseException:
+                    os.close(stdin)
+                    raise
+                finally:
+                    os.close(w)
+                    w = None
     elif fd3_payload is None:
         argv, stdin, w = [*shell, *script_argv], subprocess.DEVNULL, None
     else:
@@ -242,6 +254,7 @@ def spawn_launcher(
     hold: bool = False,
     awaited: bool = False,
     hints: str = "",
+    compiled: str | None = None,
 ) -> Any:
     """Spawn the launcher for one attempt and return its ``Popen``.
 
@@ -251,6 +264,8 @@ def spawn_launcher(
     ``awaited`` (implies ``hold``) makes the channel a socket for acknowledged completion
     (:func:`acknowledge`). ``hints`` are the flags ``e``/``p`` the caller verified for this shell
     and PATH (launcher.sh header); wrong hints break the task, so pass only what was probed.
+    ``compiled`` is the path of the compiled launcher (:mod:`.compiled`) to run instead of
+    ``shell`` + ``launcher.sh``: the same contract, its channel always on stdin, no hints needed.
 
     The child is a new session and process-group leader (``start_new_session``), its stdin is
     ``/dev/null``, its stdout/stderr are ``log_fd`` (opened by the caller with ``O_WRONLY|O_APPEND``),
@@ -269,18 +284,25 @@ def spawn_launcher(
         started_at_ms=started_at_ms,
         mode=mode,
         command=command,
-        flags=("c" + hints + ("a" if awaited else "")) if (hold or awaited) else hints,
+        flags=("c" + hints + ("a" if awaited else "")) if (hold or awaited or compiled) else hints,
     )
     if any(h not in "ep" for h in hints):
         raise ValueError("hints may only be 'e' and 'p'")
+    if compiled is not None:
+        if not os.path.isabs(compiled):
+            raise ValueError("the compiled launcher's path must be absolute")
+        program, script = [compiled], args
+    else:
+        program, script = _shell_argv(shell), [launcher_path(), *args]
     process, write_fd = _spawn_with_fd3(
-        _shell_argv(shell),
-        [launcher_path(), *args],
+        program,
+        script,
         (token + "\n").encode("ascii"),
         log_fd=log_fd,
         cwd=cwd,
         env=env,
         hold=hold or awaited,
         awaited=awaited,
+        on_stdin=compiled is not None,
     )
     return (process, write_fd) if (hold or awaited) else process

@@ -19,14 +19,27 @@ __all__ = ["ql_register_executors"]
 def _executor(context: RuntimeContext) -> Executor:
     from ql_core.errors import ConfigError
 
-    from .executor import LocalProcessExecutor, run_as_user
+    from .executor import LAUNCHER_CHOICES, LocalProcessExecutor, run_as_user
 
     settings = context.plugin_config("local")
-    unknown = sorted(set(settings) - {"run_as"})
+    unknown = sorted(set(settings) - {"run_as", "launcher"})
     if unknown:
-        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: run_as")
+        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as")
+    launcher = settings.get("launcher", "auto")
+    if launcher not in LAUNCHER_CHOICES:
+        raise ConfigError(f"[plugin.local] launcher must be one of {', '.join(map(repr, LAUNCHER_CHOICES))}, "
+                          f"not {launcher!r}")
     run_as = settings.get("run_as")
-    return LocalProcessExecutor(run_as=run_as_user(run_as) if run_as is not None else None)
+    run_as_ids = run_as_user(run_as) if run_as is not None else None
+    if launcher != "compiled":
+        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher)
+    from .compiled import CompiledLauncherError
+
+    try:
+        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher)
+    except CompiledLauncherError as exc:
+        raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install a C compiler (e.g. gcc) "
+                          f"or use launcher = \"auto\" or \"shell\"") from None
 
 
 @hookimpl

@@ -1,0 +1,363 @@
+/*
+ * ql compiled launcher: the contract of launcher.sh, as one small C program.
+ *
+ *   ql-launcher SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+ *
+ * Same arguments, channel, exit statuses and receipt bytes as launcher.sh (read its header and
+ * docs/launcher.md first); ql builds this file once per machine when a C compiler is available
+ * (ql_executors/local_process/compiled.py) and falls back to launcher.sh otherwise. What differs:
+ *
+ * - No helper processes: signals are reset to their defaults in the child before exec (what
+ *   `env --default-signal` does for the shell), the status comes from waitpid on our own child
+ *   (no `kill -0` polling, no pid-reuse guard needed), and the receipt is written with open,
+ *   write, fsync, link, unlink and a directory fsync (what printf, sync, ln and rm do).
+ * - No signal window around the fork: the forwarded signals are blocked across it. One that
+ *   arrived before the fork is re-delivered by the child to itself, with default dispositions,
+ *   instead of running CMD; one that arrives during the fork is forwarded once the child's pid is
+ *   known. A signal sent to the launcher's pid alone is always forwarded (no foreground mode).
+ * - MODE flags `e` and `p` are accepted and mean nothing here (they spare the shell a probe).
+ *
+ * Nothing here prints the command, its arguments, the environment or the token: the only line
+ * this program ever writes to the log is "ql launcher: cannot run the command: <reason>".
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOST 125                            /* no status learnt, or the contract was broken */
+#define MAX_SAFE 9007199254740991ULL        /* 2^53 - 1: exact in any JSON reader */
+#define TOKEN_MIN 32
+#define TOKEN_MAX 128
+
+static const int FORWARDED[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+#define N_FORWARDED ((int)(sizeof FORWARDED / sizeof FORWARDED[0]))
+
+static volatile sig_atomic_t child_pid;     /* > 0 once CMD's process exists */
+static volatile sig_atomic_t first_pending; /* the first signal caught before that */
+
+static void on_signal(int sig) {
+    int saved = errno;
+    pid_t child = (pid_t)child_pid;
+    if (child > 0)
+        kill(child, sig);
+    else if (!first_pending)
+        first_pending = sig;
+    errno = saved;
+}
+
+extern char **environ;
+
+/* launcher.sh unsets every _ql_ variable it inherits (it uses those names itself); CMD gets the
+ * same environment whichever launcher ran it. */
+static void drop_launcher_names(void) {
+    char **from = environ, **to = environ;
+    for (; *from; from++)
+        if (strncmp(*from, "_ql_", 4) != 0)
+            *to++ = *from;
+    *to = NULL;
+}
+
+static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
+/* Lowercase UUIDv7: 8-4-4-4-12 hex digits, version 7, variant 8..b. */
+static int is_uuid7(const char *s) {
+    if (strlen(s) != 36)
+        return 0;
+    for (int i = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (s[i] != '-')
+                return 0;
+        } else if (!is_hex(s[i])) {
+            return 0;
+        }
+    }
+    return s[14] == '7' && (s[19] == '8' || s[19] == '9' || s[19] == 'a' || s[19] == 'b');
+}
+
+/* A canonical JSON integer the receipt codec accepts: 0 .. 2^53-1, no sign, no leading zero. */
+static int parse_uint(const char *s, unsigned long long *out) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 16 || (s[0] == '0' && n > 1))
+        return 0;
+    unsigned long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        v = v * 10 + (unsigned long long)(s[i] - '0');
+    }
+    if (v > MAX_SAFE)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int is_token_char(char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+static ssize_t read_retry(int fd, void *buf, size_t n) {
+    ssize_t r;
+    do
+        r = read(fd, buf, n);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+static int write_all(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* One line from fd, byte by byte (nothing after the newline may be consumed): its length, or -1
+ * for EOF before a newline, a read error, or a line longer than cap. */
+static int read_line(int fd, char *line, int cap) {
+    int n = 0;
+    for (;;) {
+        char c;
+        if (read_retry(fd, &c, 1) != 1)
+            return -1;
+        if (c == '\n')
+            break;
+        if (n >= cap)
+            return -1;
+        line[n++] = c;
+    }
+    line[n] = '\0';
+    return n;
+}
+
+static void set_forwarded(void (*handler)(int), int skip_ignored) {
+    for (int i = 0; i < N_FORWARDED; i++) {
+        struct sigaction sa;
+        if (skip_ignored && sigaction(FORWARDED[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+            continue; /* inherited as ignored (nohup): stays ignored, as in a shell */
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = handler;
+        sigemptyset(&sa.sa_mask);
+        for (int j = 0; j < N_FORWARDED; j++)
+            sigaddset(&sa.sa_mask, FORWARDED[j]);
+        sigaction(FORWARDED[i], &sa, NULL); /* no SA_RESTART: waitpid returns to us after each */
+    }
+}
+
+struct receipt {
+    const char *shard, *run, *attempt, *seq, *token;
+    unsigned long long started;
+    int status;
+};
+
+/* Publication, byte for byte the store's protocol (ADR-0007 §2.4): 0 when the receipt is there. */
+static int publish(const struct receipt *r) {
+    if (!r->token[0])
+        return 1;
+    umask(077);
+    /* finishedAtMs must be an upper bound of the true finish time: read after reaping, rounded up. */
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec < 0)
+        return 1; /* no usable clock: a receipt never carries a guessed time */
+    unsigned long long fin = (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL +
+                             (ts.tv_nsec % 1000000 ? 1 : 0);
+    if (fin > MAX_SAFE)
+        return 1;
+    if (fin < r->started)
+        fin = r->started;
+
+    char final_path[4096], tmp_path[4096], payload[1024];
+    int n = snprintf(final_path, sizeof final_path, "%s/%s.json", r->shard, r->attempt);
+    if (n < 0 || (size_t)n >= sizeof final_path)
+        return 1;
+    n = snprintf(tmp_path, sizeof tmp_path, "%s/.%s.%ldt%llu.tmp", r->shard, r->attempt, (long)getpid(), fin);
+    if (n < 0 || (size_t)n >= sizeof tmp_path)
+        return 1;
+    struct stat sb;
+    if (lstat(r->shard, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return 1;
+    /* Never overwrite; this also keeps link() from meeting a directory of that name. */
+    if (lstat(final_path, &sb) == 0 || lstat(tmp_path, &sb) == 0)
+        return 1;
+    n = snprintf(payload, sizeof payload,
+                 "{\"schemaVersion\":1,\"runId\":\"%s\",\"attemptId\":\"%s\",\"callbackSequence\":%s,"
+                 "\"token\":\"%s\",\"startedAtMs\":%llu,\"finishedAtMs\":%llu,\"exitCode\":%d}",
+                 r->run, r->attempt, r->seq, r->token, r->started, fin, r->status);
+    if (n < 0 || (size_t)n >= sizeof payload)
+        return 1;
+    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return 1; /* not created: whatever is there is not ours to remove */
+    int failed = write_all(fd, payload, (size_t)n) != 0;
+    if (!failed)
+        fsync(fd); /* failure means unsupported here: go on, as sync(1) would */
+    if (close(fd) != 0)
+        failed = 1;
+    if (failed) {
+        unlink(tmp_path);
+        return 1;
+    }
+    /* A hard link never replaces an existing name: the final name appears complete or not at all. */
+    if (link(tmp_path, final_path) != 0) {
+        unlink(tmp_path);
+        return 1;
+    }
+    unlink(tmp_path);
+    int dir = open(r->shard, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+        fsync(dir);
+        close(dir);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 9 || strcmp(argv[7], "--") != 0)
+        return LOST;
+    struct receipt rec = {.shard = argv[1], .run = argv[2], .attempt = argv[3], .seq = argv[4]};
+    const char *mode = argv[6];
+    const char *flags = strchr(mode, '+');
+    size_t mode_len = flags ? (size_t)(flags - mode) : strlen(mode);
+    flags = flags ? flags + 1 : "";
+    unsigned long long seq;
+    if (rec.shard[0] != '/' || !is_uuid7(rec.run) || !is_uuid7(rec.attempt) || !parse_uint(rec.seq, &seq) ||
+        seq < 1 || !parse_uint(argv[5], &rec.started) || strspn(flags, "cepa") != strlen(flags))
+        return LOST;
+    char **cmd = argv + 8;
+    char *shell_cmd[4] = {"/bin/sh", "-c", NULL, NULL};
+    if (mode_len == 4 && strncmp(mode, "argv", 4) == 0) {
+        /* run CMD ARG... as given */
+    } else if (mode_len == 5 && strncmp(mode, "shell", 5) == 0 && argc == 9) {
+        shell_cmd[2] = argv[8];
+        cmd = shell_cmd;
+    } else {
+        return LOST;
+    }
+    int awaited = strchr(flags, 'a') != NULL;
+
+    /* The channel: on stdin with flag c (stdin becomes /dev/null), else on fd 3. Never inherited
+     * by CMD or the publisher's tools. */
+    int channel = 3;
+    if (strchr(flags, 'c')) {
+        channel = fcntl(0, F_DUPFD_CLOEXEC, 3);
+        int null_fd = open("/dev/null", O_RDONLY);
+        if (channel < 0 || null_fd < 0 || dup2(null_fd, 0) < 0)
+            return LOST;
+        if (null_fd != 0)
+            close(null_fd);
+    } else if (fcntl(channel, F_SETFD, FD_CLOEXEC) < 0) {
+        channel = -1; /* closed: no token can come */
+    }
+
+    /* Signals may arrive before the child exists; they are remembered and re-delivered by it. */
+    set_forwarded(on_signal, 1);
+
+    /* The token is also the go-ahead: the host writes it only after it has committed this
+     * launcher's durable handle; EOF or an invalid line: exit 125, nothing run, no receipt. */
+    char token[TOKEN_MAX + 2];
+    int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
+    if (len < TOKEN_MIN || len > TOKEN_MAX)
+        return LOST;
+    for (int i = 0; i < len; i++)
+        if (!is_token_char(token[i]))
+            return LOST;
+    rec.token = token;
+    if (!awaited) {
+        close(channel);
+        channel = -1;
+    }
+
+    sigset_t forwarded, saved_mask;
+    sigemptyset(&forwarded);
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaddset(&forwarded, FORWARDED[i]);
+    sigprocmask(SIG_BLOCK, &forwarded, &saved_mask);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* CMD starts with default dispositions for every forwarded signal. */
+        set_forwarded(SIG_DFL, 0);
+        if (first_pending) {
+            /* A signal came first: deliver it to ourselves instead of running CMD. KILL is only a
+             * backstop: the disposition is the default and the signal not ignored on entry. */
+            int sig = first_pending;
+            sigprocmask(SIG_UNBLOCK, &forwarded, NULL);
+            kill(getpid(), sig);
+            kill(getpid(), SIGKILL);
+            _exit(LOST);
+        }
+        sigprocmask(SIG_SETMASK, &saved_mask, NULL);
+        drop_launcher_names();
+        execvp(cmd[0], cmd);
+        int err = errno;
+        static const char prefix[] = "ql launcher: cannot run the command: ";
+        const char *reason = strerror(err);
+        if (write_all(2, prefix, sizeof prefix - 1) == 0 && write_all(2, reason, strlen(reason)) == 0)
+            write_all(2, "\n", 1);
+        _exit(err == ENOENT ? 127 : 126); /* what a shell answers for "not found" / "cannot execute" */
+    }
+    if (pid < 0)
+        return LOST; /* CMD never ran, and nothing claims otherwise */
+    child_pid = pid;
+    /* From here on the launcher no longer holds the log open: only CMD writes to it. */
+    int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd >= 0) {
+        dup2(null_fd, 1);
+        dup2(null_fd, 2);
+        close(null_fd);
+    }
+    sigprocmask(SIG_SETMASK, &saved_mask, NULL); /* what came during the fork is forwarded now */
+
+    int wstatus;
+    for (;;) {
+        pid_t got = waitpid(pid, &wstatus, 0);
+        if (got == pid)
+            break;
+        if (got < 0 && errno != EINTR)
+            return LOST; /* the status is gone: never replaced by a made-up code */
+    }
+    /* Nothing is left to forward to; publication cannot be cut short by a group signal. */
+    child_pid = 0;
+    set_forwarded(SIG_IGN, 0);
+    if (WIFEXITED(wstatus))
+        rec.status = WEXITSTATUS(wstatus);
+    else if (WIFSIGNALED(wstatus))
+        rec.status = 128 + WTERMSIG(wstatus);
+    else
+        return LOST;
+
+    /* Acknowledged completion (launcher.sh, "The acknowledged path"): "s" says our exit status is
+     * CMD's; a publisher left behind publishes the receipt unless the host answers "ok". */
+    if (awaited) {
+        signal(SIGPIPE, SIG_IGN);
+        if (write_all(channel, "s", 1) == 0) {
+            pid_t publisher = fork();
+            if (publisher == 0) {
+                char ack[4];
+                if (read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
+                    _exit(0);
+                close(channel);
+                _exit(publish(&rec));
+            }
+            if (publisher > 0)
+                return rec.status;
+            /* No publisher: the receipt is published now (a later commit of the same status by
+             * the host makes it a duplicate, which the consumer discards). */
+        }
+        close(channel);
+    }
+    publish(&rec);
+    return rec.status;
+}
