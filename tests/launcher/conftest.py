@@ -28,7 +28,9 @@ from ql_executors.local_process.launch import (
 # busybox-aarch64 is an AArch64 busybox ash run by qemu-user (no binfmt_misc needed): the launcher
 # and the applets it runs in-process (ln, rm, sync, date) are AArch64 code; commands it starts by
 # path or PATH (sleep, python, the host's sh) are the host's.
-SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64")
+# compiled is launcher.c, built with this machine's C compiler (the `auto` default where one exists):
+# the same contract, no shell at all.
+SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled")
 DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
 AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
 _EM_AARCH64 = 183  # ELF e_machine of AArch64
@@ -56,7 +58,31 @@ def _aarch64_busybox() -> tuple[list[str] | None, str]:
     return [qemu, busybox, "sh"], ""
 
 
+class CompiledLauncher(list):  # type: ignore[type-arg]
+    """The ``shell`` fixture's value for the compiled launcher: ``[path of the built binary]``."""
+
+
+def is_compiled(shell: list[str]) -> bool:
+    return isinstance(shell, CompiledLauncher)
+
+
+def launcher_kwargs(shell: list[str]) -> dict[str, object]:
+    """The spawn_launcher arguments that pick this launcher."""
+    return {"compiled": shell[0]} if is_compiled(shell) else {"shell": shell}
+
+
+def _compiled() -> tuple[list[str] | None, str]:
+    from ql_executors.local_process.compiled import CompiledLauncherError, compiled_launcher
+
+    try:
+        return CompiledLauncher([compiled_launcher(os.environ)]), ""
+    except CompiledLauncherError as exc:
+        return None, f"the compiled launcher cannot be built here: {exc}"
+
+
 def _shell_argv(name: str) -> tuple[list[str] | None, str]:
+    if name == "compiled":
+        return _compiled()
     if name == "busybox-aarch64":
         return _aarch64_busybox()
     if name == "busybox":
@@ -90,7 +116,10 @@ def launcher_mode(shell: list[str], path: str | None = None) -> str:
     """"async" or "foreground": the mode launcher.sh picks under ``shell`` with this PATH.
 
     The launcher's own probe, run the same way: GNU env with --default-signal means async.
+    The compiled launcher resets signals itself: always async.
     """
+    if is_compiled(shell):
+        return "async"
     key = (*shell, path or os.environ.get("PATH", ""))
     if key not in _MODES:
         env = dict(os.environ, PATH=key[-1])
@@ -350,7 +379,7 @@ class Launcher:
         fd = self._open_log(log_path)
         try:
             proc = spawn_launcher(
-                shell=self.shell,
+                **launcher_kwargs(self.shell),  # type: ignore[arg-type]
                 shard_dir=shard,
                 run_id=run_id,
                 attempt_id=attempt_id,
@@ -393,9 +422,15 @@ class Launcher:
             argv = args(shard, run_id, attempt_id)
         fd = self._open_log(log_path)
         try:
-            proc, _held = _spawn_with_fd3(
-                self.shell, [launcher_path(), *argv], fd3, log_fd=fd, cwd=None, env=None
-            )
+            if is_compiled(self.shell):
+                # The shell's trampoline moves the pipe to fd 3, then execs the binary in place.
+                proc, _held = _spawn_with_fd3(
+                    ["/bin/sh"], ["-c", 'exec 3<&0 0</dev/null; exec "$@"', "ql-launcher", *self.shell, *argv],
+                    fd3, log_fd=fd, cwd=None, env=None, on_stdin=True)
+            else:
+                proc, _held = _spawn_with_fd3(
+                    self.shell, [launcher_path(), *argv], fd3, log_fd=fd, cwd=None, env=None
+                )
         finally:
             os.close(fd)
         self._procs.append(proc)

@@ -20,7 +20,15 @@ import pytest
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.launch import acknowledge, launcher_args, release, spawn_launcher
 
-from .conftest import DEADLINE_S, is_bash, launcher_mode, new_token, parse_receipt_strict, wait_for
+from .conftest import (
+    DEADLINE_S,
+    is_bash,
+    launcher_kwargs,
+    launcher_mode,
+    new_token,
+    parse_receipt_strict,
+    wait_for,
+)
 
 
 class Awaited:
@@ -34,7 +42,8 @@ class Awaited:
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             self.proc, self.channel = spawn_launcher(
-                shell=shell, shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
+                **launcher_kwargs(shell),  # type: ignore[arg-type]
+                shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
                 callback_sequence=1, started_at_ms=1_700_000_000_000, mode="argv", command=command,
                 token=self.token, log_fd=fd, awaited=True, hints=hints)
         finally:

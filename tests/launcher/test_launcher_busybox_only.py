@@ -22,12 +22,19 @@ from .conftest import (
     alive,
     child_running,
     cmdline,
+    is_compiled,
     launcher_mode,
     require_tool,
     wait_for,
 )
 
 APPLETS = ("env", "date", "ln", "rm", "sync", "sh", "sleep", "grep", "cat", "touch")
+
+
+@pytest.fixture(autouse=True)
+def _shell_launchers_only(shell: list[str]) -> None:
+    if is_compiled(shell):
+        pytest.skip("the compiled launcher has no foreground mode and runs no env, date, ln, rm or sync")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.identity import IdentityState, capture_handle, inspect
 
-from .conftest import new_token, parse_receipt_strict, wait_for
+from .conftest import launcher_kwargs, new_token, parse_receipt_strict, wait_for
 
 HOST = textwrap.dedent(
     """
@@ -23,7 +23,7 @@ HOST = textwrap.dedent(
     cfg = json.loads(sys.stdin.readline())  # the token never goes through this host's argv
     fd = os.open(cfg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     proc = spawn_launcher(
-        shell=cfg["shell"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
+        **cfg["launcher"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
         attempt_id=cfg["attempt_id"], callback_sequence=3, started_at_ms=cfg["started"],
         mode="argv", command=cfg["command"], token=cfg["token"], log_fd=fd,
     )
@@ -46,7 +46,7 @@ def test_task_survives_sigkill_of_its_host(shell: list[str], data_dir: Path, tmp
     script = tmp_path / "host.py"
     script.write_text(HOST)
     cfg = {
-        "shell": shell,
+        "launcher": launcher_kwargs(shell),
         "shard": str(shard),
         "run_id": run_id,
         "attempt_id": attempt_id,

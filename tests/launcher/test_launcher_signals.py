@@ -5,14 +5,24 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
+from ql_core.ids import new_id, shard_of
+from ql_executors.local_process.launch import release, spawn_launcher
+
 from .conftest import (
+    DEADLINE_S,
     Launcher,
     alive,
     child_running,
     is_bash,
+    is_compiled,
+    launcher_kwargs,
+    new_token,
+    parse_receipt_strict,
+    proc_stat,
     requires_pid_forwarding,
     session_members,
     wait_for,
@@ -117,3 +127,54 @@ def test_group_signal_gives_the_real_status(launcher: Launcher, shell: list[str]
         os.killpg(task.pid, signal.SIGTERM)
         task.expect_signal_death(shell, 143)
         assert task.log() == b""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_before_the_go_ahead_ends_the_task_instead_of_running_it(
+    shell: list[str], data_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """A held launcher (its handle not yet committed) is signalled while it waits for its token:
+    the command never runs. The compiled launcher finishes reading the token, then its child
+    re-delivers the signal in place of the command (128+N, with a receipt). A shell does the
+    same, or - depending on the shell and the signal - has its `read` cut short by the trap,
+    which counts as no go-ahead: 125 and no receipt (the attempt is lost, never a made-up
+    status)."""
+    ran = tmp_path / "ran"
+    run_id, attempt_id, token = new_id(), new_id(), new_token()
+    shard = data_dir / "receipts" / shard_of(attempt_id)
+    shard.mkdir(mode=0o700, parents=True)
+    fd = os.open(data_dir / "task.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        proc, channel = spawn_launcher(
+            **launcher_kwargs(shell),  # type: ignore[arg-type]
+            shard_dir=shard, run_id=run_id, attempt_id=attempt_id, callback_sequence=1,
+            started_at_ms=1_700_000_000_000, mode="argv", command=["touch", str(ran)], token=token,
+            log_fd=fd, hold=True)
+    finally:
+        os.close(fd)
+    try:
+        # Its handlers are in place once it blocks on the channel (state S, reading).
+        wait_for(lambda: (proc_stat(proc.pid) or ["?"])[0] == "S", "the launcher to wait for its token")
+        time.sleep(0.2)  # a slow shell (emulated busybox) may still be setting its traps
+        os.kill(proc.pid, sig)
+        if is_compiled(shell):
+            time.sleep(0.1)
+            assert proc.poll() is None  # caught, not fatal: it still waits for its token
+        try:
+            release(channel, token)
+        except BrokenPipeError:
+            assert not is_compiled(shell)  # the shell launcher had already given up
+        rc = proc.wait(DEADLINE_S)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(DEADLINE_S)
+    assert not ran.exists()
+    if rc == 125 and not is_compiled(shell):
+        assert os.listdir(shard) == []
+        return
+    assert rc == 128 + sig
+    receipt = parse_receipt_strict((shard / f"{attempt_id}.json").read_bytes())
+    assert receipt["exitCode"] == 128 + sig
