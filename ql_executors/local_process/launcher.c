@@ -125,22 +125,27 @@ static int write_all(int fd, const char *buf, size_t n) {
     return 0;
 }
 
-/* One line from fd, byte by byte (nothing after the newline may be consumed): its length, or -1
- * for EOF before a newline, a read error, or a line longer than cap. */
+/* One line from fd: its length, or -1 for EOF before a newline, a read error, a line longer than
+ * cap, or bytes after the newline. Read in chunks: the host writes the line in one piece and
+ * nothing after it until this process is gone (the acknowledgement comes only after the host
+ * reaped the launcher), so anything after the newline breaks the contract. */
 static int read_line(int fd, char *line, int cap) {
     int n = 0;
     for (;;) {
-        char c;
-        if (read_retry(fd, &c, 1) != 1)
+        ssize_t got = read_retry(fd, line + n, (size_t)(cap + 1 - n));
+        if (got <= 0)
             return -1;
-        if (c == '\n')
-            break;
-        if (n >= cap)
+        char *nl = memchr(line + n, '\n', (size_t)got);
+        n += (int)got;
+        if (nl != NULL) {
+            if (nl != line + n - 1)
+                return -1;
+            *nl = '\0';
+            return (int)(nl - line);
+        }
+        if (n > cap)
             return -1;
-        line[n++] = c;
     }
-    line[n] = '\0';
-    return n;
 }
 
 static void set_forwarded(void (*handler)(int), int skip_ignored) {
