@@ -97,6 +97,19 @@ def test_a_cache_others_can_write_is_refused(cc: str, cache_env: dict[str, str])
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o770
 
 
+def test_a_path_others_could_change_is_refused(cc: str, tmp_path: Path) -> None:
+    """Another user who can rename a directory above the cache could swap the binary after it was
+    checked: a world-writable (not sticky) ancestor is refused; a sticky one (/tmp) is fine."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = {"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(shared / "cache")}
+    with pytest.raises(CompiledLauncherError, match=f"{shared} is writable by other users"):
+        compiled_launcher(env)
+    shared.chmod(0o1777)
+    assert os.path.isfile(compiled_launcher(env))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the binary to another user")
 def test_a_binary_of_another_user_is_refused(cc: str, cache_env: dict[str, str]) -> None:
     path = compiled_launcher(cache_env)
