@@ -78,6 +78,10 @@ def _shell_platform(shell: str) -> dict[str, str]:
 
 
 def _version(shell: str, argv: list[str]) -> str:
+    if shell == "compiled":
+        # launcher.c as this machine's compiler built it: static unless it names a loader.
+        head = Path(argv[0]).read_bytes()[:4096]
+        return "launcher.c, " + ("dynamic" if b"ld-linux" in head or b"ld-musl" in head else "static")
     try:
         if shell.startswith("busybox"):
             out = subprocess.run([*argv[:-1]], capture_output=True, text=True, timeout=30).stdout

@@ -70,7 +70,9 @@ def render(results: dict[str, Any]) -> str:
         "",
         "Mode is the launcher's start mode with the host `PATH` (docs/launcher.md): `async` where GNU "
         "`env --default-signal` exists, `foreground` without it. The busybox-only column runs every "
-        "shell with a `PATH` of busybox applets only, so in foreground mode.",
+        "shell with a `PATH` of busybox applets only, so in foreground mode. The `compiled` row is "
+        "launcher.c as this machine's C compiler built it (no shell: it resets signals itself, so "
+        "always async, and has no busybox-only column).",
         "",
     ]
     rows: dict[tuple[str, ...], dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
@@ -111,7 +113,7 @@ def render(results: dict[str, Any]) -> str:
             info = t["extra"].get("powerloss")
             if info:
                 outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(info["outcomes"].items()))
-                launcher = "executor (/bin/sh)" if t["shell"] == "-" else t["shell"]
+                launcher = "executor (its default launcher)" if t["shell"] == "-" else t["shell"]
                 rows_pl.append(f"| {t['arch']} | {launcher} | {info['variant']} | {info['states']} "
                                f"| {outcomes} | {_cell(Counter([t['outcome']]))} |")
     out += sorted(rows_pl)

@@ -10,9 +10,10 @@ The recording is replayed twice: as recorded (the launcher's ``sync FILE`` fsync
 the shard), and with every fsync removed, as on a system where ``sync FILE`` is unsupported (the
 launcher then goes on without it): there a linked receipt can be half-written or zero-filled.
 
-Two kinds of recording: the production path (the runtime's executor, ``/bin/sh``), and the same
-attempt published again by the launcher alone under each launcher shell (dash, bash, ``bash
---posix``, busybox ash, AArch64 busybox ash under qemu-user), its paths moved onto the real data dir.
+Two kinds of recording: the production path (the runtime's executor, with the launcher ``auto``
+picks: the compiled one where it can be built), and the same attempt published again by each
+launcher alone (the compiled launcher, and launcher.sh under dash, bash, ``bash --posix``, busybox
+ash, AArch64 busybox ash under qemu-user), its paths moved onto the real data dir.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def test_every_crash_state_recovers_to_the_true_code_or_lost(
     fsync: str,
     record_property: Callable[[str, object], None],
 ) -> None:
-    """The production path: the runtime's executor spawned the launcher with /bin/sh."""
+    """The production path: the runtime's executor spawned the launcher it picks by default."""
     ops: list[Op] = recording["ops"]  # type: ignore[assignment]
     complete = recording["now"][recording["final"]]  # type: ignore[index]
     count, outcomes = _replay(recording, ops, complete, tmp_path, fsync)
@@ -212,7 +213,7 @@ LAUNCH = textwrap.dedent(
     cfg = json.loads(sys.stdin.readline())  # the token never goes through argv
     fd = os.open(cfg["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     proc = spawn_launcher(
-        shell=cfg["shell"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
+        **cfg["launcher"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
         attempt_id=cfg["attempt_id"], callback_sequence=cfg["seq"], started_at_ms=cfg["started"],
         mode="argv", command=["sh", "-c", "echo ran; exit %d"], token=cfg["token"], log_fd=fd,
     )
@@ -223,7 +224,7 @@ LAUNCH = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module", params=["dash", "bash", "bash-posix", "busybox", "busybox-aarch64"])
+@pytest.fixture(scope="module", params=["dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled"])
 def shell(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -235,7 +236,7 @@ def shell_recording(
     """The same attempt published again by the launcher alone under one shell, recorded, with
     its paths moved onto the real data dir: the receipt carries the real ids and token (read from
     the real receipt), so recovery judges it exactly as it would the original."""
-    from tests.launcher.conftest import _shell_argv, require_tool
+    from tests.launcher.conftest import _shell_argv, launcher_kwargs, require_tool
 
     argv = require_tool(*_shell_argv(shell))
     tmp_path = tmp_path_factory.mktemp(f"launch-{shell}")
@@ -252,7 +253,7 @@ def shell_recording(
     host = tmp_path / "launch.py"
     host.write_text(LAUNCH)
     trace = tmp_path / "trace.txt"
-    cfg = {"shell": argv, "shard": str(shard), "log": str(scratch_log), "run_id": real["runId"],
+    cfg = {"launcher": launcher_kwargs(argv), "shard": str(shard), "log": str(scratch_log), "run_id": real["runId"],
            "attempt_id": real["attemptId"], "seq": real["callbackSequence"],
            "started": real["startedAtMs"], "token": real["token"]}
     proc = subprocess.run(
