@@ -1,5 +1,6 @@
-"""Benchmark the POSIX launcher (ADR-0007 §6 gate 10): memory of a running launcher and the
-submit-to-exec latency it adds over a bare ``subprocess.Popen`` of the same command.
+"""Benchmark the launchers (ADR-0007 §6 gate 10): memory of a running launcher and the
+submit-to-exec latency it adds over a bare ``subprocess.Popen`` of the same command, for
+launcher.sh under each shell found and for the compiled launcher (launcher.c).
 
     python bench/bench_launcher.py [--runs N]
 
@@ -10,8 +11,8 @@ really costs per task; most of Rss is the shell binary and libc, shared with eve
 Latency is measured from the call to ``spawn_launcher`` (or ``Popen``) to the moment the command's
 first action - writing one byte into a FIFO the benchmark polls - is visible, with
 ``time.monotonic_ns``. Both arms run the same command (``/bin/sh -c 'printf x >FIFO'``), interleaved,
-in the same process; the difference is the launcher's overhead (trampoline exec, token read, env
-probe, fork, env exec). "end" is spawn to process exit (for the launcher: receipt published).
+in the same process; the difference is the launcher's overhead (shell: trampoline exec, token read,
+env probe, fork, env exec; compiled: token read, fork). "end" is spawn to process exit (for the launcher: receipt published).
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ def shells() -> dict[str, list[str]]:
     busybox = shutil.which("busybox") or ("/bin/busybox" if os.path.exists("/bin/busybox") else None)
     if busybox:
         found["busybox"] = [busybox, "sh"]
+    # launcher.c, built (once, into the user's cache) as the `auto` launcher choice would.
+    from ql_executors.local_process.compiled import CompiledLauncherError, compiled_launcher
+
+    try:
+        found["compiled"] = [COMPILED, compiled_launcher(os.environ)]
+    except CompiledLauncherError as exc:
+        print(f"compiled launcher skipped: {exc}")
     return found
+
+
+COMPILED = "(compiled)"  # marks the compiled launcher's entry in shells()
 
 
 def smaps_rollup(pid: int) -> dict[str, int]:
@@ -80,8 +91,9 @@ class Bench:
         shard.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = self._log_fd()
         try:
+            which: dict[str, object] = {"compiled": shell[1]} if shell[0] == COMPILED else {"shell": shell}
             proc = spawn_launcher(
-                shell=shell,
+                **which,  # type: ignore[arg-type]
                 shard_dir=shard,
                 run_id=new_id(),
                 attempt_id=attempt_id,
