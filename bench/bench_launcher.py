@@ -186,7 +186,7 @@ def main() -> None:
     args = parser.parse_args()
     found = shells()
     print(f"kernel {os.uname().release}  python {sys.version.split()[0]}  runs {args.runs}")
-    print(f"shells: {', '.join(f'{k}={v[0]}' for k, v in found.items())}\n")
+    print(f"launchers: {', '.join(f'{k}={v[-1] if k == "compiled" else v[0]}' for k, v in found.items())}\n")
     with tempfile.TemporaryDirectory(prefix="ql-bench-") as tmp:
         bench = Bench(Path(tmp))
 
