@@ -186,7 +186,8 @@ def main() -> None:
     args = parser.parse_args()
     found = shells()
     print(f"kernel {os.uname().release}  python {sys.version.split()[0]}  runs {args.runs}")
-    print(f"launchers: {', '.join(f'{k}={v[-1] if k == "compiled" else v[0]}' for k, v in found.items())}\n")
+    shown = {name: argv[-1] if name == "compiled" else argv[0] for name, argv in found.items()}
+    print(f"launchers: {', '.join(f'{k}={v}' for k, v in shown.items())}\n")
     with tempfile.TemporaryDirectory(prefix="ql-bench-") as tmp:
         bench = Bench(Path(tmp))
 
