@@ -59,9 +59,19 @@ def cache_dir(environ: Mapping[str, str]) -> str | None:
 BUILD_RECIPE = "cc -O2 -static, else cc -O2: 1"
 
 
+def _libc() -> str:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or "?"
+    except (ValueError, OSError):
+        return "not glibc"
+
+
 def _key(source: bytes) -> str:
+    """Source, system, machine, libc and recipe: a home shared with another machine or libc never
+    runs a binary built for a different one."""
     machine = os.uname()
-    return sha256_hex(source + f"\0{machine.sysname}\0{machine.machine}\0{BUILD_RECIPE}".encode())[:20]
+    facts = f"\0{machine.sysname}\0{machine.machine}\0{_libc()}\0{BUILD_RECIPE}"
+    return sha256_hex(source + facts.encode())[:20]
 
 
 def _private(path: str, st: os.stat_result) -> str | None:
@@ -119,17 +129,28 @@ def _compilers(environ: Mapping[str, str]) -> list[str]:
     return found
 
 
-def _build(source: str, target_dir: str, environ: Mapping[str, str]) -> str:
-    """Compile ``source`` into a new private file in ``target_dir``; its path (tested: it runs)."""
+def _build(body: bytes, target_dir: str, environ: Mapping[str, str]) -> str:
+    """Compile ``body`` (the very bytes the key was made of) into a new private file in
+    ``target_dir``; its path (tested: it runs). Every failure is a CompiledLauncherError."""
     import subprocess
     import tempfile
 
     compilers = _compilers(environ)
     if not compilers:
         raise CompiledLauncherError("no C compiler (cc, gcc or clang) on PATH")
-    fd, out = tempfile.mkstemp(dir=target_dir, prefix=".launcher-build-")
-    os.close(fd)
     build_env = {k: v for k, v in environ.items() if k in ("PATH", "TMPDIR", "LANG", "LC_ALL")}
+    build_env.setdefault("PATH", os.defpath)
+    made: list[str] = []
+    try:
+        fd, source = tempfile.mkstemp(dir=target_dir, prefix=".launcher-build-", suffix=".c")
+        made.append(source)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        fd, out = tempfile.mkstemp(dir=target_dir, prefix=".launcher-build-")
+        os.close(fd)
+        made.append(out)
+    except OSError as exc:
+        raise CompiledLauncherError(f"cannot write in {target_dir} ({exc.strerror})") from None
     failure = ""
     try:
         for compiler in compilers:
@@ -140,22 +161,24 @@ def _build(source: str, target_dir: str, environ: Mapping[str, str]) -> str:
             for extra in (["-static"], []):
                 try:
                     done = subprocess.run([compiler, "-O2", *extra, "-o", out, source], stdin=subprocess.DEVNULL,
-                                          capture_output=True, timeout=BUILD_TIMEOUT_S, env=build_env or None,
-                                          check=False)
+                                          capture_output=True, timeout=BUILD_TIMEOUT_S, env=build_env, check=False)
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     failure = f"{os.path.basename(compiler)}: {type(exc).__name__}"
                     break
                 if done.returncode == 0 and _runs(out):
                     os.chmod(out, 0o700)
+                    made.remove(out)
                     return out
                 failure = f"{os.path.basename(compiler)} exited {done.returncode}"
         raise CompiledLauncherError(f"building launcher.c failed ({failure})")
-    except BaseException:
-        try:
-            os.unlink(out)
-        except OSError:
-            pass
-        raise
+    except OSError as exc:
+        raise CompiledLauncherError(f"building launcher.c failed ({exc.strerror})") from None
+    finally:
+        for path in made:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _runs(path: str) -> bool:
@@ -169,6 +192,45 @@ def _runs(path: str) -> bool:
         return False
 
 
+def _private_dir(directory: str) -> None:
+    """``directory`` is a real directory of ours that nobody else can write (else the reason)."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise CompiledLauncherError(f"cannot use {directory} ({exc.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CompiledLauncherError(f"{directory} is not a directory")
+    reason = _private(directory, st)
+    if reason is not None:
+        raise CompiledLauncherError(reason)
+
+
+def _make_private_dirs(directory: str) -> None:
+    """Create ``directory`` and any missing parent, each 0700 whatever the umask."""
+    missing: list[str] = []
+    path = directory
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)
+
+
+#: How long a host waits for another one's build before it gives up (auto: the shell launcher).
+LOCK_WAIT_S = 2 * BUILD_TIMEOUT_S + 10
+
+#: Binaries this process has seen start (verified once per process: a cache shared with another
+#: machine or libc must not run a binary that cannot start there).
+_VERIFIED: set[str] = set()
+
+
 def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
     """Path of the compiled launcher for this ql and machine, building it first if needed.
 
@@ -178,6 +240,8 @@ def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
     directory = cache_dir(environ)
     if directory is None:
         raise CompiledLauncherError("no cache directory (neither XDG_CACHE_HOME nor a home directory)")
+    # Checked and used as the real path: a symlink in it cannot lead the checks elsewhere.
+    directory = os.path.realpath(directory)
     source = source_path()
     try:
         with open(source, "rb") as f:
@@ -188,21 +252,27 @@ def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
     reason = _untrusted_ancestor(directory)
     if reason is not None:
         raise CompiledLauncherError(reason)
-    if _usable(target):
-        return target
+    if os.path.lexists(directory):
+        _private_dir(directory)
+        if _usable(target) and (target in _VERIFIED or _runs(target)):
+            _VERIFIED.add(target)
+            return target
     if not build:
         raise CompiledLauncherError(f"{target} has not been built")
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.lstat(directory)
+        _make_private_dirs(directory)
     except OSError as exc:
         raise CompiledLauncherError(f"cannot create {directory} ({exc.strerror})") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise CompiledLauncherError(f"{directory} is not a directory")
-    reason = _private(directory, st)
+    reason = _untrusted_ancestor(directory)  # again: what makedirs created is checked too
     if reason is not None:
         raise CompiledLauncherError(reason)
+    _private_dir(directory)
+    return _build_locked(body, directory, target, environ)
+
+
+def _build_locked(body: bytes, directory: str, target: str, environ: Mapping[str, str]) -> str:
     import fcntl
+    import time
 
     try:
         lock = os.open(os.path.join(directory, ".launcher.lock"),
@@ -210,13 +280,31 @@ def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
     except OSError as exc:
         raise CompiledLauncherError(f"cannot lock {directory} ({exc.strerror})") from None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the build itself is time-bounded
-        if _usable(target):
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:  # one build at a time, and never an unbounded wait for another host's
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CompiledLauncherError(f"another process has been building in {directory} for over "
+                                                f"{LOCK_WAIT_S:.0f} s") from None
+                time.sleep(0.05)
+        if _usable(target) and _runs(target):
+            _VERIFIED.add(target)
             return target  # built by a host that held the lock before us
         if os.path.lexists(target):
-            raise CompiledLauncherError(f"{target} exists but is not a private executable file; remove it")
-        built = _build(source, directory, environ)
-        os.rename(built, target)
+            raise CompiledLauncherError(f"{target} exists but is not a private executable file that runs; "
+                                        f"remove it")
+        built = _build(body, directory, environ)
+        try:
+            os.rename(built, target)
+        except OSError as exc:
+            os.unlink(built)
+            raise CompiledLauncherError(f"cannot place the launcher in {directory} ({exc.strerror})") from None
+        _VERIFIED.add(target)
         return target
+    except OSError as exc:
+        raise CompiledLauncherError(f"cannot build in {directory} ({exc.strerror})") from None
     finally:
         os.close(lock)

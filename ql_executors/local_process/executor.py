@@ -229,6 +229,21 @@ class LocalProcessExecutor:
         if self._prefix:
             command = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
             request = replace(request, command=self._prefix + tuple(command), shell=False)
+        try:
+            return self._spawn(request, log_fd=log_fd)
+        except FileNotFoundError:
+            if self._compiled is None or os.path.exists(self._compiled):
+                raise
+            # The cached binary was removed under us (a cleaned cache): nothing was started, so
+            # resolve again (rebuild, or launcher.sh for auto) and spawn once more.
+            with self._lock:
+                self._compiled, self._compiled_resolved = None, False
+            if self._launcher_choice == "compiled":
+                self._compiled = compiled_launcher(os.environ)
+                self._compiled_resolved = True
+            return self._spawn(request, log_fd=log_fd)
+
+    def _spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
         compiled = self.compiled_launcher()
         env_path = (request.env if request.env is not None else os.environ).get("PATH")
         process, channel = spawn_launcher(
@@ -261,7 +276,7 @@ class LocalProcessExecutor:
                 if not self._compiled_resolved:
                     try:
                         self._compiled = compiled_launcher(os.environ)
-                    except CompiledLauncherError as exc:
+                    except (CompiledLauncherError, OSError) as exc:
                         logger.debug("the compiled launcher is not available ({}); using launcher.sh", exc)
                         self._compiled = None
                     self._compiled_resolved = True

@@ -9,8 +9,11 @@
  *
  * - No helper processes: signals are reset to their defaults in the child before exec (what
  *   `env --default-signal` does for the shell), the status comes from waitpid on our own child
- *   (no `kill -0` polling, no pid-reuse guard needed), and the receipt is written with open,
- *   write, fsync, link, unlink and a directory fsync (what printf, sync, ln and rm do).
+ *   (no `kill -0` polling, no pid-reuse guard needed), and the receipt is written with openat,
+ *   write, fsync, linkat, unlinkat and a directory fsync (what printf, sync, ln and rm do); an
+ *   fsync that fails for a reason other than "unsupported" publishes nothing.
+ * - It starts clean whatever its host left: SIGCHLD at its default, the forwarded signals
+ *   unblocked, every descriptor above 2 close-on-exec.
  * - No signal window around the fork: the forwarded signals are blocked across it. One that
  *   arrived before the fork is re-delivered by the child to itself, with default dispositions,
  *   instead of running CMD; one that arrives during the fork is forwarded once the child's pid is
@@ -21,6 +24,8 @@
  * this program ever writes to the log is "ql launcher: cannot run the command: <reason>".
  */
 #define _GNU_SOURCE
+#define _FILE_OFFSET_BITS 64 /* 32-bit userlands: a 64-bit inode number must not fail lstat/fstat */
+#define _TIME_BITS 64
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -164,38 +169,41 @@ static void set_forwarded(void (*handler)(int), int skip_ignored) {
 
 struct receipt {
     const char *shard, *run, *attempt, *seq, *token;
-    unsigned long long started;
+    unsigned long long started, finished; /* finished: 0 = no usable clock, no receipt */
     int status;
 };
 
-/* Publication, byte for byte the store's protocol (ADR-0007 §2.4): 0 when the receipt is there. */
-static int publish(const struct receipt *r) {
-    if (!r->token[0])
-        return 1;
-    umask(077);
-    /* finishedAtMs must be an upper bound of the true finish time: read after reaping, rounded up. */
+/* finishedAtMs must be an upper bound of the true finish time: read right after reaping, rounded
+ * up to the millisecond; 0 when the clock is unusable (a receipt never carries a guessed time). */
+static unsigned long long finished_now(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec < 0)
-        return 1; /* no usable clock: a receipt never carries a guessed time */
-    unsigned long long fin = (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL +
-                             (ts.tv_nsec % 1000000 ? 1 : 0);
-    if (fin > MAX_SAFE)
-        return 1;
-    if (fin < r->started)
-        fin = r->started;
+        return 0;
+    unsigned long long ms = (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL +
+                            (ts.tv_nsec % 1000000 ? 1 : 0);
+    return ms > MAX_SAFE ? 0 : ms;
+}
 
-    char final_path[4096], tmp_path[4096], payload[1024];
-    int n = snprintf(final_path, sizeof final_path, "%s/%s.json", r->shard, r->attempt);
-    if (n < 0 || (size_t)n >= sizeof final_path)
+/* fsync, where an error other than "not supported here" means the bytes may not be durable. */
+static int flush(int fd) {
+    if (fsync(fd) == 0)
+        return 0;
+    return (errno == EINVAL || errno == EROFS || errno == ENOTSUP || errno == EOPNOTSUPP) ? 0 : -1;
+}
+
+/* Publication, byte for byte the store's protocol (ADR-0007 §2.4), relative to one descriptor of
+ * the shard opened without following symlinks: 0 when the receipt is there. */
+static int publish(const struct receipt *r) {
+    if (!r->token[0] || r->finished == 0)
         return 1;
-    n = snprintf(tmp_path, sizeof tmp_path, "%s/.%s.%ldt%llu.tmp", r->shard, r->attempt, (long)getpid(), fin);
-    if (n < 0 || (size_t)n >= sizeof tmp_path)
+    umask(077);
+    unsigned long long fin = r->finished < r->started ? r->started : r->finished;
+    char final_name[64], tmp_name[128], payload[1024];
+    int n = snprintf(final_name, sizeof final_name, "%s.json", r->attempt);
+    if (n < 0 || (size_t)n >= sizeof final_name)
         return 1;
-    struct stat sb;
-    if (lstat(r->shard, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return 1;
-    /* Never overwrite; this also keeps link() from meeting a directory of that name. */
-    if (lstat(final_path, &sb) == 0 || lstat(tmp_path, &sb) == 0)
+    n = snprintf(tmp_name, sizeof tmp_name, ".%s.%ldt%llu.tmp", r->attempt, (long)getpid(), fin);
+    if (n < 0 || (size_t)n >= sizeof tmp_name)
         return 1;
     n = snprintf(payload, sizeof payload,
                  "{\"schemaVersion\":1,\"runId\":\"%s\",\"attemptId\":\"%s\",\"callbackSequence\":%s,"
@@ -203,30 +211,44 @@ static int publish(const struct receipt *r) {
                  r->run, r->attempt, r->seq, r->token, r->started, fin, r->status);
     if (n < 0 || (size_t)n >= sizeof payload)
         return 1;
-    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int dir = open(r->shard, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0)
+        return 1; /* missing, a symlink or not a directory: no receipt */
+    struct stat sb;
+    int failed = 1;
+    /* Never overwrite; this also keeps linkat() from meeting a directory of that name. */
+    if (fstatat(dir, final_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 || fstatat(dir, tmp_name, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+        goto out;
+    int fd = openat(dir, tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
-        return 1; /* not created: whatever is there is not ours to remove */
-    int failed = write_all(fd, payload, (size_t)n) != 0;
-    if (!failed)
-        fsync(fd); /* failure means unsupported here: go on, as sync(1) would */
+        goto out; /* not created: whatever is there is not ours to remove */
+    int bad = write_all(fd, payload, (size_t)n) != 0 || flush(fd) != 0;
     if (close(fd) != 0)
-        failed = 1;
-    if (failed) {
-        unlink(tmp_path);
-        return 1;
-    }
+        bad = 1;
     /* A hard link never replaces an existing name: the final name appears complete or not at all. */
-    if (link(tmp_path, final_path) != 0) {
-        unlink(tmp_path);
-        return 1;
+    if (bad || linkat(dir, tmp_name, dir, final_name, 0) != 0) {
+        unlinkat(dir, tmp_name, 0);
+        goto out;
     }
-    unlink(tmp_path);
-    int dir = open(r->shard, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-        fsync(dir);
-        close(dir);
+    unlinkat(dir, tmp_name, 0);
+    flush(dir);
+    failed = 0;
+out:
+    close(dir);
+    return failed;
+}
+
+/* Every descriptor above 2 that is still open is kept from CMD (launcher.sh closes 3-5 itself; a
+ * host other than ql's may pass more). */
+static void cloexec_from_3(void) {
+    long max = sysconf(_SC_OPEN_MAX);
+    if (max < 0 || max > 65536)
+        max = 65536;
+    for (int fd = 3; fd < max; fd++) {
+        int flags = fcntl(fd, F_GETFD);
+        if (flags >= 0 && !(flags & FD_CLOEXEC))
+            fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
     }
-    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -253,6 +275,17 @@ int main(int argc, char **argv) {
     }
     int awaited = strchr(flags, 'a') != NULL;
 
+    /* What a shell would not let CMD inherit: an ignored SIGCHLD (the kernel would reap CMD
+     * itself and its status would be lost) and blocked forwarded signals. */
+    signal(SIGCHLD, SIG_DFL);
+    sigset_t forwarded, saved_mask;
+    sigemptyset(&forwarded);
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaddset(&forwarded, FORWARDED[i]);
+    sigset_t unblock = forwarded;
+    sigaddset(&unblock, SIGCHLD);
+    sigprocmask(SIG_UNBLOCK, &unblock, NULL);
+
     /* The channel: on stdin with flag c (stdin becomes /dev/null), else on fd 3. Never inherited
      * by CMD or the publisher's tools. */
     int channel = 3;
@@ -266,6 +299,7 @@ int main(int argc, char **argv) {
     } else if (fcntl(channel, F_SETFD, FD_CLOEXEC) < 0) {
         channel = -1; /* closed: no token can come */
     }
+    cloexec_from_3();
 
     /* Signals may arrive before the child exists; they are remembered and re-delivered by it. */
     set_forwarded(on_signal, 1);
@@ -285,10 +319,6 @@ int main(int argc, char **argv) {
         channel = -1;
     }
 
-    sigset_t forwarded, saved_mask;
-    sigemptyset(&forwarded);
-    for (int i = 0; i < N_FORWARDED; i++)
-        sigaddset(&forwarded, FORWARDED[i]);
     sigprocmask(SIG_BLOCK, &forwarded, &saved_mask);
     pid_t pid = fork();
     if (pid == 0) {
@@ -307,6 +337,22 @@ int main(int argc, char **argv) {
         drop_launcher_names();
         execvp(cmd[0], cmd);
         int err = errno;
+        if (err == ENOEXEC) {
+            /* A file without #! runs as a shell script, as under launcher.sh (glibc's execvp
+             * does this itself; musl's does not): the shell searches and falls back again. */
+            int n = 0;
+            while (cmd[n])
+                n++;
+            char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
+            if (via_sh != NULL) {
+                via_sh[0] = "sh";
+                via_sh[1] = "-c";
+                via_sh[2] = "exec \"$0\" \"$@\"";
+                for (int i = 0; i < n; i++)
+                    via_sh[3 + i] = cmd[i];
+                execv("/bin/sh", via_sh);
+            }
+        }
         static const char prefix[] = "ql launcher: cannot run the command: ";
         const char *reason = strerror(err);
         if (write_all(2, prefix, sizeof prefix - 1) == 0 && write_all(2, reason, strlen(reason)) == 0)
@@ -325,17 +371,30 @@ int main(int argc, char **argv) {
     }
     sigprocmask(SIG_SETMASK, &saved_mask, NULL); /* what came during the fork is forwarded now */
 
+    /* Wait without reaping, so that no signal is ever forwarded to a pid that was reused: the
+     * forwarding stops (blocked, then ignored) before the zombie is reaped. */
+    for (;;) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0)
+            break;
+        if (errno != EINTR)
+            return LOST; /* the status is gone: never replaced by a made-up code */
+    }
+    sigprocmask(SIG_BLOCK, &forwarded, NULL);
+    child_pid = 0;
+    /* Nothing is left to forward to; publication cannot be cut short by a group signal. */
+    set_forwarded(SIG_IGN, 0);
+    sigprocmask(SIG_SETMASK, &saved_mask, NULL);
     int wstatus;
     for (;;) {
         pid_t got = waitpid(pid, &wstatus, 0);
         if (got == pid)
             break;
         if (got < 0 && errno != EINTR)
-            return LOST; /* the status is gone: never replaced by a made-up code */
+            return LOST;
     }
-    /* Nothing is left to forward to; publication cannot be cut short by a group signal. */
-    child_pid = 0;
-    set_forwarded(SIG_IGN, 0);
+    rec.finished = finished_now();
     if (WIFEXITED(wstatus))
         rec.status = WEXITSTATUS(wstatus);
     else if (WIFSIGNALED(wstatus))

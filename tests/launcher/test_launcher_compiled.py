@@ -8,6 +8,7 @@ launcher.sh without a compiler and that ``compiled`` then fails with a one-line 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -91,7 +92,7 @@ def test_a_cache_others_can_write_is_refused(cc: str, cache_env: dict[str, str])
     path = compiled_launcher(cache_env)
     # A binary someone made group-writable is not run, and not silently replaced either.
     os.chmod(path, 0o770)
-    with pytest.raises(CompiledLauncherError, match="not a private executable file; remove it"):
+    with pytest.raises(CompiledLauncherError, match="not a private executable file that runs; remove it"):
         compiled_launcher(cache_env)
     assert compiled_launcher.__name__  # the refusal changed nothing on disk
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o770
@@ -201,3 +202,132 @@ def test_shell_choice_never_builds(tmp_path: Path, cache_env: dict[str, str], mo
     executor = LocalProcessExecutor(launcher="shell")
     assert executor.compiled_launcher() is None
     assert not (Path(cache_env["XDG_CACHE_HOME"]) / "ql").exists()
+
+
+def test_the_cache_dir_made_writable_later_is_refused(cc: str, cache_env: dict[str, str]) -> None:
+    path = compiled_launcher(cache_env)
+    Path(path).parent.chmod(0o777)
+    with pytest.raises(CompiledLauncherError, match="writable by other users"):
+        compiled_launcher(cache_env)
+
+
+def test_a_symlink_cannot_hide_a_writable_ancestor(cc: str, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    (shared / "real").mkdir(parents=True)
+    shared.chmod(0o777)
+    link = tmp_path / "link"
+    link.symlink_to(shared / "real")
+    with pytest.raises(CompiledLauncherError, match="writable by other users"):
+        compiled_launcher({"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(link)})
+
+
+def test_directories_it_creates_are_private_whatever_the_umask(cc: str, tmp_path: Path) -> None:
+    old = os.umask(0o002)
+    try:
+        path = compiled_launcher({"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_path / "a" / "b")})
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "a", tmp_path / "a" / "b", Path(path).parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    # ...so a second host trusts what the first one made.
+    assert compiled_launcher({"PATH": "/nonexistent", "XDG_CACHE_HOME": str(tmp_path / "a" / "b")}) == path
+
+
+def test_a_removed_binary_is_built_again_before_the_next_task(cc: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with Runtime.open(load_config(data_dir=tmp_path / "data", environ={}, cwd=tmp_path)) as rt:
+        assert rt.run(["true"]).status == "succeeded"
+        path = rt.executor.compiled_launcher()  # type: ignore[union-attr]
+        assert path is not None
+        os.unlink(path)  # a cache cleaner ran
+        view = rt.run(["sh", "-c", "exit 5"])
+        assert (view.status, view.exit_code) == ("failed", 5)
+        assert os.path.isfile(path)
+
+
+def _raw_compiled(path: str, shard: Path, token: str, command: list[str], log: Path,
+                  preexec: object = None, pass_fds: tuple[int, ...] = (), wrap: list[str] | None = None
+                  ) -> subprocess.Popen[bytes]:
+    from ql_core.ids import new_id
+    from ql_executors.local_process.launch import launcher_args
+
+    attempt = shard.name
+    args = launcher_args(shard_dir=shard.parent, run_id=new_id(), attempt_id=attempt, callback_sequence=1,
+                         started_at_ms=1_700_000_000_000, mode="argv", command=command, flags="c")
+    r, w = os.pipe()
+    os.write(w, (token + "\n").encode())
+    os.close(w)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen([*(wrap or []), path, *args], stdin=r, stdout=fd, stderr=fd,
+                                preexec_fn=preexec, pass_fds=pass_fds,  # type: ignore[arg-type]
+                                start_new_session=True)
+    finally:
+        os.close(fd)
+        os.close(r)
+
+
+@pytest.fixture
+def attempt_dir(tmp_path: Path) -> Path:
+    """``<shard>/<attempt id>``: the shard exists, the path's last part names the attempt."""
+    from ql_core.ids import new_id
+
+    shard = tmp_path / "receipts" / "xx"
+    shard.mkdir(parents=True, mode=0o700)
+    return shard / new_id()
+
+
+def test_started_with_sigchld_ignored_and_signals_blocked(cc: str, cache_env: dict[str, str],
+                                                          attempt_dir: Path, tmp_path: Path) -> None:
+    """A host that ignores SIGCHLD or blocks signals must not cost the status (the kernel would
+    reap the command) nor leave the command deaf to TERM and INT: the shell gives the command a
+    clean mask, and so does the compiled launcher."""
+    import signal
+
+    from .conftest import new_token
+
+    def hostile() -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    log = tmp_path / "task.log"
+    proc = _raw_compiled(compiled_launcher(cache_env), attempt_dir, new_token(),
+                         ["sh", "-c", "grep -E '^Sig(Blk|Ign)' /proc/self/status; exit 3"], log, preexec=hostile)
+    assert proc.wait(30) == 3
+    lines = dict(line.split(":\t") for line in log.read_text().splitlines())
+    assert int(lines["SigBlk"], 16) == 0
+    assert int(lines["SigIgn"], 16) & (1 << (signal.SIGCHLD - 1)) == 0
+    receipt = json.loads((attempt_dir.parent / f"{attempt_dir.name}.json").read_text())
+    assert receipt["exitCode"] == 3
+
+
+def test_inherited_descriptors_do_not_reach_the_command(cc: str, cache_env: dict[str, str], attempt_dir: Path,
+                                                        tmp_path: Path) -> None:
+    from .conftest import new_token
+
+    extra = os.open(tmp_path / "extra", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        log = tmp_path / "task.log"
+        proc = _raw_compiled(compiled_launcher(cache_env), attempt_dir, new_token(),
+                             ["sh", "-c", f'[ -e /proc/$$/fd/{extra} ] && echo leaked || echo clean'], log,
+                             pass_fds=(extra,))
+        assert proc.wait(30) == 0
+    finally:
+        os.close(extra)
+    assert log.read_text() == "clean\n"
+
+
+def test_a_failed_fsync_publishes_nothing(cc: str, cache_env: dict[str, str], attempt_dir: Path,
+                                         tmp_path: Path) -> None:
+    """EIO from fsync of the temp receipt: its bytes may not be durable, so no receipt (the attempt
+    will be lost), no temp left, and the command's status is still the launcher's exit."""
+    from .conftest import new_token
+
+    strace = require_tool([shutil.which("strace")] if shutil.which("strace") else None, "strace is not installed")
+    log = tmp_path / "task.log"
+    proc = _raw_compiled(compiled_launcher(cache_env), attempt_dir, new_token(), ["sh", "-c", "exit 6"], log,
+                         wrap=[strace[0], "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
+                               "-e", "inject=fsync:error=EIO:when=1"])
+    assert proc.wait(30) == 6
+    assert os.listdir(attempt_dir.parent) == []

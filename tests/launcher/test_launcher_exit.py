@@ -349,3 +349,19 @@ def test_busybox_userland(launcher: Launcher, shell: list[str], tmp_path: Path) 
     # foreground, where every shell resets INT.
     ignored = int((tmp_path / "stamp.sig").read_text().split()[1], 16)
     assert not ignored & (1 << (signal.SIGINT - 1))
+
+
+def test_an_executable_file_without_a_shebang_runs_as_a_shell_script(
+    launcher: Launcher, shell: list[str], tmp_path: Path
+) -> None:
+    """What a shell does with ENOEXEC (and glibc's execvp; musl's does not, so the compiled
+    launcher hands such a file to /bin/sh itself)."""
+    if "qemu" in os.path.basename(shell[0]):
+        pytest.skip("qemu-user's execve emulation fails such a file before busybox can fall back")
+    script = tmp_path / "no-shebang"
+    script.write_text("echo ran as a script\nexit 4\n")
+    script.chmod(0o755)
+    task = launcher.start([str(script)])
+    assert task.wait() == 4
+    assert task.receipt()["exitCode"] == 4
+    assert task.log() == b"ran as a script\n"
