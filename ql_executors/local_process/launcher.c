@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #define _FILE_OFFSET_BITS 64 /* 32-bit userlands: a 64-bit inode number must not fail lstat/fstat */
 #define _TIME_BITS 64
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -33,10 +34,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__) && !defined(CLOSE_RANGE_CLOEXEC)
+#define CLOSE_RANGE_CLOEXEC (1U << 2) /* the kernel's ABI value; glibc 2.34+ defines it itself */
+#endif
 
 #define LOST 125                            /* no status learnt, or the contract was broken */
 #define MAX_SAFE 9007199254740991ULL        /* 2^53 - 1: exact in any JSON reader */
@@ -239,16 +244,35 @@ out:
 }
 
 /* Every descriptor above 2 that is still open is kept from CMD (launcher.sh closes 3-5 itself; a
- * host other than ql's may pass more). */
+ * host other than ql's may pass more). One close_range call where the kernel has it (5.11+), else
+ * the open descriptors listed in /proc/self/fd, else the first 1024: never one call per possible
+ * descriptor (RLIMIT_NOFILE may be a million). */
+static void mark_cloexec(int fd) {
+    int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC))
+        fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
 static void cloexec_from_3(void) {
-    long max = sysconf(_SC_OPEN_MAX);
-    if (max < 0 || max > 65536)
-        max = 65536;
-    for (int fd = 3; fd < max; fd++) {
-        int flags = fcntl(fd, F_GETFD);
-        if (flags >= 0 && !(flags & FD_CLOEXEC))
-            fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+#if defined(SYS_close_range) && defined(CLOSE_RANGE_CLOEXEC)
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
+        return;
+#endif
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir != NULL) {
+        int own = dirfd(dir);
+        struct dirent *entry;
+        while ((entry = readdir(dir)) != NULL) {
+            char *end;
+            long fd = strtol(entry->d_name, &end, 10);
+            if (*end == '\0' && end != entry->d_name && fd > 2 && fd != own && fd <= 0x7fffffffL)
+                mark_cloexec((int)fd);
+        }
+        closedir(dir);
+        return;
     }
+    for (int fd = 3; fd < 1024; fd++)
+        mark_cloexec(fd);
 }
 
 int main(int argc, char **argv) {
