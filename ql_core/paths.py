@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import ConfigError, DataDirError, UnsafePathError, explain_os_error
@@ -34,6 +35,7 @@ __all__ = [
     "read_node_id",
     "existing_data_dir",
     "read_small_file",
+    "user_cache_dir",
 ]
 
 DIR_MODE = 0o700
@@ -267,3 +269,23 @@ class first_use_lock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def user_cache_dir(environ: Mapping[str, str]) -> str | None:
+    """ql's per-user cache: ``$XDG_CACHE_HOME/ql``, else ``<home>/.cache/ql`` (a relative
+    XDG_CACHE_HOME is ignored, as the XDG spec says; without HOME, the account's home directory);
+    None when no absolute home can be found. The plugin cache and the compiled launcher live here."""
+    base = environ.get("XDG_CACHE_HOME")
+    if not base or not os.path.isabs(base):
+        home = environ.get("HOME")
+        if not home:
+            import pwd
+
+            try:
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except KeyError:
+                return None
+        if not home or not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "ql")

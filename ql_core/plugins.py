@@ -193,12 +193,14 @@ def _environment_key() -> str:
 def _cache_file(env: Mapping[str, str]) -> str | None:
     if env.get(PLUGIN_CACHE_ENV, "").strip().lower() == "off":
         return None
-    base = env.get("XDG_CACHE_HOME") or (os.path.join(env["HOME"], ".cache") if env.get("HOME") else None)
-    if not base or not os.path.isabs(base):
+    from .paths import user_cache_dir
+
+    directory = user_cache_dir(env)
+    if directory is None:
         return None
     import zlib
 
-    return os.path.join(base, "ql", f"plugins-{zlib.crc32(sys.prefix.encode()):08x}.json")
+    return os.path.join(directory, f"plugins-{zlib.crc32(sys.prefix.encode()):08x}.json")
 
 
 def _read_cached_group(env: Mapping[str, str]) -> dict[str, str] | None:

@@ -19,9 +19,10 @@ import os
 import stat
 from collections.abc import Mapping
 
+from ql_core.paths import user_cache_dir
 from ql_core.tokens import sha256_hex
 
-__all__ = ["CompiledLauncherError", "compiled_launcher", "cache_dir", "source_path", "BUILD_TIMEOUT_S"]
+__all__ = ["CompiledLauncherError", "compiled_launcher", "source_path", "BUILD_TIMEOUT_S"]
 
 #: A compiler that takes longer than this is given up on (the shell launcher stays in use).
 BUILD_TIMEOUT_S = 60.0
@@ -35,24 +36,6 @@ class CompiledLauncherError(Exception):
 
 def source_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
-
-
-def cache_dir(environ: Mapping[str, str]) -> str | None:
-    """``$XDG_CACHE_HOME/ql``, else ``<home>/.cache/ql`` (the account's home when HOME is unset)."""
-    base = environ.get("XDG_CACHE_HOME")
-    if not base or not os.path.isabs(base):
-        home = environ.get("HOME")
-        if not home:
-            import pwd
-
-            try:
-                home = pwd.getpwuid(os.geteuid()).pw_dir
-            except KeyError:
-                return None
-        if not home or not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "ql")
 
 
 #: Part of the cache key: a change of how the binary is built builds it anew.
@@ -237,7 +220,7 @@ def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
     Raises :class:`CompiledLauncherError` (with the reason) when it is neither in the cache nor
     buildable here; ``build=False`` only looks in the cache.
     """
-    directory = cache_dir(environ)
+    directory = user_cache_dir(environ)
     if directory is None:
         raise CompiledLauncherError("no cache directory (neither XDG_CACHE_HOME nor a home directory)")
     # Checked and used as the real path: a symlink in it cannot lead the checks elsewhere.
