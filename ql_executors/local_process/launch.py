@@ -155,37 +155,29 @@ def _spawn_with_fd3(
     ``on_stdin`` puts the channel on stdin without ``hold`` too (the compiled launcher, which moves
     it itself, never needs the trampoline).
     """
-    if (hold or on_stdin) and fd3_payload is not None:
-        argv = [*shell, *script_argv]
+    w: Any
+    stdin: Any
+    if fd3_payload is None:
+        argv, stdin, w = [*shell, *script_argv], subprocess.DEVNULL, None
+    else:
+        if hold or on_stdin:
+            argv = [*shell, *script_argv]
+        else:
+            argv = [*shell, "-c", _TRAMPOLINE, "ql-launcher", *shell, *script_argv]
         if awaited:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            w: Any = ours
-            stdin: Any = theirs.detach()
+            w, stdin = ours, theirs.detach()
         else:
             stdin, w = os.pipe()
             if not hold:
                 try:
-                    os.write(w, fd3_payload)  # fits the pipe buffer, never blocks
+                    os.write(w, fd3_payload)  # a few hundred bytes at most: fits the pipe buffer, never blocks
                 except BaseException:
                     os.close(stdin)
                     raise
                 finally:
                     os.close(w)
                     w = None
-    elif fd3_payload is None:
-        argv, stdin, w = [*shell, *script_argv], subprocess.DEVNULL, None
-    else:
-        argv = [*shell, "-c", _TRAMPOLINE, "ql-launcher", *shell, *script_argv]
-        stdin, w = os.pipe()
-        if not hold:
-            try:
-                os.write(w, fd3_payload)  # a few hundred bytes at most: fits the pipe buffer, never blocks
-            except BaseException:
-                os.close(stdin)
-                raise
-            finally:
-                os.close(w)
-                w = None
     try:
         process = subprocess.Popen(
             argv,
