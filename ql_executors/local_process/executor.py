@@ -212,17 +212,16 @@ class LocalProcessExecutor:
         if launcher not in LAUNCHER_CHOICES:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_CHOICES)}")
         self._launcher_choice = launcher
+        self._lock = threading.Lock()
         self._compiled: str | None = None
-        self._compiled_resolved = launcher == "shell"
+        self._compiled_resolved = False
         if launcher == "compiled":
-            self._compiled = compiled_launcher(os.environ)  # CompiledLauncherError names the reason
-            self._compiled_resolved = True
+            self.compiled_launcher()  # built now: CompiledLauncherError names why it cannot be
         self._prefix: tuple[str, ...] = ()
         if run_as is not None:
             uid, gid = run_as
             self._prefix = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
         self._hints = _LaunchHints()
-        self._lock = threading.Lock()
         self._host_handle: tuple[int, str | None] | None = None
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
@@ -236,11 +235,7 @@ class LocalProcessExecutor:
                 raise
             # The cached binary was removed under us (a cleaned cache): nothing was started, so
             # resolve again (rebuild, or launcher.sh for auto) and spawn once more.
-            with self._lock:
-                self._compiled, self._compiled_resolved = None, False
-            if self._launcher_choice == "compiled":
-                self._compiled = compiled_launcher(os.environ)
-                self._compiled_resolved = True
+            self.compiled_launcher(again=True)
             return self._spawn(request, log_fd=log_fd)
 
     def _spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
@@ -268,19 +263,26 @@ class LocalProcessExecutor:
         handle = identity.capture_handle(process.pid)
         return SpawnedTask(handle=encode_handle(handle) if handle is not None else None, live=held)
 
-    def compiled_launcher(self) -> str | None:
-        """The compiled launcher's path, or None for the shell launcher (``auto``: built on first
-        use where a C compiler is available; without one the shell launcher stays, silently)."""
-        if not self._compiled_resolved:
-            with self._lock:
-                if not self._compiled_resolved:
-                    try:
-                        self._compiled = compiled_launcher(os.environ)
-                    except (CompiledLauncherError, OSError) as exc:
-                        logger.debug("the compiled launcher is not available ({}); using launcher.sh", exc)
-                        self._compiled = None
-                    self._compiled_resolved = True
-        return self._compiled
+    def compiled_launcher(self, *, again: bool = False) -> str | None:
+        """The compiled launcher's path, or None for the shell launcher, resolved once (``again``:
+        once more). ``auto``: built on first use where a C compiler is available, else the shell
+        launcher, silently; ``compiled``: CompiledLauncherError when it cannot be built."""
+        with self._lock:
+            if again or not self._compiled_resolved:
+                self._compiled = self._resolve_launcher()
+                self._compiled_resolved = True
+            return self._compiled
+
+    def _resolve_launcher(self) -> str | None:
+        if self._launcher_choice == "shell":
+            return None
+        try:
+            return compiled_launcher(os.environ)
+        except (CompiledLauncherError, OSError) as exc:
+            if self._launcher_choice == "compiled":
+                raise
+            logger.debug("the compiled launcher is not available ({}); using launcher.sh", exc)
+            return None
 
     def release(self, task: SpawnedTask) -> None:
         task.live.release()

@@ -19,6 +19,7 @@ __all__ = ["ql_register_executors"]
 def _executor(context: RuntimeContext) -> Executor:
     from ql_core.errors import ConfigError
 
+    from .compiled import CompiledLauncherError
     from .executor import LAUNCHER_CHOICES, LocalProcessExecutor, run_as_user
 
     settings = context.plugin_config("local")
@@ -31,13 +32,9 @@ def _executor(context: RuntimeContext) -> Executor:
                           f"not {launcher!r}")
     run_as = settings.get("run_as")
     run_as_ids = run_as_user(run_as) if run_as is not None else None
-    if launcher != "compiled":
-        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher)
-    from .compiled import CompiledLauncherError
-
     try:
         return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher)
-    except CompiledLauncherError as exc:
+    except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
         raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install a C compiler (e.g. gcc) "
                           f"or use launcher = \"auto\" or \"shell\"") from None
 
