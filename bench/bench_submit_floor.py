@@ -35,18 +35,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STAMP_C = r"""
-#include <stdio.h>
-#include <time.h>
-int main(int argc, char **argv) {
-    struct timespec t; clock_gettime(CLOCK_REALTIME, &t);
-    FILE *f = fopen(argv[1], "w");
-    fprintf(f, "%lld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec);
-    return fclose(f) != 0;
-}
-"""
-
+# The same stamp helper as bench_peers (its submit → exec figure is the one this script explains).
+from bench_peers import STAMP_C, read_stamp  # noqa: E402
 
 def build_stamp(work: Path) -> str:
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -69,7 +61,7 @@ def floor_popen(stamp: str, work: Path, n: int) -> list[int]:
         t0 = time.time_ns()
         proc = subprocess.Popen([stamp, str(path)])
         proc.wait()
-        out.append(int(path.read_text()) - t0)
+        out.append(read_stamp(str(path))[0] - t0)
     return out
 
 
@@ -136,7 +128,7 @@ def ql_phases(stamp: str, work: Path, n: int, warm: int) -> dict[str, list[int]]
         path = work / f"ql-{i}"
         t0 = time.time_ns()
         rt.wait(rt.submit([stamp, str(path)], awaited=True))
-        started = int(path.read_text())
+        started = read_stamp(str(path))[0]
         previous = t0
         for label, at in marks:
             phases.setdefault(label, []).append(at - previous)
