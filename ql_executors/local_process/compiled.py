@@ -165,12 +165,16 @@ def _build(body: bytes, target_dir: str, environ: Mapping[str, str]) -> str:
 
 
 def _runs(path: str) -> bool:
-    """The binary starts and refuses an empty argument list with 125, as the contract says."""
+    """The binary starts and answers ``--probe`` as launcher.c does.
+
+    Judged by its output, never by its exit status: in a host that ignores SIGCHLD (or reaps every
+    child itself) ``subprocess`` reports 0 for any child, and a check by status would refuse a good
+    build — or, for the compiler, accept a failed one."""
     import subprocess
 
     try:
-        return subprocess.run([path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=10, check=False).returncode == 125
+        return subprocess.run([path, "--probe"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                              check=False).stdout == b"ql-launcher ok\n"
     except (OSError, subprocess.TimeoutExpired):
         return False
 

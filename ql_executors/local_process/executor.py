@@ -19,6 +19,7 @@ import signal as _signal
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import replace
 
 from ql_core.clock import now_ms_ceil
@@ -30,7 +31,8 @@ from . import identity
 from .compiled import CompiledLauncherError, compiled_launcher
 from .launch import acknowledge, release, spawn_launcher
 
-__all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "encode_handle", "decode_handle", "run_as_user"]
+__all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
+           "decode_handle", "run_as_user"]
 
 #: launcher.sh's exit status when it could not learn the command's status (no receipt follows).
 LAUNCHER_LOST_STATUS = 125
@@ -60,10 +62,12 @@ class _Held:
     """The spawning host's grip on a launcher: its process and its channel (the token pipe until
     released; for an awaited task the socket that carries the acknowledgement later)."""
 
-    __slots__ = ("process", "_channel", "_token", "_released")
+    __slots__ = ("process", "reaped", "_channel", "_token", "_released")
 
     def __init__(self, process: subprocess.Popen[bytes], channel: int | socket.socket, token: str) -> None:
         self.process = process
+        #: Set once :func:`_wait_exit` reaped the launcher.
+        self.reaped: _Reaped | None = None
         self._channel: int | socket.socket | None = channel
         self._token = token
         self._released = False
@@ -151,18 +155,45 @@ class _LaunchHints:
         return hints
 
 
-def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> int | None:
-    """Block until ``process`` exits (or ``timeout_s``): a pidfd poll, not Popen's sleep loop."""
-    if process.returncode is not None:
-        return process.returncode
+#: ``ExitObservation.detail`` when the kernel has no status for our launcher: this host ignores
+#: SIGCHLD (the kernel reaps its children) or something else in it reaped the launcher first.
+STATUS_NOT_REAPABLE = "LAUNCHER_STATUS_NOT_REAPABLE"
+
+
+class _Reaped:
+    """The launcher was reaped: ``status`` is its exit status (negative: killed by that signal), or
+    None when the kernel had none for us (reaped elsewhere, or SIGCHLD ignored in this host)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+
+
+def _reap(process: subprocess.Popen[bytes], *, block: bool) -> _Reaped | None:
+    """``waitpid`` our own child, never ``Popen.wait``: Popen reports ECHILD as exit status 0,
+    which would turn "nobody knows" into a success. None: still running (``block=False``)."""
+    try:
+        pid, status = os.waitpid(process.pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        # Popen's own poll would now answer 0 for it; it sees ECHILD itself and stays quiet.
+        return _Reaped(None)
+    if pid == 0:
+        return None
+    process.returncode = code = os.waitstatus_to_exitcode(status)
+    return _Reaped(code)
+
+
+def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> _Reaped | None:
+    """Block until ``process`` exits (or ``timeout_s``: None): a pidfd poll, not Popen's sleep loop."""
     if timeout_s is None:
-        return process.wait()
+        return _reap(process, block=True)
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
         try:
             fd = pidfd_open(process.pid)
         except OSError:
-            fd = -1  # already reaped elsewhere, or no pidfd support: fall back
+            fd = -1  # already reaped (by the kernel or someone else), or no pidfd support: fall back
         if fd >= 0:
             try:
                 poller = select.poll()
@@ -171,11 +202,15 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> int
                     return None
             finally:
                 os.close(fd)
-            return process.wait()
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
+            return _reap(process, block=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while True:
+        reaped = _reap(process, block=False)
+        if reaped is not None or time.monotonic() >= deadline:
+            return reaped
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
 
 
 def run_as_user(name: object) -> tuple[int, int]:
@@ -306,17 +341,22 @@ class LocalProcessExecutor:
 
     def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
         held: _Held = task.live
-        process = held.process
-        returncode = _wait_exit(process, timeout_s)
-        if returncode is None:
-            return None
+        if held.reaped is None:
+            held.reaped = _wait_exit(held.process, timeout_s)
+            if held.reaped is None:
+                return None
         finished = now_ms_ceil()
-        if returncode >= 0 and held.status_is_the_commands():
+        returncode = held.reaped.status
+        if returncode is not None and returncode >= 0 and held.status_is_the_commands():
             # The launcher exited with the command's status and left a publisher waiting for our
             # word: the status is the kernel's (waitpid), the receipt held back for acknowledge().
             return ExitObservation(exit_code=returncode, finished_at_ms=finished, held_receipt=True)
         # Nothing is held back for us: decide from the receipt as a plain host would.
         held.close()
+        if returncode is None:
+            # No status from the kernel: only the receipt (published now that the channel is
+            # closed) or recovery may decide — never a status we did not see.
+            return ExitObservation(exit_code=None, finished_at_ms=finished, detail=STATUS_NOT_REAPABLE)
         if returncode < 0:
             # The launcher itself died of a signal: its exit says nothing about the command, which
             # may run on in the launcher's process group (identity still follows it there).

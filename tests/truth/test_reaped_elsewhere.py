@@ -1,0 +1,78 @@
+"""A host that cannot reap its own launchers never reports a status it did not see.
+
+Some hosts ignore SIGCHLD (the kernel then reaps every child at once) or reap all their children
+themselves (``waitpid(-1)`` in a SIGCHLD handler). ``waitpid`` on the launcher then fails with
+ECHILD, and ``subprocess.Popen`` turns that into exit status 0: a task that exited 3 used to end
+``succeeded`` with 0, and its true receipt was quarantined as a forgery. Now the host records that
+it has no status (``attempt.observation_lost``) and the launcher's receipt decides.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import dbview
+
+HOST = r"""
+import json, os, signal, sys
+from pathlib import Path
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+
+mode, data_dir, launcher = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if mode == "ignore":
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+else:  # a host that reaps every child itself, as some process managers do
+    def reap_all(signum, frame):
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+    signal.signal(signal.SIGCHLD, reap_all)
+config = load_config(data_dir=data_dir, environ={}, cwd=data_dir)
+import dataclasses
+config = dataclasses.replace(config, plugin_settings={"local": {"launcher": launcher}})
+rt = Runtime.open(config)
+out = []
+for code in (3, 0):
+    for awaited in (True, False):
+        view = rt.wait(rt.submit(["sh", "-c", f"exit {code}"], awaited=awaited))
+        out.append({"code": code, "awaited": awaited, "run_id": view.run_id, "status": view.status,
+                    "exit_code": view.exit_code})
+rt.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["compiled", "shell"])
+@pytest.mark.parametrize("mode", ["ignore", "reap-all"])
+def test_the_receipt_decides_when_the_host_cannot_reap(data_dir: Path, mode: str, launcher: str) -> None:
+    from ql_core.config import load_config  # noqa: F401 - the host below needs an installed ql
+
+    if launcher == "compiled":
+        from ql_executors.local_process.compiled import CompiledLauncherError, compiled_launcher
+
+        try:
+            compiled_launcher({})
+        except CompiledLauncherError as exc:
+            pytest.skip(f"no compiled launcher here: {exc}")
+    done = subprocess.run([sys.executable, "-c", HOST, mode, str(data_dir), launcher], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)
+    for run in runs:
+        assert (run["status"], run["exit_code"]) == ("failed" if run["code"] else "succeeded", run["code"]), run
+        events = [e["type"] for e in dbview.rows(f"sqlite:///{data_dir / 'ql.db'}",
+                                                  "SELECT type FROM ql_run_event WHERE run_id = ? ORDER BY seq",
+                                                  (run["run_id"],))]
+        assert events.count(f"run.{run['status']}") == 1 and events[-1] == f"run.{run['status']}", events
+        assert "attempt.receipt_rejected" not in events, events  # the true receipt is never called a forgery
+    assert not list((data_dir / "receipts" / ".quarantine").rglob("*.json"))
