@@ -2,21 +2,22 @@
 
     python bench/bench_submit_floor.py [--n 300] [--warm 1500] [--dir /var/tmp]
 
-ADR-0007 §2.2 fixes the order of a task's start: the *create* commit (durable: fsync) before any
-process exists, then the launcher, then the *spawned* commit of its durable handle (fsync), and
-only then the go-ahead that lets the command start. So submit → exec is at least two durable
-SQLite commits plus two process starts (the launcher, then the command from it) — whatever the
-code around them does. This script measures, on the same file system and machine, in one run:
+ADR-0007 §2.2 fixes the order of a task's start: a durable *create* commit before any side effect
+of the run, the launcher's durable handle before the command starts, the go-ahead last. ql starts a
+task one of two ways (docs/launcher.md):
 
-- the floor of the figure: ``Popen([stamp])`` from the call to the stamp's first instruction;
-- the parts nobody can remove: one SQLite commit in WAL mode with ``synchronous=FULL`` (what ql
-  commits with), and one ``Popen`` of the compiled launcher (call → return);
-- ql's own phases of an embedded ``Runtime.submit(..., awaited=True)`` (timestamps taken when each
-  step returns, by wrapping the runtime's collaborators: create commit, receipt shard, log file,
-  launcher spawn, handle capture, spawned commit, release) and the go-ahead → exec step;
+- **standby** (the default with the compiled launcher): a launcher started ahead of the run, so its
+  handle is known first and the create commit records it — one durable commit, then the hand-over
+  (the run's spec and the go-ahead in one message) and the command's exec;
+- **classic** (``[plugin.local] standby = false``, or launcher.sh): create commit, launcher spawn,
+  handle capture, *spawned* commit, go-ahead — two durable commits and two process starts.
 
-and prints each as a median and as a multiple of the floor, with the sum of the irreducible parts
-(2 commits + launcher start + go-ahead → exec). ``--warm`` tasks run first so that every receipt
+This script measures, on the same file system and machine, in one run: the floor of the figure
+(``Popen([stamp])`` from the call to the stamp's first instruction); the parts nobody can remove
+(one SQLite commit in WAL mode with ``synchronous=FULL``, what ql commits with, and one ``Popen``
+of the compiled launcher); and both paths of an embedded ``Runtime.submit(..., awaited=True)``,
+step by step (timestamps taken when each step returns, by wrapping the runtime's collaborators),
+each as a median and as a multiple of the floor. ``--warm`` tasks run first so that every receipt
 and log shard exists (a new shard costs a directory fsync once).
 """
 
@@ -92,14 +93,18 @@ def launcher_popen(launcher: str, n: int) -> list[int]:
     return out
 
 
-def ql_phases(stamp: str, work: Path, n: int, warm: int) -> dict[str, list[int]]:
+def ql_phases(stamp: str, work: Path, n: int, warm: int, *, standby: bool) -> dict[str, list[int]]:
+    import dataclasses
+
     from ql_core import logs
     from ql_core.config import load_config
     from ql_core.runtime import Runtime
     from ql_executors.local_process import executor as local
 
-    data = work / "data"
-    rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=work))
+    data = work / ("data-standby" if standby else "data-classic")
+    config = load_config(data_dir=data, environ={}, cwd=work)
+    config = dataclasses.replace(config, plugin_settings={"local": {"standby": standby}})
+    rt = Runtime.open(config)
     marks: list[tuple[str, int]] = []
 
     def mark(owner: object, name: str, label: str) -> None:
@@ -113,30 +118,46 @@ def ql_phases(stamp: str, work: Path, n: int, warm: int) -> dict[str, list[int]]
 
         setattr(owner, name, wrapped)
 
+    mark(rt.executor, "standby", "standby taken")
     mark(rt.journal, "create", "create commit")
+    mark(rt.journal, "create_running", "create commit (+handle)")
     mark(rt.receipts, "prepare", "receipt shard")
     mark(logs, "open_log_artifact", "log file")
     mark(local, "spawn_launcher", "launcher spawn")
     mark(local.identity, "capture_handle", "handle capture")
     mark(rt.completion, "record_spawned", "spawned commit")
     mark(rt.executor, "release", "release")
+    mark(local, "hand_over", "hand-over")
     for _ in range(warm):
         rt.wait(rt.submit(["true"], awaited=True))
     phases: dict[str, list[int]] = {}
     for i in range(n):
         marks.clear()
-        path = work / f"ql-{i}"
+        path = work / f"ql-{'s' if standby else 'c'}-{i}"
         t0 = time.time_ns()
         rt.wait(rt.submit([stamp, str(path)], awaited=True))
         started = read_stamp(str(path))[0]
         previous = t0
         for label, at in marks:
+            if at > started:
+                break  # after the command started (a standby kept ready for the next task)
             phases.setdefault(label, []).append(at - previous)
             previous = at
         phases.setdefault("go-ahead → exec", []).append(started - previous)
         phases.setdefault("TOTAL", []).append(started - t0)
     rt.close()
     return phases
+
+
+def print_phases(title: str, phases: dict[str, list[int]], base: float) -> float:
+    print(title)
+    for label, values in phases.items():
+        if label != "TOTAL":
+            print(f"  {label:<24} {median_ms(values):7.3f} ms")
+    total = median_ms(phases["TOTAL"])
+    print(f"  {'TOTAL':<24} {total:7.3f} ms  ({total / base:.2f}× the floor)")
+    print()
+    return total
 
 
 def main() -> None:
@@ -159,7 +180,8 @@ def main() -> None:
         floor = floor_popen(stamp, work, args.n)
         commit = sqlite_commit(work, args.n)
         spawn = launcher_popen(launcher, args.n) if launcher else []
-        phases = ql_phases(stamp, work, args.n, args.warm)
+        standby = ql_phases(stamp, work, args.n, args.warm, standby=True)
+        classic = ql_phases(stamp, work, args.n, args.warm, standby=False)
         floor2 = floor_popen(stamp, work, args.n)  # again after: the machine did not drift
         base = median_ms(floor + floor2)
 
@@ -167,24 +189,19 @@ def main() -> None:
               f"n={args.n}  data dir on {args.dir}  launcher: {'compiled' if launcher else 'launcher.sh'}")
         print(f"floor: Popen([stamp]) call → first instruction  {base:.3f} ms  (1.00×)")
         print()
-        print("ql embedded submit → exec, by step (each: from the previous step's return)")
-        for label, values in phases.items():
-            if label == "TOTAL":
-                continue
-            print(f"  {label:<18} {median_ms(values):7.3f} ms")
-        total = median_ms(phases["TOTAL"])
-        print(f"  {'TOTAL':<18} {total:7.3f} ms  ({total / base:.2f}× the floor)")
-        print()
+        total = print_phases("ql embedded submit → exec, standby path (the default), by step "
+                             "(each: from the previous step's return)", standby, base)
+        print_phases("classic path ([plugin.local] standby = false), by step", classic, base)
         c = median_ms(commit)
         s = median_ms(spawn) if spawn else float("nan")
-        g = median_ms(phases["go-ahead → exec"])
-        irreducible = 2 * c + (s if spawn else 0.0) + g
+        g = median_ms(standby["go-ahead → exec"])
+        irreducible = c + g
         print("parts ADR-0007 §2.2 makes mandatory, measured bare in this run")
-        print(f"  SQLite commit, WAL + synchronous=FULL   {c:.3f} ms  × 2 (create, spawned)")
-        print(f"  Popen of the compiled launcher (→ return) {s:.3f} ms")
-        print(f"  go-ahead → the command's first instruction {g:.3f} ms  (token read, fork, exec, loader)")
-        print(f"  sum {irreducible:.3f} ms = {irreducible / base:.2f}× the floor; everything else ql does "
-              f"(ids, token hash, SQL, shard and log checks, handle capture): {total - irreducible:.3f} ms")
+        print(f"  SQLite commit, WAL + synchronous=FULL   {c:.3f} ms  (standby path: 1 before exec; classic: 2)")
+        print(f"  Popen of the compiled launcher (→ return) {s:.3f} ms  (classic path only: standby's is off the path)")
+        print(f"  hand-over → the command's first instruction {g:.3f} ms  (wake-up, fork, exec, loader)")
+        print(f"  standby sum {irreducible:.3f} ms = {irreducible / base:.2f}× the floor; everything else ql does "
+              f"(ids, token hash, SQL, shard and log checks, the spec message): {total - irreducible:.3f} ms")
 
 
 if __name__ == "__main__":

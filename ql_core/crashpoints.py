@@ -21,8 +21,9 @@ CRASH_EXIT_CODE = 86
 #: Every crash point in the code base, in protocol order.
 CRASH_POINTS: tuple[str, ...] = (
     "create.before_commit",          # persist-before-spawn transaction open
-    "spawn.after_log_created",       # log file created, launcher not forked yet
+    "spawn.after_log_created",       # log file created; launcher not forked (standby: not handed its run)
     "spawn.before_handle_commit",    # launcher held (no token yet), durable handle not yet committed
+    "start.after_hand_over",         # a standby launcher was handed its run (the go-ahead), nothing after
     "receipt.publish.after_temp",    # temp written, not linked (Python publisher)
     "receipt.publish.after_link",    # final receipt visible, temp not yet removed
     "wait.after_exit",               # waiting host reaped a held task's status, nothing committed

@@ -10,7 +10,11 @@ print(rt.wait(sub).status)          # or leave it: the task outlives this proces
 ```
 A task's life is three commits (DESIGN.md §3.6): *create* (run, attempt,
 token hash, deadline, log artifact, journal row — before any side effect),
-*spawned* (the durable handle) and *terminal* (CompletionService).
+*spawned* (the durable handle) and *terminal* (CompletionService). With a
+standby task (an executor that starts its process before the run exists, so
+its handle is known first: :class:`~ql_core.ports.executor.StandbyExecutor`)
+the create commit records the handle too — two commits, one of them before
+the command starts.
 
 The runtime wires the four seams selected in the config — executor, receipt
 store, journal backend, wake-up sources — and never looks inside them: an
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from .completion import CompletionResult, CompletionService
     from .consumer import ReceiptConsumer
     from .plugins import PluginHost
-    from .ports.executor import Executor, ExitObservation, SpawnedTask
+    from .ports.executor import Executor, ExitObservation, SpawnedTask, SpawnRequest
     from .ports.journal import JournalBackend
     from .ports.receipt_store import ReceiptStore
     from .records import EventRecord
@@ -94,6 +98,8 @@ class Runtime:
         self.context = RuntimeContext(config=config, node_id=node_id, existing_only=not create,
                                       data_dir_in_use=data_dir_in_use)
         self._executors: dict[str, Executor | None] = {}
+        #: Per executor name: can its tasks be standby tasks here (executor and run store both able)?
+        self._standby_capable: dict[str | None, bool] = {}
         self._lazy_lock = threading.RLock()
         # Every selected seam must be registered (one-line error naming what is installed) — checked
         # now; the executor and receipt store are *built* on first use, so a reader (`ql status`)
@@ -201,6 +207,17 @@ class Runtime:
         return cls(config, plugins=plugins, node_id=node_id, create=create, data_dir_in_use=in_use)
 
     def close(self) -> None:
+        """Close the run store and drop what executors keep ready (a standby launcher exits, having
+        run nothing). Running tasks are not touched: they outlive the runtime."""
+        with self._lazy_lock:
+            executors = [e for e in self._executors.values() if e is not None]
+        for executor in executors:
+            close = getattr(executor, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001 - closing the store matters more
+                    logger.warning("closing executor {} failed: {}", type(executor).__name__, type(exc).__name__)
         self.journal.close()
 
     def __enter__(self) -> Runtime:
@@ -260,8 +277,11 @@ class Runtime:
         if max_attempts != 1:
             raise UsageError("retries (max_attempts > 1) exist only for runs queued to cluster workers")
         executor, _receipts = self._require_executor()
-        sub = self._create_run(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
+        standby = self._standby(executor, tuple(command), shell=shell, cwd=cwd, env=env, awaited=awaited)
+        sub = self._create_run(name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes, standby=standby)
         sub.awaited = awaited
+        if standby is not None:
+            return self._start_standby(executor, sub, standby, tuple(command), shell=shell, cwd=cwd, env=env)
         return self._spawn(executor, sub, tuple(command), shell=shell, cwd=cwd, env=env)
 
     def run(self, command: Sequence[str], *, on_tick: Callable[[], None] | None = None,
@@ -298,9 +318,37 @@ class Runtime:
         return Submission(run_id=run.run_id, attempt_id=None, log_artifact_id=None, callback_sequence=0,
                           started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None)
 
-    def _create_run(self, *, name: str | None, timeout_s: float | None,
-                    log_max_bytes: int | None = None) -> Submission:
-        """The *create* commit. Any failure here means: nothing is spawned."""
+    def _standby(self, executor: Executor, command: tuple[str, ...], *, shell: bool, cwd: str | None,
+                 env: dict[str, str] | None, awaited: bool) -> SpawnedTask | None:
+        """A standby task for this run when the executor offers one and the run store can record its
+        handle in the create commit; None: the classic path (spawn after the create commit)."""
+        from .ports.executor import StandbyExecutor, check_handle
+        from .ports.journal import RunningCreate, TaskSpec
+
+        name = self.config.executor
+        capable = self._standby_capable.get(name)
+        if capable is None:
+            capable = self._standby_capable[name] = (isinstance(executor, StandbyExecutor)
+                                                     and isinstance(self.journal, RunningCreate))
+        if not capable:
+            return None
+        task = executor.standby(TaskSpec(command=command, shell=shell, cwd=cwd, env=env),  # type: ignore[attr-defined]
+                                awaited=awaited)
+        if task is None:
+            return None
+        try:
+            handle = check_handle(task.handle)
+        except ValueError:
+            handle = None
+        if handle is None:  # identity unreadable: the classic path decides what happens then
+            executor.abort(task)
+            return None
+        return task
+
+    def _create_run(self, *, name: str | None, timeout_s: float | None, log_max_bytes: int | None = None,
+                    standby: SpawnedTask | None = None) -> Submission:
+        """The *create* commit. Any failure here means: nothing is spawned (a standby task is dropped,
+        having been given nothing)."""
         from .retrying import retrying
         from .tokens import hash_token, new_token
 
@@ -316,9 +364,14 @@ class Runtime:
                      log_relative_path=log_relative_path(log_id),
                      log_max_bytes=log_max_bytes or self.profile.log_max_bytes,
                      receipt_ref=receipts.relative_ref(attempt_id), host_handle=executor.host_handle())
+        journal: Any = self.journal
+        write = (lambda: journal.create(new)) if standby is None else (
+            lambda: journal.create_running(new, handle=standby.handle))
         try:
-            events = retrying(lambda: self.journal.create(new), retries=self.profile.completion_retries)
+            events = retrying(write, retries=self.profile.completion_retries)
         except Exception as exc:  # any failure of the create commit means: do not spawn
+            if standby is not None:
+                executor.abort(standby)
             raise PersistBeforeSpawnError(
                 f"could not persist the run before spawning it, so nothing was started "
                 f"({type(exc).__name__}: {exc}); check the data dir with `ql doctor` and retry") from exc
@@ -327,14 +380,13 @@ class Runtime:
         return Submission(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, callback_sequence=1,
                           started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token)
 
-    def _spawn(self, executor: Executor, sub: Submission, command: tuple[str, ...], *, shell: bool,
-               cwd: str | None, env: dict[str, str] | None) -> Submission:
+    def _prepare_locations(self, sub: Submission, *, drop: Callable[[], None] | None = None) -> tuple[str, int]:
+        """The receipt location and the open log artifact of ``sub`` (after its create commit). On
+        failure nothing runs: ``drop`` discards a standby task, and the run is marked failed."""
         from .logs import open_log_artifact
-        from .ports.executor import SpawnRequest
-
         from .ports.receipt_store import ReceiptStoreError
 
-        assert self.receipts is not None
+        assert self.receipts is not None and sub.attempt_id is not None and sub.log_artifact_id is not None
         reason = "RECEIPT_LOCATION_UNAVAILABLE"
         try:
             location = self.receipts.prepare(sub.attempt_id)
@@ -342,21 +394,55 @@ class Runtime:
             log_fd = open_log_artifact(self.config.data_dir, sub.log_artifact_id)
             crashpoint("spawn.after_log_created")
         except (OSError, QlError, ValueError, ReceiptStoreError) as exc:
+            if drop is not None:
+                drop()
             self.completion.end_without_receipt(sub.attempt_id, status="failed", reason=reason)
             # A store's own message is written for users (the OS error, the path); others by name.
             detail = (getattr(exc, "strerror", None) or (isinstance(exc, ReceiptStoreError) and str(exc))
                       or type(exc).__name__)
             raise QlError(f"cannot prepare the log or receipt location in {self.config.data_dir} ({detail}); "
                           f"nothing ran and run {sub.run_id} is marked failed; run `ql doctor`") from None
-        request = SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
-                               callback_sequence=sub.callback_sequence, token=sub.token,
-                               started_at_ms=sub.started_at_ms, command=command, shell=shell,
-                               log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
-                               receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited)
+        return location, log_fd
+
+    def _request(self, sub: Submission, location: str, command: tuple[str, ...], *, shell: bool,
+                 cwd: str | None, env: dict[str, str] | None) -> SpawnRequest:
+        from .ports.executor import SpawnRequest
+
+        assert sub.attempt_id is not None and sub.log_artifact_id is not None
+        return SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
+                            callback_sequence=sub.callback_sequence, token=sub.token,
+                            started_at_ms=sub.started_at_ms, command=command, shell=shell,
+                            log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
+                            receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited)
+
+    def _start_standby(self, executor: Executor, sub: Submission, task: SpawnedTask, command: tuple[str, ...], *,
+                       shell: bool, cwd: str | None, env: dict[str, str] | None) -> Submission:
+        """A standby task whose handle the create commit holds: hand it its run (the go-ahead)."""
+        assert sub.attempt_id is not None
+        location, log_fd = self._prepare_locations(sub, drop=lambda: executor.abort(task))
         try:
-            task = executor.spawn(request, log_fd=log_fd)
+            executor.start(task, self._request(sub, location, command, shell=shell, cwd=cwd, env=env),  # type: ignore[attr-defined]
+                           log_fd=log_fd)
+        except Exception as exc:  # noqa: BLE001 - whatever the executor raised, nothing was handed over
+            # Nothing was handed over, so nothing runs: the run is closed, never left running.
+            executor.abort(task)
+            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
+            raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
+                          f"is marked failed") from None
+        finally:
+            os.close(log_fd)
+        crashpoint("start.after_hand_over")
+        sub.task = task
+        return sub
+
+    def _spawn(self, executor: Executor, sub: Submission, command: tuple[str, ...], *, shell: bool,
+               cwd: str | None, env: dict[str, str] | None) -> Submission:
+        location, log_fd = self._prepare_locations(sub)
+        try:
+            task = executor.spawn(self._request(sub, location, command, shell=shell, cwd=cwd, env=env), log_fd=log_fd)
         except Exception as exc:
             # Nothing runs: the create commit is closed with a terminal state, never left "starting".
+            assert sub.attempt_id is not None
             self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
             raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
                           f"is marked failed") from None

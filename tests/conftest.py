@@ -53,6 +53,21 @@ def runtime(data_dir: Path):
     rt.close()
 
 
+@pytest.fixture
+def classic_runtime(data_dir: Path):
+    """An edge runtime whose tasks start the classic way (``[plugin.local] standby = false``): the
+    launcher spawned after the create commit, its handle in a commit of its own."""
+    import dataclasses
+
+    from ql_core.config import load_config
+    from ql_core.runtime import Runtime
+
+    config = load_config(data_dir=data_dir, environ={}, cwd=data_dir)
+    rt = Runtime.open(dataclasses.replace(config, plugin_settings={"local": {"standby": False}}))
+    yield rt
+    rt.close()
+
+
 def _postgres_admin_dsn() -> str | None:
     return os.environ.get(POSTGRES_DSN_ENV)
 

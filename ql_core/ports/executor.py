@@ -43,9 +43,19 @@ Contract (checked by :class:`ql_core.testing.ExecutorContract`):
   from the operating system (e.g. ``waitpid``), never from anything a task
   could write.
 
+- Standby tasks (optional, :class:`StandbyExecutor`): an executor may start a
+  task's process *before its run exists* — holding nothing of any run, its
+  durable handle already final. Core then records that handle in the run's
+  create commit itself (one durable commit before the command starts instead
+  of two) and hands the task its run with :meth:`StandbyExecutor.start`, which
+  is also the go-ahead. A standby whose handle is committed but that never gets
+  its run (the host died in between) must end without running anything and
+  without a receipt: recovery then finds it gone, and the run ends ``lost``.
+
 Threading: one executor instance serves a whole runtime; ``spawn``,
-``inspect``, ``signal`` and ``host_handle`` may be called from several threads
-at once; ``release``, ``wait``, ``acknowledge`` and ``abort`` only by the thread that spawned the task.
+``inspect``, ``signal``, ``host_handle`` and ``standby`` may be called from several
+threads at once; ``release``, ``start``, ``wait``, ``acknowledge`` and ``abort`` only by the
+thread that spawned (or took) the task.
 """
 
 from __future__ import annotations
@@ -53,7 +63,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .journal import TaskSpec
 
 __all__ = [
     "MAX_HANDLE_BYTES",
@@ -63,6 +76,7 @@ __all__ = [
     "SpawnedTask",
     "ExitObservation",
     "Executor",
+    "StandbyExecutor",
     "check_handle",
 ]
 
@@ -174,6 +188,28 @@ class Executor(Protocol):
 
     def host_handle(self) -> str | None:
         """A handle of the *calling process itself* (same format), so recovery can prove it is gone."""
+        ...
+
+
+@runtime_checkable
+class StandbyExecutor(Executor, Protocol):
+    """An executor that can start tasks ahead of their runs (see the module docstring)."""
+
+    def standby(self, spec: TaskSpec, *, awaited: bool) -> SpawnedTask | None:
+        """Called before a run's create commit: a task that is already running and identified
+        (``handle`` final) but holds nothing of any run, for a run of ``spec`` — or None when this
+        executor has none for it (core then spawns the classic way). The task belongs to the
+        caller: it is given its run with :meth:`start`, or dropped with :meth:`Executor.abort`."""
+        ...
+
+    def start(self, task: SpawnedTask, request: SpawnRequest, *, log_fd: int) -> None:
+        """Called once the run's create commit (which holds ``task.handle``) is durable: hand the
+        task its run and let its command start. Raises (OSError, ValueError) only when nothing
+        was handed over — the task has nothing and will run nothing; core then aborts it."""
+        ...
+
+    def close(self) -> None:
+        """The runtime closes: drop any task kept ready for a later :meth:`standby`. Idempotent."""
         ...
 
 

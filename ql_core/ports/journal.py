@@ -19,7 +19,10 @@ Contract (checked by :class:`ql_core.testing.JournalBackendContract`):
 
 - the *create* commit writes the run (``queued``), its first attempt
   (``starting``), the log artifact, the receipt-journal row (``pending``) and
-  the ``run.created`` event, all or nothing;
+  the ``run.created`` event, all or nothing; :class:`RunningCreate` backends
+  can also write it with the attempt's durable handle (a standby task), the
+  run and attempt ``running`` and ``attempt.spawned`` after ``run.created`` —
+  the create and spawned commits in one;
 - a transition's events get consecutive ``seq`` numbers after the run's
   ``event_seq``, ``(run_id, seq)`` is unique, and ``decide`` sees the state
   as of the transaction it runs in;
@@ -76,6 +79,7 @@ __all__ = [
     "ControlService",
     "HistoryRetention",
     "BatchTransitions",
+    "RunningCreate",
 ]
 
 T = TypeVar("T")
@@ -378,4 +382,16 @@ class HistoryRetention(Protocol):
     def purge_runs(self, run_ids: list[str]) -> int:
         """Delete these runs and all their rows in one transaction; a run that is not terminal is
         never touched. Returns how many runs were deleted."""
+        ...
+
+
+@runtime_checkable
+class RunningCreate(Protocol):
+    """A backend that can write a run whose task already exists (a standby task) in one commit."""
+
+    def create_running(self, new: NewRun, *, handle: str) -> list[RunEventInfo]:
+        """The create commit with the spawned one folded in: everything :meth:`JournalBackend.create`
+        writes, but the attempt ``running`` with ``handle`` and ``started_at_ms = created_at_ms``,
+        the run ``running``, and the events ``run.created`` (1) and ``attempt.spawned`` (2, status
+        ``running``). Same crash point (``create.before_commit``) and all-or-nothing rule."""
         ...

@@ -24,12 +24,25 @@ from dataclasses import replace
 
 from ql_core.clock import now_ms_ceil
 from ql_core.ports.executor import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
+from ql_core.ports.journal import TaskSpec
 
 from ql_core.log import logger
 
 from . import identity
 from .compiled import CompiledLauncherError, compiled_launcher
-from .launch import acknowledge, release, spawn_launcher
+from .launch import (
+    STANDBY_SPEC_MAX,
+    EncodedTask,
+    acknowledge,
+    encode_task,
+    hand_over,
+    release,
+    spawn_launcher,
+    spawn_standby,
+    standby_message,
+    standby_message_size,
+)
+from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
            "decode_handle", "run_as_user"]
@@ -62,12 +75,14 @@ class _Held:
     """The spawning host's grip on a launcher: its process and its channel (the token pipe until
     released; for an awaited task the socket that carries the acknowledgement later)."""
 
-    __slots__ = ("process", "reaped", "_channel", "_token", "_released")
+    __slots__ = ("process", "reaped", "encoded", "_channel", "_token", "_released")
 
     def __init__(self, process: subprocess.Popen[bytes], channel: int | socket.socket, token: str) -> None:
         self.process = process
         #: Set once :func:`_wait_exit` reaped the launcher.
         self.reaped: _Reaped | None = None
+        #: A standby's task, encoded once by :meth:`LocalProcessExecutor.standby` for its message.
+        self.encoded: tuple[TaskSpec, EncodedTask] | None = None
         self._channel: int | socket.socket | None = channel
         self._token = token
         self._released = False
@@ -84,6 +99,18 @@ class _Held:
                 release(channel, self._token)
             else:
                 release(self._channel, self._token)
+
+    def handed_over(self, *, awaited: bool) -> None:
+        """A standby got its run (and so its go-ahead): the channel stays open only if awaited."""
+        self._released = True
+        if not awaited:
+            channel, self._channel = self._channel, None
+            if isinstance(channel, socket.socket):
+                channel.close()
+
+    @property
+    def channel(self) -> int | socket.socket | None:
+        return self._channel
 
     def status_is_the_commands(self) -> bool:
         """After reaping an awaited launcher: did it mark its exit status as the command's? (It
@@ -213,6 +240,22 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> _Re
         delay = min(delay * 2, 0.05)
 
 
+#: Linux's MAX_ARG_STRLEN: the longest single argument or environment entry execve takes.
+_MAX_ARG_STRLEN = 32 * 4096
+
+
+def _check_cwd(cwd: str) -> None:
+    """A working directory the launcher could not enter fails now, as ``Popen(cwd=...)`` would."""
+    import errno
+    import stat
+
+    st = os.stat(cwd)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), cwd)
+    if not os.access(cwd, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), cwd)
+
+
 def run_as_user(name: object) -> tuple[int, int]:
     """Validate ``[plugin.local] run_as``: an existing user other than root, a root host, setpriv."""
     import pwd
@@ -243,7 +286,8 @@ class LocalProcessExecutor:
     through ``setpriv`` — so a task cannot read its launcher's memory (the token) or signal it.
     """
 
-    def __init__(self, *, run_as: tuple[int, int] | None = None, launcher: str = "auto") -> None:
+    def __init__(self, *, run_as: tuple[int, int] | None = None, launcher: str = "auto",
+                 standby: bool = True) -> None:
         if launcher not in LAUNCHER_CHOICES:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_CHOICES)}")
         self._launcher_choice = launcher
@@ -258,11 +302,23 @@ class LocalProcessExecutor:
             self._prefix = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
         self._hints = _LaunchHints()
         self._host_handle: tuple[int, str | None] | None = None
+        #: Standby launchers (compiled launcher only): see :mod:`.standby`.
+        self._standbys = StandbyPool(self._new_standby) if standby else None
+
+    def _prefixed(self, command: tuple[str, ...], shell: bool) -> tuple[tuple[str, ...], bool]:
+        """``run_as``: the command runs through setpriv (a shell command as ``/bin/sh -c WORD``)."""
+        if not self._prefix:
+            return command, shell
+        return self._prefix + (("/bin/sh", "-c", command[0]) if shell else tuple(command)), False
+
+    def _with_prefix(self, request: SpawnRequest) -> SpawnRequest:
+        if not self._prefix:
+            return request
+        command, shell = self._prefixed(request.command, request.shell)
+        return replace(request, command=command, shell=shell)
 
     def spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
-        if self._prefix:
-            command = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
-            request = replace(request, command=self._prefix + tuple(command), shell=False)
+        request = self._with_prefix(request)
         try:
             return self._spawn(request, log_fd=log_fd)
         except FileNotFoundError:
@@ -321,6 +377,70 @@ class LocalProcessExecutor:
 
     def release(self, task: SpawnedTask) -> None:
         task.live.release()
+
+    # -- standby launchers (ql_core.ports.executor.StandbyExecutor) ------------------------------
+    def _new_standby(self) -> Standby:
+        compiled = self.compiled_launcher()
+        if compiled is None:
+            raise CompiledLauncherError("standby launchers need the compiled launcher")
+        process, channel = spawn_standby(compiled)
+        handle = identity.capture_handle(process.pid)
+        return Standby(process, channel, encode_handle(handle) if handle is not None else None)
+
+    def standby(self, spec: TaskSpec, *, awaited: bool) -> SpawnedTask | None:
+        """An idle standby launcher for ``spec`` (its handle final), or None: no compiled launcher,
+        standbys switched off, a task execve would refuse or too large for one message, or none
+        could be started. Either way nothing of the run has been started."""
+        if self._standbys is None or self.compiled_launcher() is None:
+            return None
+        command, shell = self._prefixed(spec.command, spec.shell)
+        try:
+            encoded = encode_task(command, shell=shell, cwd=spec.cwd, env=spec.env)
+        except ValueError:
+            return None  # the classic path refuses it with the same error, before anything runs
+        if (standby_message_size(encoded) > STANDBY_SPEC_MAX or encoded.longest >= _MAX_ARG_STRLEN
+                or encoded.exec_bytes > os.sysconf("SC_ARG_MAX")):
+            return None  # the classic path runs it, or reports E2BIG as it always did
+        try:
+            ready = self._standbys.take()
+        except (OSError, CompiledLauncherError) as exc:
+            logger.debug("no standby launcher ({}); spawning the classic way", type(exc).__name__)
+            return None
+        held = _Held(ready.process, ready.channel, "")
+        held.encoded = (spec, encoded)
+        return SpawnedTask(handle=ready.handle, live=held)
+
+    def start(self, task: SpawnedTask, request: SpawnRequest, *, log_fd: int) -> None:
+        """Hand a standby its run; the go-ahead is the same message. Raises (OSError, ValueError)
+        only when nothing was sent: the standby then has nothing, and core aborts it."""
+        held: _Held = task.live
+        channel = held.channel
+        if held.encoded is None or not isinstance(channel, socket.socket):
+            raise ValueError("not a standby launcher's task")
+        spec, encoded = held.encoded
+        if (request.command, request.shell, request.cwd, request.env) != (spec.command, spec.shell, spec.cwd,
+                                                                          spec.env):
+            raise ValueError("a standby task is started with the task it was taken for")
+        message = standby_message(
+            shard_dir=request.receipt_location, run_id=request.run_id, attempt_id=request.attempt_id,
+            callback_sequence=request.callback_sequence, started_at_ms=request.started_at_ms, task=encoded,
+            token=request.token, awaited=request.awaited)
+        if request.cwd is not None:
+            _check_cwd(request.cwd)  # as Popen's chdir would fail: before anything is sent
+        cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            hand_over(channel, message, log_fd=log_fd, cwd_fd=cwd_fd)
+        finally:
+            os.close(cwd_fd)
+        held.encoded = None
+        held.handed_over(awaited=request.awaited)
+        if self._standbys is not None:
+            self._standbys.handed_over()
+
+    def close(self) -> None:
+        """Discard the idle standby launcher (it exits having run nothing). Idempotent."""
+        if self._standbys is not None:
+            self._standbys.close()
 
     def inspect(self, handle: str | None) -> IdentityState:
         parsed = decode_handle(handle)

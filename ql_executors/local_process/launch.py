@@ -24,15 +24,23 @@ of a ``socketpair`` that stays open after the token (flag ``a``, acknowledged co
 launcher exits with the command's status and leaves a publisher behind that publishes the receipt
 only if the host does not send ``ok`` (see :func:`acknowledge`). A socket, unlike a pipe, cannot be
 reopened through ``/proc/PID/fd`` (ENXIO), so a task cannot reach either end of it.
+
+A *standby* launcher (compiled only: :func:`spawn_standby`) is started before any run exists, with
+nothing of one: ``ql-launcher --standby``, its channel a ``SOCK_SEQPACKET`` socketpair on stdin.
+Its identity is therefore known before the run's create commit, which records it, and the run
+reaches it afterwards in one message (:func:`standby_message`, :func:`hand_over`): ids, command,
+working directory, environment and token, with the log and the host's working directory as
+descriptors. That message is the go-ahead too; the launcher's format is in launcher.c.
 """
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ql_core.ids import is_uuid7
 from ql_core.receipts.codec import MAX_SAFE_INTEGER, TOKEN_PATTERN
@@ -47,6 +55,13 @@ __all__ = [
     "release",
     "acknowledge",
     "LAUNCH_FLAGS",
+    "STANDBY_SPEC_MAX",
+    "spawn_standby",
+    "EncodedTask",
+    "encode_task",
+    "standby_message",
+    "standby_message_size",
+    "hand_over",
 ]
 
 LaunchMode = Literal["argv", "shell"]
@@ -56,6 +71,11 @@ LaunchMode = Literal["argv", "shell"]
 LAUNCH_FLAGS = "cepa"
 
 # The launcher accepts exactly what the receipt codec accepts: one definition of each.
+
+#: The largest spec message a standby launcher takes (launcher.c ``SPEC_MAX``); a larger task is
+#: spawned the classic way. Well under the default socket send buffer, so a send never blocks.
+STANDBY_SPEC_MAX = 192 * 1024
+_STANDBY_MAGIC = b"ql-standby-1"
 
 # Moves the token pipe from stdin to fd 3, makes stdin /dev/null, then execs the launcher in place.
 _TRAMPOLINE = 'exec 3<&0 0</dev/null; exec "$@"'
@@ -298,3 +318,115 @@ def spawn_launcher(
         on_stdin=compiled is not None,
     )
     return (process, write_fd) if (hold or awaited) else process
+
+
+def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a standby launcher (``compiled --standby``) and return it and our channel end.
+
+    A new session and process-group leader, stdin its channel, stdout/stderr ``/dev/null``, no
+    other descriptor (``close_fds``; the launcher also closes any above 2 but its channel itself),
+    signals as ``Popen`` leaves them for any child. (Not ``posix_spawn``: glibc's leaves its own
+    internal signals ignored in the child, and the command would inherit them ignored.) Raises
+    ``OSError`` when nothing was started.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        process = subprocess.Popen([compiled, "--standby"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, ours
+
+
+class EncodedTask(NamedTuple):
+    """The run-independent part of a standby message, encoded once (:func:`encode_task`)."""
+
+    mode: LaunchMode
+    words: list[bytes]
+    env: list[bytes]
+    cwd: bytes
+    #: Bytes of ``words`` and ``env`` as execve counts them (strings, NULs and pointers).
+    exec_bytes: int
+    #: The longest single word or environment entry.
+    longest: int
+
+
+def encode_task(command: Sequence[str], *, shell: bool, cwd: str | os.PathLike[str] | None,
+                env: Mapping[str, str] | None) -> EncodedTask:
+    """Encode what a standby launcher needs of a task, as ``Popen`` encodes it (``ValueError`` for
+    what it would refuse). ``env=None`` is this host's environment now, as ``Popen(env=None)``."""
+    mode: LaunchMode = "shell" if shell else "argv"
+    cmd = list(command)
+    if not cmd or not all(isinstance(a, str) for a in cmd) or (shell and len(cmd) != 1):
+        raise ValueError("argv mode needs at least one word, shell mode exactly one command string")
+    words = [os.fsencode(a) for a in cmd]
+    if env is None:
+        pairs = [k + b"=" + v for k, v in os.environb.items()]
+    else:
+        pairs = []
+        for k, v in env.items():
+            key = os.fsencode(k)
+            if not key or b"=" in key:
+                raise ValueError("an environment variable name must be non-empty and contain no '='")
+            pairs.append(key + b"=" + os.fsencode(v))
+    cwd_bytes = os.fsencode(cwd) if cwd is not None else b""
+    if any(b"\0" in w for w in words) or any(b"\0" in e for e in pairs) or b"\0" in cwd_bytes:
+        raise ValueError("a command argument, environment entry or working directory contains a NUL byte")
+    if shell:  # what the launcher will exec: /bin/sh -c WORD
+        exec_words = [b"/bin/sh", b"-c", *words]
+    else:
+        exec_words = words
+    exec_bytes = sum(len(w) + 9 for w in exec_words) + sum(len(e) + 9 for e in pairs) + 16
+    longest = max(len(w) for w in (*exec_words, *pairs))
+    return EncodedTask(mode, words, pairs, cwd_bytes, exec_bytes, longest)
+
+
+def standby_message_size(task: EncodedTask) -> int:
+    """An upper bound of :func:`standby_message`'s length for ``task`` (ids, token, PATH_MAX shard)."""
+    return 4096 + 512 + len(task.cwd) + sum(len(w) + 1 for w in task.words) + sum(len(e) + 1 for e in task.env)
+
+
+def standby_message(
+    *,
+    shard_dir: str | os.PathLike[str],
+    run_id: str,
+    attempt_id: str,
+    callback_sequence: int,
+    started_at_ms: int,
+    task: EncodedTask,
+    token: str,
+    awaited: bool,
+) -> bytes:
+    """The one message that hands a run to a standby launcher (format: launcher.c, "Standby mode").
+    Validated as :func:`launcher_args` validates (``ValueError``: nothing may be sent)."""
+    if not isinstance(token, str) or TOKEN_PATTERN.fullmatch(token) is None:
+        raise ValueError("token must be 32-128 characters of [A-Za-z0-9_-]")
+    shard = os.fsencode(shard_dir)
+    if not shard.startswith(b"/") or b"\0" in shard:
+        raise ValueError("shard_dir must be absolute")
+    if not is_uuid7(run_id) or not is_uuid7(attempt_id):
+        raise ValueError("run_id and attempt_id must be lowercase UUIDv7 strings")
+    _check_int("callback_sequence", callback_sequence, 1)
+    _check_int("started_at_ms", started_at_ms, 0)
+    word = b"shell+c" if task.mode == "shell" else b"argv+c"
+    fields = [_STANDBY_MAGIC, shard, run_id.encode(), attempt_id.encode(), str(callback_sequence).encode(),
+              str(started_at_ms).encode(), word + b"a" if awaited else word, task.cwd,
+              str(len(task.words)).encode(), *task.words, str(len(task.env)).encode(), *task.env,
+              token.encode("ascii")]
+    return b"\0".join(fields) + b"\0"
+
+
+def hand_over(channel: socket.socket, message: bytes, *, log_fd: int, cwd_fd: int) -> None:
+    """Send a standby launcher its run (:func:`standby_message`) with the log and working directory.
+
+    One datagram: it arrives whole or not at all, and never blocks (``MSG_DONTWAIT``). Raises
+    ``OSError`` when it was not sent (then the launcher has nothing and never runs anything).
+    """
+    fds = array.array("i", [log_fd, cwd_fd])
+    sent = channel.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
+                           socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    if sent != len(message):  # a datagram socket never sends part of a message; be sure anyway
+        raise OSError("the standby launcher's spec was cut short")

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -279,31 +280,252 @@ static void cloexec_from_3(void) {
  * host that ignores SIGCHLD gets no exit status from any child). */
 static const char PROBE_ANSWER[] = "ql-launcher ok\n";
 
-int main(int argc, char **argv) {
-    if (argc == 2 && strcmp(argv[1], "--probe") == 0)
-        return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
-    if (argc < 9 || strcmp(argv[7], "--") != 0)
-        return LOST;
-    struct receipt rec = {.shard = argv[1], .run = argv[2], .attempt = argv[3], .seq = argv[4]};
-    const char *mode = argv[6];
+/* One run, however it reached us: from argv and the token line, or from a standby's spec. */
+struct task {
+    struct receipt rec;
+    char **cmd;       /* CMD ARG... (shell mode: /bin/sh -c WORD) */
+    char **envp;      /* standby: CMD's environment; argv mode: NULL (ours, as inherited) */
+    const char *cwd;  /* standby: "" = the host's directory (cwd_fd), else relative to it */
+    int log_fd;       /* standby: the log artifact (CMD's stdout/stderr); -1 in argv mode */
+    int cwd_fd;       /* standby: the host's working directory at hand-over; -1 in argv mode */
+    int awaited;
+};
+
+static char *shell_cmd[4] = {"/bin/sh", "-c", NULL, NULL};
+
+/* MODE and its flags: 1 when valid; sets the shell word when mode is "shell". */
+static int parse_mode(const char *mode, int n_words, char **words, struct task *t) {
     const char *flags = strchr(mode, '+');
     size_t mode_len = flags ? (size_t)(flags - mode) : strlen(mode);
     flags = flags ? flags + 1 : "";
-    unsigned long long seq;
-    if (rec.shard[0] != '/' || !is_uuid7(rec.run) || !is_uuid7(rec.attempt) || !parse_uint(rec.seq, &seq) ||
-        seq < 1 || !parse_uint(argv[5], &rec.started) || strspn(flags, "cepa") != strlen(flags))
-        return LOST;
-    char **cmd = argv + 8;
-    char *shell_cmd[4] = {"/bin/sh", "-c", NULL, NULL};
-    if (mode_len == 4 && strncmp(mode, "argv", 4) == 0) {
-        /* run CMD ARG... as given */
-    } else if (mode_len == 5 && strncmp(mode, "shell", 5) == 0 && argc == 9) {
-        shell_cmd[2] = argv[8];
-        cmd = shell_cmd;
-    } else {
-        return LOST;
+    if (strspn(flags, "cepa") != strlen(flags))
+        return 0;
+    t->awaited = strchr(flags, 'a') != NULL;
+    if (mode_len == 4 && strncmp(mode, "argv", 4) == 0 && n_words >= 1) {
+        t->cmd = words;
+        return 1;
     }
-    int awaited = strchr(flags, 'a') != NULL;
+    if (mode_len == 5 && strncmp(mode, "shell", 5) == 0 && n_words == 1) {
+        shell_cmd[2] = words[0];
+        t->cmd = shell_cmd;
+        return 1;
+    }
+    return 0;
+}
+
+/* The fields every launcher checks, exactly as launcher.sh and the receipt codec do. */
+static int valid_ids(struct receipt *r, const char *started) {
+    unsigned long long seq;
+    return r->shard != NULL && r->run != NULL && r->attempt != NULL && r->seq != NULL && started != NULL &&
+           r->shard[0] == '/' && is_uuid7(r->run) && is_uuid7(r->attempt) && parse_uint(r->seq, &seq) && seq >= 1 &&
+           parse_uint(started, &r->started);
+}
+
+static int valid_token(const char *token, size_t len) {
+    if (len < TOKEN_MIN || len > TOKEN_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!is_token_char(token[i]))
+            return 0;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Standby mode: `ql-launcher --standby`, started by a host before any run exists (stdin: one end of
+ * a SOCK_SEQPACKET socketpair; stdout/stderr: /dev/null; its own session). It holds nothing of any
+ * run until one message arrives: the spec and the go-ahead at once (the host sends it only after
+ * committing this process's handle with the run). EOF, or a message that breaks the format:
+ * exit 125, nothing run, no receipt. The message (all fields NUL-terminated, in this order):
+ *
+ *   "ql-standby-1" SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE CWD
+ *   ARGC ARG... ENVC NAME=VALUE... TOKEN
+ *
+ * with exactly two descriptors (SCM_RIGHTS): the log artifact, and the host's working directory
+ * (CMD runs there, or in CWD relative to it). Nothing of it ever appears in our argv or environment.
+ * ---------------------------------------------------------------------------------------------- */
+#define SPEC_MAX (192 * 1024) /* ql_executors/local_process/launch.py STANDBY_SPEC_MAX */
+#define SPEC_FDS 2
+static char spec[SPEC_MAX + 1];
+
+static const char *next_field(char **p, const char *end) {
+    if (*p >= end)
+        return NULL;
+    char *field = *p;
+    char *nul = memchr(field, '\0', (size_t)(end - field));
+    if (nul == NULL)
+        return NULL;
+    *p = nul + 1;
+    return field;
+}
+
+/* n words from the spec into a new NULL-terminated array; NULL when the spec has fewer. */
+static char **next_words(char **p, const char *end, unsigned long long n) {
+    char **words = calloc((size_t)n + 1, sizeof *words);
+    if (words == NULL)
+        return NULL;
+    for (unsigned long long i = 0; i < n; i++) {
+        const char *w = next_field(p, end);
+        if (w == NULL) {
+            free(words);
+            return NULL;
+        }
+        words[i] = (char *)w;
+    }
+    return words;
+}
+
+static int receive_spec(int channel, struct task *t) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * (SPEC_FDS + 2))]; /* room to see (and close) extra fds */
+    } control;
+    struct iovec iov = {.iov_base = spec, .iov_len = sizeof spec};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    ssize_t n;
+    do /* a signal here is remembered (on_signal) and re-delivered instead of running CMD */
+        n = recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    int fds[SPEC_FDS + 2], n_fds = 0;
+    if (n >= 0)
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                    int fd;
+                    memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                    if (n_fds < SPEC_FDS + 2)
+                        fds[n_fds++] = fd;
+                    else
+                        close(fd);
+                }
+    int ok = n > 0 && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n_fds == SPEC_FDS && spec[n - 1] == '\0';
+    char *p = spec;
+    const char *end = spec + (ok ? n : 0);
+    const char *magic = next_field(&p, end);
+    const char *mode = NULL, *started = NULL, *argc_s = NULL, *envc_s = NULL, *token = NULL;
+    unsigned long long n_args = 0, n_env = 0;
+    char **args = NULL;
+    if (ok && magic != NULL && strcmp(magic, "ql-standby-1") == 0) {
+        t->rec.shard = next_field(&p, end);
+        t->rec.run = next_field(&p, end);
+        t->rec.attempt = next_field(&p, end);
+        t->rec.seq = next_field(&p, end);
+        started = next_field(&p, end);
+        mode = next_field(&p, end);
+        t->cwd = next_field(&p, end);
+        argc_s = next_field(&p, end);
+    } else {
+        ok = 0;
+    }
+    ok = ok && argc_s != NULL && parse_uint(argc_s, &n_args) && n_args >= 1 && n_args <= SPEC_MAX &&
+         (args = next_words(&p, end, n_args)) != NULL;
+    ok = ok && (envc_s = next_field(&p, end)) != NULL && parse_uint(envc_s, &n_env) && n_env <= SPEC_MAX &&
+         (t->envp = next_words(&p, end, n_env)) != NULL;
+    ok = ok && (token = next_field(&p, end)) != NULL && p == end;
+    ok = ok && valid_ids(&t->rec, started) && parse_mode(mode, (int)n_args, args, t) &&
+         valid_token(token, strlen(token));
+    for (unsigned long long i = 0; ok && i < n_env; i++)
+        ok = t->envp[i][0] != '=' && strchr(t->envp[i], '=') != NULL;
+    if (!ok) {
+        for (int i = 0; i < n_fds; i++)
+            close(fds[i]);
+        return 0;
+    }
+    t->rec.token = token;
+    t->log_fd = fds[0];
+    t->cwd_fd = fds[1];
+    return 1;
+}
+
+/* A standby may wait for hours: nothing its host left open may stay open in it (the host spawns it
+ * without closing descriptors). Everything above 2 but the channel is closed, not just marked. */
+static void close_from_3_except(int keep) {
+#if defined(SYS_close_range)
+    if ((keep == 3 || syscall(SYS_close_range, 3U, (unsigned)keep - 1, 0U) == 0) &&
+        syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U) == 0)
+        return;
+#endif
+    for (;;) { /* close after each walk, not during it: at most 256 per walk */
+        DIR *dir = opendir("/proc/self/fd");
+        if (dir == NULL)
+            break;
+        int own = dirfd(dir), found[256], n = 0;
+        struct dirent *entry;
+        while ((entry = readdir(dir)) != NULL && n < 256) {
+            char *end;
+            long fd = strtol(entry->d_name, &end, 10);
+            if (*end == '\0' && end != entry->d_name && fd > 2 && fd != keep && fd != own && fd <= 0x7fffffffL)
+                found[n++] = (int)fd;
+        }
+        closedir(dir);
+        for (int i = 0; i < n; i++)
+            close(found[i]);
+        if (n < 256)
+            return;
+    }
+    cloexec_from_3(); /* what cannot be closed is at least kept from CMD */
+}
+
+/* The child's path to CMD: in the working directory and environment of the run (standby). */
+static void exec_command(const struct task *t) {
+    const char *failed_to = "run the command";
+    if (t->log_fd >= 0 && (dup2(t->log_fd, 1) < 0 || dup2(t->log_fd, 2) < 0))
+        _exit(LOST); /* nowhere to report to, and CMD must not write into /dev/null unknowingly */
+    if (t->cwd_fd >= 0 && (fchdir(t->cwd_fd) < 0 || (t->cwd[0] != '\0' && chdir(t->cwd) < 0)))
+        failed_to = "enter the working directory";
+    else {
+        if (t->envp != NULL)
+            environ = t->envp;
+        drop_launcher_names();
+        execvp(t->cmd[0], t->cmd);
+    }
+    int err = errno;
+    if (err == ENOEXEC) {
+        /* A file without #! runs as a shell script, as under launcher.sh (glibc's execvp does this
+         * itself; musl's does not): the shell searches and falls back again. */
+        int n = 0;
+        while (t->cmd[n])
+            n++;
+        char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
+        if (via_sh != NULL) {
+            via_sh[0] = "sh";
+            via_sh[1] = "-c";
+            via_sh[2] = "exec \"$0\" \"$@\"";
+            for (int i = 0; i < n; i++)
+                via_sh[3 + i] = t->cmd[i];
+            execv("/bin/sh", via_sh);
+        }
+    }
+    static const char prefix[] = "ql launcher: cannot ";
+    const char *reason = strerror(err);
+    if (write_all(2, prefix, sizeof prefix - 1) == 0 && write_all(2, failed_to, strlen(failed_to)) == 0 &&
+        write_all(2, ": ", 2) == 0 && write_all(2, reason, strlen(reason)) == 0)
+        write_all(2, "\n", 1);
+    /* What a shell answers for "not found" / "cannot execute"; a directory that cannot be entered
+     * (only if it went away after the host checked it) is "cannot execute" too. */
+    _exit(err == ENOENT && strcmp(failed_to, "run the command") == 0 ? 127 : 126);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--probe") == 0)
+        return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
+    int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
+    struct task t;
+    memset(&t, 0, sizeof t);
+    t.log_fd = t.cwd_fd = -1;
+    const char *flags = "c"; /* a standby's channel is always on stdin */
+    if (!standby) {
+        if (argc < 9 || strcmp(argv[7], "--") != 0)
+            return LOST;
+        t.rec = (struct receipt){.shard = argv[1], .run = argv[2], .attempt = argv[3], .seq = argv[4]};
+        if (!valid_ids(&t.rec, argv[5]) || !parse_mode(argv[6], argc - 8, argv + 8, &t))
+            return LOST;
+        flags = strchr(argv[6], '+') ? strchr(argv[6], '+') + 1 : "";
+    }
 
     /* What a shell would not let CMD inherit: an ignored SIGCHLD (the kernel would reap CMD
      * itself and its status would be lost) and blocked forwarded signals. */
@@ -329,22 +551,27 @@ int main(int argc, char **argv) {
     } else if (fcntl(channel, F_SETFD, FD_CLOEXEC) < 0) {
         channel = -1; /* closed: no token can come */
     }
-    cloexec_from_3();
+    if (standby)
+        close_from_3_except(channel);
+    else
+        cloexec_from_3();
 
     /* Signals may arrive before the child exists; they are remembered and re-delivered by it. */
     set_forwarded(on_signal, 1);
 
-    /* The token is also the go-ahead: the host writes it only after it has committed this
-     * launcher's durable handle; EOF or an invalid line: exit 125, nothing run, no receipt. */
+    /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
+     * EOF or anything invalid: exit 125, nothing run, no receipt. */
     char token[TOKEN_MAX + 2];
-    int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
-    if (len < TOKEN_MIN || len > TOKEN_MAX)
-        return LOST;
-    for (int i = 0; i < len; i++)
-        if (!is_token_char(token[i]))
+    if (standby) {
+        if (!receive_spec(channel, &t))
             return LOST;
-    rec.token = token;
-    if (!awaited) {
+    } else {
+        int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
+        if (len < 0 || !valid_token(token, (size_t)len))
+            return LOST;
+        t.rec.token = token;
+    }
+    if (!t.awaited) {
         close(channel);
         channel = -1;
     }
@@ -364,40 +591,22 @@ int main(int argc, char **argv) {
             _exit(LOST);
         }
         sigprocmask(SIG_SETMASK, &saved_mask, NULL);
-        drop_launcher_names();
-        execvp(cmd[0], cmd);
-        int err = errno;
-        if (err == ENOEXEC) {
-            /* A file without #! runs as a shell script, as under launcher.sh (glibc's execvp
-             * does this itself; musl's does not): the shell searches and falls back again. */
-            int n = 0;
-            while (cmd[n])
-                n++;
-            char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
-            if (via_sh != NULL) {
-                via_sh[0] = "sh";
-                via_sh[1] = "-c";
-                via_sh[2] = "exec \"$0\" \"$@\"";
-                for (int i = 0; i < n; i++)
-                    via_sh[3 + i] = cmd[i];
-                execv("/bin/sh", via_sh);
-            }
-        }
-        static const char prefix[] = "ql launcher: cannot run the command: ";
-        const char *reason = strerror(err);
-        if (write_all(2, prefix, sizeof prefix - 1) == 0 && write_all(2, reason, strlen(reason)) == 0)
-            write_all(2, "\n", 1);
-        _exit(err == ENOENT ? 127 : 126); /* what a shell answers for "not found" / "cannot execute" */
+        exec_command(&t);
     }
     if (pid < 0)
         return LOST; /* CMD never ran, and nothing claims otherwise */
     child_pid = pid;
     /* From here on the launcher no longer holds the log open: only CMD writes to it. */
-    int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (null_fd >= 0) {
-        dup2(null_fd, 1);
-        dup2(null_fd, 2);
-        close(null_fd);
+    if (standby) {
+        close(t.log_fd);
+        close(t.cwd_fd);
+    } else {
+        int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (null_fd >= 0) {
+            dup2(null_fd, 1);
+            dup2(null_fd, 2);
+            close(null_fd);
+        }
     }
     sigprocmask(SIG_SETMASK, &saved_mask, NULL); /* what came during the fork is forwarded now */
 
@@ -424,6 +633,7 @@ int main(int argc, char **argv) {
         if (got < 0 && errno != EINTR)
             return LOST;
     }
+    struct receipt rec = t.rec;
     rec.finished = finished_now();
     if (WIFEXITED(wstatus))
         rec.status = WEXITSTATUS(wstatus);
@@ -434,7 +644,7 @@ int main(int argc, char **argv) {
 
     /* Acknowledged completion (launcher.sh, "The acknowledged path"): "s" says our exit status is
      * CMD's; a publisher left behind publishes the receipt unless the host answers "ok". */
-    if (awaited) {
+    if (t.awaited) {
         signal(SIGPIPE, SIG_IGN);
         if (write_all(channel, "s", 1) == 0) {
             pid_t publisher = fork();

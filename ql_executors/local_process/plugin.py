@@ -23,17 +23,20 @@ def _executor(context: RuntimeContext) -> Executor:
     from .executor import LAUNCHER_CHOICES, LocalProcessExecutor, run_as_user
 
     settings = context.plugin_config("local")
-    unknown = sorted(set(settings) - {"run_as", "launcher"})
+    unknown = sorted(set(settings) - {"run_as", "launcher", "standby"})
     if unknown:
-        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as")
+        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as, standby")
     launcher = settings.get("launcher", "auto")
     if launcher not in LAUNCHER_CHOICES:
         raise ConfigError(f"[plugin.local] launcher must be one of {', '.join(map(repr, LAUNCHER_CHOICES))}, "
                           f"not {launcher!r}")
+    standby = settings.get("standby", True)
+    if not isinstance(standby, bool):
+        raise ConfigError("[plugin.local] standby must be true or false (docs/launcher.md: standby launchers)")
     run_as = settings.get("run_as")
     run_as_ids = run_as_user(run_as) if run_as is not None else None
     try:
-        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher)
+        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby)
     except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
         raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install a C compiler (e.g. gcc) "
                           f"or use launcher = \"auto\" or \"shell\"") from None

@@ -136,27 +136,44 @@ class PostgresJournal:
 
     # -- create ---------------------------------------------------------------------------
     def create(self, new: NewRun) -> list[RunEventInfo]:
-        event = RunEventInfo(run_id=new.run_id, seq=1, type="run.created", attempt_id=new.attempt_id)
+        return self._create(new, None)
+
+    def create_running(self, new: NewRun, *, handle: str) -> list[RunEventInfo]:
+        return self._create(new, handle)
+
+    def _create(self, new: NewRun, handle: str | None) -> list[RunEventInfo]:
+        now = new.created_at_ms
+        events = [(new.run_id, 1, "run.created", new.attempt_id, None, None, None, now)]
+        if handle is not None:
+            events.append((new.run_id, 2, "attempt.spawned", new.attempt_id, "running", None, None, now))
+        infos = [RunEventInfo(run_id=new.run_id, seq=seq, type=kind, attempt_id=new.attempt_id, status=status)
+                 for _run, seq, kind, _attempt, status, *_rest in events]
         with self._db.write("create") as c:
             self._flush_noted(c)
-            now = new.created_at_ms
-            if c.execute(sql.INSERT_RUN, (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms),
+            run_row = (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms)
+            if c.execute(sql.INSERT_RUN if handle is None else sql.INSERT_RUN_RUNNING, run_row,
                          prepare=True).rowcount != 1:
                 # A replay of a create whose COMMIT answer was lost: the same run with the same attempt.
                 row = c.execute(sql.RUN_CURRENT_ATTEMPT, (new.run_id,), prepare=True).fetchone()
                 if row is not None and row[0] == new.attempt_id:
-                    return [event]
+                    return infos
                 raise ConflictError(f"run {new.run_id} exists already")
-            c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                           new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
-                                           now, new.host_handle), prepare=True)
+            if handle is None:
+                c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                               new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
+                                               now, new.host_handle), prepare=True)
+            else:
+                c.execute(sql.INSERT_ATTEMPT_RUNNING, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                                       new.log_artifact_id, new.callback_token_hash,
+                                                       new.deadline_at_ms, now, now, handle, new.host_handle),
+                          prepare=True)
             c.execute(sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                        new.log_max_bytes, now), prepare=True)
-            c.execute(sql.INSERT_EVENT, (new.run_id, 1, "run.created", new.attempt_id, None, None, None, now),
-                      prepare=True)
+            for event in events:
+                c.execute(sql.INSERT_EVENT, event, prepare=True)
             c.execute(sql.INSERT_JOURNAL, (new.attempt_id, new.run_id, new.receipt_ref, now, now), prepare=True)
             crashpoint("create.before_commit")
-        return [event]
+        return infos
 
     def note_consumed(self, attempt_id: str) -> None:
         with self._noted_lock:

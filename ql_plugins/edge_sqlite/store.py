@@ -147,19 +147,37 @@ class SqliteJournal:
 
     # -- create ---------------------------------------------------------------------------
     def create(self, new: NewRun) -> list[RunEventInfo]:
+        return self._create(new, None)
+
+    def create_running(self, new: NewRun, *, handle: str) -> list[RunEventInfo]:
+        return self._create(new, handle)
+
+    def _create(self, new: NewRun, handle: str | None) -> list[RunEventInfo]:
         with self._db.write() as c:
             self._flush_noted(c)
             now = new.created_at_ms
-            c.execute(sql.INSERT_RUN, (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms))
-            c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                           new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
-                                           now, new.host_handle))
+            if handle is None:
+                c.execute(sql.INSERT_RUN, (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms))
+                c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                               new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
+                                               now, new.host_handle))
+            else:
+                c.execute(sql.INSERT_RUN_RUNNING, (new.run_id, new.name, new.attempt_id, now, now,
+                                                   new.deadline_at_ms))
+                c.execute(sql.INSERT_ATTEMPT_RUNNING, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                                       new.log_artifact_id, new.callback_token_hash,
+                                                       new.deadline_at_ms, now, now, handle, new.host_handle))
             c.execute(sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                        new.log_max_bytes, now))
-            c.execute(sql.INSERT_EVENT, (new.run_id, 1, "run.created", new.attempt_id, None, None, None, now))
+            events = [(new.run_id, 1, "run.created", new.attempt_id, None, None, None, now)]
+            if handle is not None:
+                events.append((new.run_id, 2, "attempt.spawned", new.attempt_id, "running", None, None, now))
+            for event in events:
+                c.execute(sql.INSERT_EVENT, event)
             c.execute(sql.INSERT_JOURNAL, (new.attempt_id, new.run_id, new.receipt_ref, now, now))
             crashpoint("create.before_commit")
-        return [RunEventInfo(run_id=new.run_id, seq=1, type="run.created", attempt_id=new.attempt_id)]
+        return [RunEventInfo(run_id=new.run_id, seq=seq, type=kind, attempt_id=new.attempt_id, status=status)
+                for _run, seq, kind, _attempt, status, *_rest in events]
 
     def note_consumed(self, attempt_id: str) -> None:
         with self._noted_lock:

@@ -67,6 +67,36 @@ def ql_crash(env: dict[str, str], point: str, *args: str) -> subprocess.Complete
     return out
 
 
+def classic_env(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """``env`` for `ql` processes that start tasks the classic way (``[plugin.local] standby =
+    false``: launcher spawned after the create commit, handle in a commit of its own), keeping the
+    config file ``env`` already names (its other settings stay)."""
+    base = Path(env["QL_CONFIG"]).read_text() if env.get("QL_CONFIG") else ""
+    config = tmp / "classic.toml"
+    config.write_text(base + "\n[plugin.local]\nstandby = false\n")
+    return dict(env, QL_CONFIG=str(config))
+
+
+def standby_launchers(marker: str) -> list[int]:
+    """Pids of standby launchers (``ql-launcher --standby``) started by hosts whose environment
+    held ``marker`` (a standby inherits its host's environment)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if argv[1:2] != [b"--standby"]:
+                continue
+            if marker.encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                if state not in (b"Z", b"X"):
+                    found.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 def reconcile(env: dict[str, str], **kwargs: Any) -> dict[str, Any]:
     return ql_json(env, "reconcile", **kwargs)
 

@@ -3,7 +3,8 @@ then tells the task's publisher to publish nothing.
 
 Every step a host can die at (the ``wait.*`` crash points) is in test_completion_crashpoints.py;
 here: a real SIGKILL of a waiting host before the task ended, a task trying to forge its status, a
-host that stops waiting, a commit that fails, and the cost (three commits, no receipt written).
+host that stops waiting, a commit that fails, and the cost (two commits with a standby launcher,
+three the classic way, and no receipt written).
 """
 
 from __future__ import annotations
@@ -132,14 +133,17 @@ def test_a_commit_that_fails_leaves_the_receipt_to_the_task(runtime: Any, data_d
     assert (view.status, view.exit_code) == ("failed", 6)
 
 
-def test_the_acknowledged_path_is_three_commits_and_writes_no_receipt(runtime: Any, data_dir: Path) -> None:
+@pytest.mark.parametrize("path", ["standby", "classic"])
+def test_the_acknowledged_path_is_two_or_three_commits_and_writes_no_receipt(
+        request: pytest.FixtureRequest, path: str, data_dir: Path) -> None:
+    runtime = request.getfixturevalue("runtime" if path == "standby" else "classic_runtime")
     log = CommitLog(runtime)
     try:
         view = runtime.run(["sh", "-c", "exit 0"])
     finally:
         log.close()
     assert view.status == "succeeded"
-    assert len(log.writes) == 3, log.writes
+    assert len(log.writes) == (2 if path == "standby" else 3), log.writes
     attempt_id = view.attempts[0].attempt_id
     handle = attempt_row(runtime, attempt_id)["handle"]
     wait_for(lambda: runtime.executor.inspect(handle) is IdentityState.EXITED, what="the publisher to leave")

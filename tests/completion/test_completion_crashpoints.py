@@ -30,6 +30,7 @@ from completion_support import (
     assert_not_terminal,
     assert_one_terminal,
     attempt_row,
+    classic_env,
     detach,
     dispatch_row,
     event_types,
@@ -42,6 +43,7 @@ from completion_support import (
     receipt_bytes,
     receipt_path,
     reconcile,
+    standby_launchers,
     temp_files,
     trigger_command,
     valid_receipt,
@@ -108,11 +110,15 @@ def assert_journal_consistent(c: Ctx, attempt_id: str) -> None:
 # -- the cases -------------------------------------------------------------------------
 def case_create_before_commit(c: Ctx) -> None:
     marker = c.tmp_path / "spawned"
-    ql_crash(c.env, "create.before_commit", "run", "--", "sh", "-c", f'touch "{marker}"')
+    mark = f"QLTEST_HOST_MARK={c.tmp_path.name}"
+    env = dict(c.env, QLTEST_HOST_MARK=c.tmp_path.name)
+    ql_crash(env, "create.before_commit", "run", "--", "sh", "-c", f'touch "{marker}"')
     # Nothing was persisted, so nothing was spawned: not even the log file was opened.
     assert c.rt.list_runs() == []
     assert [p for p in (c.data_dir / "logs").rglob("*") if p.is_file()] == []
     assert [p for p in (c.data_dir / "receipts").rglob("*") if p.is_file()] == []
+    # The standby launcher the host had ready (it holds nothing of a run) is gone with its host.
+    wait_for(lambda: standby_launchers(mark) == [], what="the dead host's standby launcher to exit")
     counts = reconcile(c.env)
     assert counts["attempts_checked"] == 0
     assert not any(counts[k] for k in ("applied", "already_terminal", "quarantined", "lost", "blocked"))
@@ -125,10 +131,11 @@ def case_create_before_commit(c: Ctx) -> None:
 
 
 def case_spawn_after_log_created(c: Ctx) -> None:
-    """The host dies between creating the log and forking: no process ever existed. Recovery proves
-    it from the dead host's identity at once (it used to leave the run queued for ever)."""
+    """Classic path: the host dies between creating the log and forking: no process ever existed.
+    Recovery proves it from the dead host's identity at once (it used to leave the run queued for
+    ever)."""
     marker = c.tmp_path / "ran"
-    ql_crash(c.env, "spawn.after_log_created", "run", "--", "sh", "-c", f'touch "{marker}"')
+    ql_crash(classic_env(c.env, c.tmp_path), "spawn.after_log_created", "run", "--", "sh", "-c", f'touch "{marker}"')
     run_id = only_run_id(c.rt)
     assert reconcile(c.env)["lost"] == 1
     assert_one_terminal(c.rt, run_id, "lost", None)
@@ -136,11 +143,32 @@ def case_spawn_after_log_created(c: Ctx) -> None:
     assert not marker.exists()
 
 
-def case_spawn_before_handle_commit(c: Ctx) -> None:
-    """The host dies after spawning, before the handle commit: the held command never runs, and
-    recovery proves it from the dead host's identity — no timer, no guess, no orphaned task."""
+def case_spawn_after_log_created_standby(c: Ctx) -> None:
+    """Standby path: the create commit already holds the standby launcher's handle when the host
+    dies before handing it the run. The launcher reads EOF and exits having run nothing; recovery
+    finds it gone without a receipt: ``lost`` (the never-started proof needs the classic path's
+    second commit), and nothing ran or claims to have."""
     marker = c.tmp_path / "ran"
-    ql_crash(c.env, "spawn.before_handle_commit", "run", "--", "sh", "-c", f'touch "{marker}"; exit 7')
+    ql_crash(c.env, "spawn.after_log_created", "run", "--", "sh", "-c", f'touch "{marker}"; exit 0')
+    run_id = only_run_id(c.rt)
+    attempt_id = c.rt.status(run_id).attempts[0].attempt_id
+    row = attempt_row(c.rt, attempt_id)
+    assert row["status"] == "running" and row["handle"] is not None  # one commit held run and handle
+    wait_for(lambda: c.identity(attempt_id) is IdentityState.EXITED, what="the standby to read EOF and exit")
+    assert reconcile(c.env)["lost"] == 1
+    assert_one_terminal(c.rt, run_id, "lost", None)
+    assert c.rt.status(run_id).reason == LOST_REASON
+    assert event_types(c.rt, run_id) == ["run.created", "attempt.spawned", "attempt.lost", "run.lost"]
+    assert not marker.exists() and not c.receipt(attempt_id).exists()  # the command never ran
+
+
+def case_spawn_before_handle_commit(c: Ctx) -> None:
+    """Classic path: the host dies after spawning, before the handle commit: the held command never
+    runs, and recovery proves it from the dead host's identity — no timer, no guess, no orphaned
+    task."""
+    marker = c.tmp_path / "ran"
+    ql_crash(classic_env(c.env, c.tmp_path), "spawn.before_handle_commit", "run", "--", "sh", "-c",
+             f'touch "{marker}"; exit 7')
     run_id = only_run_id(c.rt)
     attempt_id = c.rt.status(run_id).attempts[0].attempt_id
     row = attempt_row(c.rt, attempt_id)
@@ -151,6 +179,21 @@ def case_spawn_before_handle_commit(c: Ctx) -> None:
     assert c.rt.status(run_id).reason == "RECOVERY_NEVER_STARTED"
     assert event_types(c.rt, run_id) == ["run.created", "attempt.lost", "run.lost"]
     assert not marker.exists() and not c.receipt(attempt_id).exists()  # the command never ran
+
+
+def case_start_after_hand_over(c: Ctx) -> None:
+    """Standby path: the host dies right after handing the launcher its run. The command runs to
+    its end; its held receipt is published because no acknowledgement can come; recovery applies
+    the true status — exactly one terminal event."""
+    marker = c.tmp_path / "ran"
+    ql_crash(c.env, "start.after_hand_over", "run", "--", "sh", "-c", f'touch "{marker}"; exit 7')
+    run_id = only_run_id(c.rt)
+    attempt_id = c.rt.status(run_id).attempts[0].attempt_id
+    wait_for(lambda: c.receipt(attempt_id).exists(), what="the receipt of the orphaned task")
+    assert marker.exists()
+    assert reconcile(c.env)["applied"] == 1
+    assert_one_terminal(c.rt, run_id, "failed", 7)
+    assert event_types(c.rt, run_id) == ["run.created", "attempt.spawned", "attempt.failed", "run.failed"]
 
 
 PUBLISHER = """
@@ -391,7 +434,9 @@ def case_cancel_after_signal(c: Ctx) -> None:
 CASES: dict[str, Callable[[Ctx], None]] = {
     "create.before_commit": case_create_before_commit,
     "spawn.after_log_created": case_spawn_after_log_created,
+    "spawn.after_log_created[standby]": case_spawn_after_log_created_standby,
     "spawn.before_handle_commit": case_spawn_before_handle_commit,
+    "start.after_hand_over": case_start_after_hand_over,
     "receipt.publish.after_temp": case_receipt_publish_after_temp,
     "receipt.publish.after_link": case_receipt_publish_after_link,
     "wait.after_exit": case_wait_after_exit,

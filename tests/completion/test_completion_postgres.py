@@ -42,7 +42,9 @@ from test_completion_crashpoints import (
     case_consumer_after_delete,
     case_consumer_quarantine_after_journal,
     case_create_before_commit,
+    case_spawn_after_log_created_standby,
     case_spawn_before_handle_commit,
+    case_start_after_hand_over,
     case_wait_after_ack,
     case_wait_after_exit,
     case_wait_before_ack,
@@ -130,7 +132,9 @@ def pg_submit(pg_runtime: Any, tasks: list[Any]) -> Any:
 
 PG_CASES = {
     "create.before_commit": case_create_before_commit,
+    "spawn.after_log_created[standby]": case_spawn_after_log_created_standby,
     "spawn.before_handle_commit": case_spawn_before_handle_commit,
+    "start.after_hand_over": case_start_after_hand_over,
     "completion.before_commit[reconcile]": lambda c: case_completion_before_commit(c, "reconcile"),
     "completion.before_commit[run]": lambda c: case_completion_before_commit(c, "run"),
     "completion.before_commit[lost]": case_completion_before_commit_lost,

@@ -203,9 +203,12 @@ def test_crash_before_the_create_commit_spawns_nothing(ql_env, data_dir: Path, t
 
 
 def test_crash_before_the_handle_commit_never_starts_the_command(ql_env, data_dir: Path, tmp_path: Path) -> None:
-    """The launcher is held until its handle is committed: a host that dies first never starts the
-    command, and recovery proves it from the dead host's identity (lost, never started)."""
+    """Classic path: the launcher is held until its handle is committed: a host that dies first never
+    starts the command, and recovery proves it from the dead host's identity (lost, never started)."""
     marker = tmp_path / "ran"
+    config = tmp_path / "classic.toml"
+    config.write_text("[plugin.local]\nstandby = false\n")
+    ql_env = dict(ql_env, QL_CONFIG=str(config))
     env = dict(ql_env, QL_CRASH_POINT="spawn.before_handle_commit")
     out = run_ql(["run", "--", "sh", "-c", f'touch "{marker}"; exit 4'], env)
     assert out.returncode == 86

@@ -19,9 +19,14 @@ import pytest
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.launch import (
     _spawn_with_fd3,
+    encode_task,
+    hand_over,
     launcher_args,
     launcher_path,
+    release,
     spawn_launcher,
+    spawn_standby,
+    standby_message,
 )
 
 # bash-posix is bash as /bin/sh (RHEL, Fedora, macOS ...): POSIX mode changes how `wait` behaves.
@@ -29,8 +34,9 @@ from ql_executors.local_process.launch import (
 # and the applets it runs in-process (ln, rm, sync, date) are AArch64 code; commands it starts by
 # path or PATH (sleep, python, the host's sh) are the host's.
 # compiled is launcher.c, built with this machine's C compiler (the `auto` default where one exists):
-# the same contract, no shell at all.
-SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled")
+# the same contract, no shell at all. compiled-standby is the same binary started as a standby
+# (`--standby`) before its run exists and handed the run in one message (the executor's default).
+SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled", "compiled-standby")
 DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
 AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
 _EM_AARCH64 = 183  # ELF e_machine of AArch64
@@ -62,8 +68,66 @@ class CompiledLauncher(list):  # type: ignore[type-arg]
     """The ``shell`` fixture's value for the compiled launcher: ``[path of the built binary]``."""
 
 
+class StandbyLauncher(CompiledLauncher):
+    """The compiled launcher started as a standby and handed its run afterwards."""
+
+
 def is_compiled(shell: list[str]) -> bool:
     return isinstance(shell, CompiledLauncher)
+
+
+def is_standby(shell: list[str]) -> bool:
+    return isinstance(shell, StandbyLauncher)
+
+
+class GoAhead:
+    """What lets a held launcher's command start: the token line (classic) or the run's message
+    (standby). ``channel`` is the socket of an awaited launcher afterwards (``None`` otherwise)."""
+
+    def __init__(self, channel: object, token: str, message: bytes | None = None, log_fd: int = -1,
+                 cwd: str | os.PathLike[str] | None = None, awaited: bool = False) -> None:
+        self.channel = channel
+        self._token, self._message, self._log_fd, self._awaited = token, message, log_fd, awaited
+        self._cwd_fd = os.open(cwd if cwd is not None else ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) \
+            if message is not None else -1
+
+    def __call__(self) -> None:
+        if self._message is None:
+            release(self.channel, self._token)  # type: ignore[arg-type]
+        else:
+            try:
+                hand_over(self.channel, self._message, log_fd=self._log_fd, cwd_fd=self._cwd_fd)  # type: ignore[arg-type]
+            finally:
+                self.close_fds()
+                if not self._awaited:  # as release() closes a token pipe: only an awaited channel stays
+                    self.channel.close()  # type: ignore[attr-defined]
+
+    def close_fds(self) -> None:
+        for fd in (self._log_fd, self._cwd_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._log_fd = self._cwd_fd = -1
+
+
+def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: str, callback_sequence: int,
+               started_at_ms: int, mode: str, command: Sequence[str], token: str, log_fd: int,
+               awaited: bool = False, hints: str = "", env: dict[str, str] | None = None,
+               cwd: str | os.PathLike[str] | None = None) -> tuple[object, GoAhead]:
+    """A held launcher under ``shell`` and its go-ahead: ``spawn_launcher(hold=True)`` + ``release``,
+    or for the standby a ``--standby`` launcher and the run's message (sent by the go-ahead)."""
+    if is_standby(shell):
+        proc, channel = spawn_standby(shell[0])
+        task = encode_task(command, shell=mode == "shell", cwd=None, env=env)
+        message = standby_message(shard_dir=shard_dir, run_id=run_id, attempt_id=attempt_id,
+                                  callback_sequence=callback_sequence, started_at_ms=started_at_ms, task=task,
+                                  token=token, awaited=awaited)
+        return proc, GoAhead(channel, token, message, os.dup(log_fd), cwd, awaited)
+    proc, channel = spawn_launcher(**launcher_kwargs(shell), shard_dir=shard_dir, run_id=run_id,  # type: ignore[arg-type]
+                                   attempt_id=attempt_id, callback_sequence=callback_sequence,
+                                   started_at_ms=started_at_ms, mode=mode, command=command,  # type: ignore[arg-type]
+                                   token=token, log_fd=log_fd, hold=True, awaited=awaited, hints=hints,
+                                   env=env, cwd=cwd)
+    return proc, GoAhead(channel, token)
 
 
 def launcher_kwargs(shell: list[str]) -> dict[str, object]:
@@ -71,11 +135,11 @@ def launcher_kwargs(shell: list[str]) -> dict[str, object]:
     return {"compiled": shell[0]} if is_compiled(shell) else {"shell": shell}
 
 
-def _compiled() -> tuple[list[str] | None, str]:
+def _compiled(kind: type[CompiledLauncher] = CompiledLauncher) -> tuple[list[str] | None, str]:
     from ql_executors.local_process.compiled import CompiledLauncherError, compiled_launcher
 
     try:
-        return CompiledLauncher([compiled_launcher(os.environ)]), ""
+        return kind([compiled_launcher(os.environ)]), ""
     except CompiledLauncherError as exc:
         return None, f"the compiled launcher cannot be built here: {exc}"
 
@@ -83,6 +147,8 @@ def _compiled() -> tuple[list[str] | None, str]:
 def _shell_argv(name: str) -> tuple[list[str] | None, str]:
     if name == "compiled":
         return _compiled()
+    if name == "compiled-standby":
+        return _compiled(StandbyLauncher)
     if name == "busybox-aarch64":
         return _aarch64_busybox()
     if name == "busybox":
@@ -377,6 +443,16 @@ class Launcher:
         token = new_token() if token is None else token
         started = int(time.time() * 1000) if started_at_ms is None else started_at_ms
         fd = self._open_log(log_path)
+        if is_standby(self.shell):
+            try:
+                proc, go = spawn_held(self.shell, shard_dir=shard, run_id=run_id, attempt_id=attempt_id,
+                                      callback_sequence=seq, started_at_ms=started, mode=mode, command=command,
+                                      token=token, log_fd=fd, env=env, cwd=cwd)
+            finally:
+                os.close(fd)
+            self._procs.append(proc)  # type: ignore[arg-type]
+            go()
+            return Task(proc, run_id, attempt_id, token, seq, started, shard, log_path)  # type: ignore[arg-type]
         try:
             proc = spawn_launcher(
                 **launcher_kwargs(self.shell),  # type: ignore[arg-type]
@@ -421,6 +497,8 @@ class Launcher:
         else:
             argv = args(shard, run_id, attempt_id)
         fd = self._open_log(log_path)
+        if is_standby(self.shell):
+            return self._start_raw_standby(fd3, argv, fd, run_id, attempt_id, started, shard, log_path)
         try:
             if is_compiled(self.shell):
                 # The shell's trampoline moves the pipe to fd 3, then execs the binary in place.
@@ -436,6 +514,38 @@ class Launcher:
         self._procs.append(proc)
         token = fd3.decode("ascii", "replace").strip() if fd3 else ""
         return Task(proc, run_id, attempt_id, token, 1, started, shard, log_path)
+
+    def _start_raw_standby(self, fd3: bytes | None, argv: list[str], fd: int, run_id: str, attempt_id: str,
+                           started: int, shard: Path, log_path: Path) -> Task:
+        """start_raw for a standby: the same launcher argv and token line, as one message.
+
+        The argv's fields become the message's (``SHARD ... MODE -- CMD...``; without the ``--``
+        the argument count is unreadable); a token line is its token only when it is exactly one
+        line, anything else becomes a token no launcher accepts. ``fd3=None``: EOF, no message."""
+        try:
+            proc, channel = spawn_standby(self.shell[0])
+            self._procs.append(proc)
+            if fd3 is not None:
+                if fd3.endswith(b"\n") and fd3.count(b"\n") == 1:
+                    token = fd3[:-1]
+                else:
+                    token = fd3 + b"\x01"
+                ok = len(argv) >= 7 and argv[6] == "--"
+                fields = [os.fsencode(a) for a in argv[:6]]
+                words = [os.fsencode(a) for a in argv[7:]] if ok else []
+                env = [k + b"=" + v for k, v in os.environb.items()]
+                message = b"\0".join([b"ql-standby-1", *fields, b"", str(len(words)).encode() if ok else b"x",
+                                       *words, str(len(env)).encode(), *env, token]) + b"\0"
+                cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    hand_over(channel, message, log_fd=fd, cwd_fd=cwd_fd)
+                finally:
+                    os.close(cwd_fd)
+            channel.close()
+        finally:
+            os.close(fd)
+        token_text = fd3.decode("ascii", "replace").strip() if fd3 else ""
+        return Task(proc, run_id, attempt_id, token_text, 1, started, shard, log_path)  # type: ignore[arg-type]
 
     def cleanup(self) -> None:
         # The whole group: a test may leave grandchildren behind even after the launcher exited.

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from ql_core.ids import new_id, shard_of
-from ql_executors.local_process.launch import acknowledge, launcher_args, release, spawn_launcher
+from ql_executors.local_process.launch import acknowledge, launcher_args
 
 from .conftest import (
     DEADLINE_S,
     is_bash,
-    launcher_kwargs,
     launcher_mode,
     new_token,
     parse_receipt_strict,
+    spawn_held,
     wait_for,
 )
 
@@ -41,15 +41,14 @@ class Awaited:
         self.log = data_dir / f"{self.attempt_id}.log"
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            self.proc, self.channel = spawn_launcher(
-                **launcher_kwargs(shell),  # type: ignore[arg-type]
-                shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
-                callback_sequence=1, started_at_ms=1_700_000_000_000, mode="argv", command=command,
-                token=self.token, log_fd=fd, awaited=True, hints=hints)
+            self.proc, go = spawn_held(shell, shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
+                                       callback_sequence=1, started_at_ms=1_700_000_000_000, mode="argv",
+                                       command=command, token=self.token, log_fd=fd, awaited=True, hints=hints)
         finally:
             os.close(fd)
+        self.channel = go.channel
         assert isinstance(self.channel, socket.socket)
-        release(self.channel, self.token)
+        go()
 
     @property
     def receipt_path(self) -> Path:
@@ -201,7 +200,7 @@ def test_a_task_cannot_reach_either_end_of_the_channel(awaited, tmp_path: Path) 
     out = one.log.read_text()
     assert "reached []" in out, out
     assert "refused host ENXIO" in out, out  # the host's end was there to try, and was refused
-    own = eval(out.split("own fds ", 1)[1].splitlines()[0])  # noqa: S307 - our own probe's list
+    own = eval(out.split("own fds ", 1)[1].splitlines()[0])
     assert own[:3] == [0, 1, 2] and len(own) <= 4, own  # 0-2 and the listing's own descriptor
     assert (rc, marker) == (7, b"s")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.identity import IdentityState, capture_handle, inspect
 
-from .conftest import launcher_kwargs, new_token, parse_receipt_strict, wait_for
+from .conftest import is_standby, launcher_kwargs, new_token, parse_receipt_strict, wait_for
 
 HOST = textwrap.dedent(
     """
@@ -22,13 +22,22 @@ HOST = textwrap.dedent(
 
     cfg = json.loads(sys.stdin.readline())  # the token never goes through this host's argv
     fd = os.open(cfg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    proc = spawn_launcher(
-        **cfg["launcher"], shard_dir=cfg["shard"], run_id=cfg["run_id"],
-        attempt_id=cfg["attempt_id"], callback_sequence=3, started_at_ms=cfg["started"],
-        mode="argv", command=cfg["command"], token=cfg["token"], log_fd=fd,
-    )
+    ids = dict(shard_dir=cfg["shard"], run_id=cfg["run_id"], attempt_id=cfg["attempt_id"], callback_sequence=3,
+               started_at_ms=cfg["started"])
+    if cfg["standby"]:  # started first, handed its run afterwards (the executor's way)
+        from ql_executors.local_process.launch import encode_task, hand_over, spawn_standby, standby_message
+        proc, channel = spawn_standby(cfg["launcher"]["compiled"])
+        pid = proc.pid
+        task = encode_task(cfg["command"], shell=False, cwd=None, env=None)
+        cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)
+        hand_over(channel, standby_message(**ids, task=task, token=cfg["token"], awaited=False), log_fd=fd,
+                  cwd_fd=cwd_fd)
+        channel.close()
+    else:
+        pid = spawn_launcher(**cfg["launcher"], **ids, mode="argv", command=cfg["command"], token=cfg["token"],
+                             log_fd=fd).pid
     os.close(fd)
-    print(proc.pid, flush=True)
+    print(pid, flush=True)
     time.sleep(600)
     """
 )
@@ -47,6 +56,7 @@ def test_task_survives_sigkill_of_its_host(shell: list[str], data_dir: Path, tmp
     script.write_text(HOST)
     cfg = {
         "launcher": launcher_kwargs(shell),
+        "standby": is_standby(shell),
         "shard": str(shard),
         "run_id": run_id,
         "attempt_id": attempt_id,

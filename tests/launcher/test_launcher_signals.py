@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from ql_core.ids import new_id, shard_of
-from ql_executors.local_process.launch import release, spawn_launcher
 
 from .conftest import (
     DEADLINE_S,
@@ -19,12 +18,12 @@ from .conftest import (
     child_running,
     is_bash,
     is_compiled,
-    launcher_kwargs,
     new_token,
     parse_receipt_strict,
     proc_stat,
     requires_pid_forwarding,
     session_members,
+    spawn_held,
     wait_for,
 )
 
@@ -145,11 +144,9 @@ def test_a_signal_before_the_go_ahead_ends_the_task_instead_of_running_it(
     shard.mkdir(mode=0o700, parents=True)
     fd = os.open(data_dir / "task.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        proc, channel = spawn_launcher(
-            **launcher_kwargs(shell),  # type: ignore[arg-type]
-            shard_dir=shard, run_id=run_id, attempt_id=attempt_id, callback_sequence=1,
-            started_at_ms=1_700_000_000_000, mode="argv", command=["touch", str(ran)], token=token,
-            log_fd=fd, hold=True)
+        proc, go = spawn_held(shell, shard_dir=shard, run_id=run_id, attempt_id=attempt_id, callback_sequence=1,
+                              started_at_ms=1_700_000_000_000, mode="argv", command=["touch", str(ran)],
+                              token=token, log_fd=fd)
     finally:
         os.close(fd)
     try:
@@ -161,7 +158,7 @@ def test_a_signal_before_the_go_ahead_ends_the_task_instead_of_running_it(
             time.sleep(0.1)
             assert proc.poll() is None  # caught, not fatal: it still waits for its token
         try:
-            release(channel, token)
+            go()
         except BrokenPipeError:
             assert not is_compiled(shell)  # the shell launcher had already given up
         rc = proc.wait(DEADLINE_S)
