@@ -9,6 +9,11 @@ are read back through a receipt store (``make_receipt_store``, by default the
 built-in ``file`` store that the local launcher publishes to) — nothing here
 assumes a path, a shard layout, a launcher or an exit status of the built-ins.
 Synchronization is by conditions (a log line, a file), never by sleeping.
+
+Every task test runs twice for an executor that offers standby tasks
+(:class:`~ql_core.ports.executor.StandbyExecutor`): spawned and released, and
+taken with ``standby()`` and handed its run with ``start()`` — the same promises
+either way (the standby variant is skipped for executors without the capability).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from ql_core.ports.executor import (
     SignalOutcome,
     SpawnedTask,
     SpawnRequest,
+    StandbyExecutor,
 )
+from ql_core.ports.journal import TaskSpec
 from ql_core.ports.receipt_store import ReceiptStore
 
 __all__ = ["ExecutorContract", "wait_until"]
@@ -56,11 +63,13 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLIN
 
 @dataclass
 class Started:
-    """One spawned task of a contract test."""
+    """One spawned task of a contract test; ``go()`` lets a held one start (what core does once its
+    handle is committed: ``release``, or ``start`` for a standby task)."""
 
     task: SpawnedTask
     request: SpawnRequest
     log: Path
+    go: Callable[[], None]
 
 
 class ExecutorContract:
@@ -91,11 +100,21 @@ class ExecutorContract:
 
         return make
 
+    @pytest.fixture(params=["spawn", "standby"])
+    def start_path(self, request: pytest.FixtureRequest) -> str:
+        """How tasks are started: spawned after their create commit, or taken as standby tasks."""
+        return str(request.param)
+
     @pytest.fixture
     def env(self, make_executor: Callable[[], Executor], make_receipt_store: Callable[[Path], ReceiptStore],
-            tmp_path: Path) -> Any:
+            tmp_path: Path, start_path: str) -> Any:
         executor, store = make_executor(), make_receipt_store(tmp_path / "receipts")
+        if start_path == "standby" and not isinstance(executor, StandbyExecutor):
+            pytest.skip("this executor offers no standby tasks (StandbyExecutor)")
         started: list[Started] = []
+
+        def open_log(log: Path) -> int:
+            return os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
         def spawn(command: list[str], *, shell: bool = False, hold: bool = False, awaited: bool = False) -> Started:
             attempt_id = new_id()
@@ -104,15 +123,33 @@ class ExecutorContract:
                                    token=secrets.token_urlsafe(32), started_at_ms=time.time_ns() // 1_000_000,
                                    command=tuple(command), shell=shell, log_path=log,
                                    receipt_location=store.prepare(attempt_id), awaited=awaited)
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                task = executor.spawn(request, log_fd=fd)
-            finally:
-                os.close(fd)
-            one = Started(task, request, log)
+            if start_path == "standby":
+                taken = executor.standby(TaskSpec(command=tuple(command), shell=shell),  # type: ignore[attr-defined]
+                                         awaited=awaited)
+                if taken is None:
+                    pytest.skip("the executor offered no standby task here")
+                task: SpawnedTask = taken
+                os.close(open_log(log))  # the log exists from the start, as on the spawn path
+
+                def go() -> None:
+                    fd = open_log(log)
+                    try:
+                        executor.start(task, request, log_fd=fd)  # type: ignore[attr-defined]
+                    finally:
+                        os.close(fd)
+            else:
+                fd = open_log(log)
+                try:
+                    task = executor.spawn(request, log_fd=fd)
+                finally:
+                    os.close(fd)
+
+                def go() -> None:
+                    executor.release(task)
+            one = Started(task, request, log, go)
             started.append(one)
             if not hold:
-                executor.release(task)  # what core does once the handle is committed
+                go()  # what core does once the handle is committed
             return one
 
         yield executor, store, spawn, tmp_path
@@ -120,6 +157,8 @@ class ExecutorContract:
             if executor.inspect(one.task.handle) is IdentityState.RUNNING:
                 executor.signal(one.task.handle, signal.SIGKILL)
             executor.abort(one.task)
+        if isinstance(executor, StandbyExecutor):
+            executor.close()
 
     # -- spawn and receipts --------------------------------------------------------------
     def test_task_publishes_a_receipt_with_its_true_exit_code(self, env: Any) -> None:
@@ -164,9 +203,23 @@ class ExecutorContract:
         executor, store, spawn, tmp_path = env
         marker = tmp_path / "ran"
         one = spawn(["sh", "-c", f'touch "{marker}"; exit 0'], hold=True)
-        executor.release(one.task)
+        assert not marker.exists() and one.log.read_bytes() == b""
+        one.go()
         assert executor.wait(one.task, DEADLINE_S).exit_code == 0  # type: ignore[union-attr]
         assert marker.exists()
+
+    def test_a_standby_task_is_alive_and_identified_before_its_run(self, env: Any, start_path: str) -> None:
+        """Standby only: the handle core commits with the run names a live process that has run
+        nothing yet; aborted, it ends without running anything or publishing a receipt."""
+        if start_path != "standby":
+            pytest.skip("standby tasks only")
+        executor, store, spawn, tmp_path = env
+        marker = tmp_path / "ran"
+        one = spawn(["sh", "-c", f'touch "{marker}"; exit 0'], hold=True)
+        assert executor.inspect(one.task.handle) is IdentityState.RUNNING
+        executor.abort(one.task)
+        wait_until(lambda: executor.inspect(one.task.handle) is IdentityState.EXITED, "identity exited")
+        assert not marker.exists() and str(store.read(one.request.attempt_id).status) == "missing"
 
     # -- the durable handle ----------------------------------------------------------------
     def test_handle_is_a_small_json_document(self, env: Any) -> None:

@@ -23,6 +23,7 @@ from ql_core.ports.journal import (
     JournalBackend,
     Snapshot,
     StoreBusyError,
+    RunningCreate,
     StoreError,
     Transition,
 )
@@ -87,6 +88,47 @@ class JournalBackendContract:
         facts = store.log_facts(new.log_artifact_id)
         assert facts is not None and (facts.attempt_id, facts.max_bytes, facts.truncated) == (
             new.attempt_id, 1 << 20, False)
+
+    # -- create with a standby task's handle (optional: RunningCreate) ------------------------
+    @staticmethod
+    def _running_create(store: JournalBackend) -> RunningCreate:
+        if not isinstance(store, RunningCreate):
+            pytest.skip("this backend has no create_running (standby tasks then take the classic path)")
+        return store
+
+    def test_create_running_writes_the_run_running_with_its_handle_in_one_commit(self, store: JournalBackend) -> None:
+        running = self._running_create(store)
+        new = new_run(deadline_at_ms=10**13)
+        events = running.create_running(new, handle='{"h":1}')
+        assert [(e.seq, e.type, e.attempt_id, e.status) for e in events] == [
+            (1, "run.created", new.attempt_id, None), (2, "attempt.spawned", new.attempt_id, "running")]
+        view = store.view(new.run_id)
+        assert view is not None and (view.status, view.deadline_at_ms) == ("running", 10**13)
+        attempt = store.attempt(new.attempt_id)
+        assert attempt is not None and (attempt.status, attempt.handle) == ("running", '{"h":1}')
+        assert attempt.started_at_ms == new.created_at_ms and attempt.callback_sequence == 0
+        assert [(e.seq, e.type) for e in store.events(new.run_id) or []] == [(1, "run.created"),
+                                                                            (2, "attempt.spawned")]
+        run = store.run(new.run_id)
+        assert run is not None and run.event_seq == 2
+        entry = store.journal_entry(new.attempt_id)
+        assert entry is not None and (entry.state, entry.attempt_status) == ("pending", "running")
+        assert store.log_facts(new.log_artifact_id) is not None
+        # It pages as an active attempt, and the next event is numbered after both.
+        assert [a.id for a in store.page_active_attempts(OWNER, "", 10)] == [new.attempt_id]
+        _result, more = store.transition(new.attempt_id, lambda snap: (None, Transition(
+            events=(EventSpec("attempt.note", attempt_id=new.attempt_id),))))
+        assert [e.seq for e in more] == [3]
+
+    def test_create_running_is_all_or_nothing(self, store: JournalBackend) -> None:
+        running = self._running_create(store)
+        new = new_run()
+        store.create(new)
+        clash = new._replace(attempt_id=new_id(), log_artifact_id=new_id())  # same run id: refused
+        with pytest.raises(StoreError):
+            running.create_running(clash, handle='{"h":2}')
+        assert store.attempt(clash.attempt_id) is None and store.log_facts(clash.log_artifact_id) is None
+        assert [e.type for e in store.events(new.run_id) or []] == ["run.created"]
 
     def test_unknown_ids_read_as_none_and_reads_never_write(self, store: JournalBackend) -> None:
         assert store.view(new_id()) is None and store.run(new_id()) is None and store.attempt(new_id()) is None

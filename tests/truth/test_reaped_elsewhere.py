@@ -24,7 +24,7 @@ from pathlib import Path
 from ql_core.config import load_config
 from ql_core.runtime import Runtime
 
-mode, data_dir, launcher = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+mode, data_dir, launcher, standby = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "standby"
 if mode == "ignore":
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 else:  # a host that reaps every child itself, as some process managers do
@@ -39,7 +39,7 @@ else:  # a host that reaps every child itself, as some process managers do
     signal.signal(signal.SIGCHLD, reap_all)
 config = load_config(data_dir=data_dir, environ={}, cwd=data_dir)
 import dataclasses
-config = dataclasses.replace(config, plugin_settings={"local": {"launcher": launcher}})
+config = dataclasses.replace(config, plugin_settings={"local": {"launcher": launcher, "standby": standby}})
 rt = Runtime.open(config)
 out = []
 for code in (3, 0):
@@ -52,11 +52,12 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("launcher", ["compiled", "shell"])
+@pytest.mark.parametrize("launcher", ["compiled-standby", "compiled", "shell"])
 @pytest.mark.parametrize("mode", ["ignore", "reap-all"])
 def test_the_receipt_decides_when_the_host_cannot_reap(data_dir: Path, mode: str, launcher: str) -> None:
     from ql_core.config import load_config  # noqa: F401 - the host below needs an installed ql
 
+    launcher, _, standby = launcher.partition("-")
     if launcher == "compiled":
         from ql_executors.local_process.compiled import CompiledLauncherError, compiled_launcher
 
@@ -64,7 +65,7 @@ def test_the_receipt_decides_when_the_host_cannot_reap(data_dir: Path, mode: str
             compiled_launcher({})
         except CompiledLauncherError as exc:
             pytest.skip(f"no compiled launcher here: {exc}")
-    done = subprocess.run([sys.executable, "-c", HOST, mode, str(data_dir), launcher], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", HOST, mode, str(data_dir), launcher, standby], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     runs = json.loads(done.stdout)

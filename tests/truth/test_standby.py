@@ -1,0 +1,335 @@
+"""Standby launchers (docs/launcher.md, "Standby launchers") under real faults.
+
+A standby is a compiled launcher started before its run exists; its handle goes into the run's
+create commit and one message hands it the run. What must hold whatever happens to it:
+
+- a standby that died or was stopped while idle never costs a run, and never blocks the host;
+- one that dies between being taken and the hand-over ends its run ``failed`` (nothing ran, and
+  the host knows it: the message was never delivered) — or ``lost`` when the message was queued
+  and nobody can tell; never a status nobody saw;
+- a cancel that reaches a standby before its run does ends the run cancelled, the command unrun;
+- a forked host never touches its parent's standby; threads each get their own; a runtime closed,
+  collected or exiting leaves no standby (and no zombie) behind;
+- the task sees the host's environment and working directory as of the submit, as with Popen;
+- what a standby cannot take (a spec over one message) runs the classic way, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import dbview
+
+BOUND_S = 30
+
+
+def _wait(predicate, what: str, timeout: float = BOUND_S):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 1:].split()
+
+
+def _standbys_of(parent: int) -> list[int]:
+    """Idle standby launchers whose parent is ``parent`` (not zombies)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _stat(int(entry))
+        if st is None or int(st[1]) != parent or st[0] in (b"Z", b"X"):
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:2] == [b"--standby"]:
+            found.append(int(entry))
+    return found
+
+
+def _zombie_children(parent: int) -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) is not None
+            and int(st[1]) == parent and st[0] == b"Z"]
+
+
+def _events(rt: Any, run_id: str) -> list[str]:
+    return [e.type for e in rt.events(run_id)]
+
+
+@pytest.fixture
+def rt(open_rt: Any) -> Any:
+    runtime = open_rt()
+    from ql_executors.local_process.compiled import CompiledLauncherError
+
+    try:
+        if runtime.executor.compiled_launcher() is None:
+            raise CompiledLauncherError("no C compiler")
+    except CompiledLauncherError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the compiled launcher is required under CI=true: {exc}")
+        pytest.skip(f"standby launchers need the compiled launcher: {exc}")
+    return runtime
+
+
+def _ready_standby(rt: Any) -> int:
+    """Run two tasks so the runtime keeps a standby ready (from the second hand-over on); its pid."""
+    for _ in range(2):
+        assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
+    return int(_wait(lambda: _standbys_of(os.getpid()) and _standbys_of(os.getpid())[0], "a ready standby"))
+
+
+def test_a_standby_that_died_idle_is_replaced_and_costs_no_run(rt: Any, tmp_path: Path) -> None:
+    ready = _ready_standby(rt)
+    os.kill(ready, signal.SIGKILL)
+    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"Z", "the standby to die")
+    marker = tmp_path / "ran"
+    view = rt.wait(rt.submit(["sh", "-c", f'touch "{marker}"; exit 4']))
+    assert (view.status, view.exit_code) == ("failed", 4) and marker.exists()
+    assert ready not in _zombie_children(os.getpid())  # the dead one was reaped when it was found
+
+
+def test_a_standby_that_dies_before_the_hand_over_fails_its_run_and_runs_nothing(
+        rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message cannot be delivered to a dead standby: the host knows nothing ran (failed,
+    SPAWN_FAILED, one terminal event), as for any spawn that never happened."""
+    from ql_core.errors import QlError
+    from ql_executors.local_process import executor as local
+
+    taken: list[tuple[Any, Any]] = []
+    real_start, real_hand_over = rt.executor.start, local.hand_over
+
+    def start(task: Any, request: Any, *, log_fd: int) -> None:
+        taken.append((task, request))
+        real_start(task, request, log_fd=log_fd)
+
+    def die_first(channel: Any, message: bytes, **fds: int) -> None:
+        pid = taken[-1][0].live.process.pid  # the standby being handed its run, killed for real
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: (_stat(pid) or [b"Z"])[0] == b"Z", "the standby to die")
+        real_hand_over(channel, message, **fds)
+
+    monkeypatch.setattr(rt.executor, "start", start)
+    monkeypatch.setattr(local, "hand_over", die_first)
+    marker = tmp_path / "ran"
+    with pytest.raises(QlError, match="cannot start the task"):
+        rt.submit(["sh", "-c", f'touch "{marker}"'])
+    monkeypatch.undo()
+    view = rt.status(taken[0][1].run_id)
+    assert (view.status, view.reason) == ("failed", "SPAWN_FAILED")
+    assert _events(rt, view.run_id) == ["run.created", "attempt.spawned", "attempt.failed", "run.failed"]
+    assert not marker.exists()
+    assert taken[0][0].live.process.pid not in _zombie_children(os.getpid())  # reaped by the abort
+    assert rt.wait(rt.submit(["true"])).status == "succeeded"  # the runtime goes on
+
+
+def test_a_stopped_standby_never_blocks_the_host(rt: Any) -> None:
+    """SIGSTOP the ready standby: submit still returns (the hand-over never waits for it), the task
+    runs once it is continued; a runtime closing with a stopped idle standby returns too."""
+    ready = _ready_standby(rt)
+    os.kill(ready, signal.SIGSTOP)
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(rt.submit(["sh", "-c", "exit 3"], awaited=True)))
+    thread.start()
+    thread.join(BOUND_S)
+    assert done, "submit blocked on a stopped standby"
+    os.kill(ready, signal.SIGCONT)
+    view = rt.wait(done[0])
+    assert (view.status, view.exit_code) == ("failed", 3)
+    # Now one kept ready again: stop it and close the runtime.
+    again = int(_wait(lambda: _standbys_of(os.getpid()) and _standbys_of(os.getpid())[0], "a new standby"))
+    os.kill(again, signal.SIGSTOP)
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    closer.join(BOUND_S)
+    assert not closer.is_alive(), "close blocked on a stopped standby"
+    assert _standbys_of(os.getpid()) == [] and again not in _zombie_children(os.getpid())
+
+
+def test_a_cancel_that_reaches_the_standby_first_ends_the_run_cancelled_unrun(
+        rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel intent is committed and TERM sent to the standby's group after the create commit,
+    before the hand-over (another client, a moment earlier): the standby remembers the signal and
+    its child re-delivers it instead of running the command; the run ends cancelled."""
+    marker = tmp_path / "ran"
+    real_start = rt.executor.start
+
+    def cancel_then_start(task: Any, request: Any, *, log_fd: int) -> None:
+        assert str(rt.cancel(request.run_id)) == "requested"  # TERM is sent before this returns
+        real_start(task, request, log_fd=log_fd)
+
+    monkeypatch.setattr(rt.executor, "start", cancel_then_start)
+    sub = rt.submit(["sh", "-c", f'touch "{marker}"; exit 0'])
+    monkeypatch.undo()
+    view = rt.wait(sub)
+    assert view.status == "cancelled" and not marker.exists()
+    assert _events(rt, view.run_id).count("run.cancelled") == 1
+
+
+def test_a_forked_host_never_uses_or_reaps_its_parents_standby(rt: Any) -> None:
+    from ql_core.ports.journal import TaskSpec
+
+    ready = _ready_standby(rt)
+    pid = os.fork()
+    if pid == 0:  # the child: the executor object is shared memory, the standby is not its own
+        code = 1
+        try:
+            task = rt.executor.standby(TaskSpec(command=("true",)), awaited=False)
+            theirs = task.live.process.pid if task is not None else None
+            if task is not None:
+                rt.executor.abort(task)
+            code = 0 if theirs is not None and theirs != ready else 2
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _standbys_of(os.getpid()) == [ready]  # untouched, still ours, still idle
+    view = rt.wait(rt.submit(["sh", "-c", "exit 5"]))
+    assert (view.status, view.exit_code) == ("failed", 5)
+    handle = dbview.row(rt, "ql_run_attempt", view.attempts[0].attempt_id)["handle"]
+    assert json.loads(handle)["pid"] == ready  # the parent used its own standby
+
+
+def test_threads_submitting_at_once_all_end_true(rt: Any) -> None:
+    results: list[tuple[int, str, int | None]] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for i in range(5):
+            code = (n * 5 + i) % 7
+            view = rt.wait(rt.submit(["sh", "-c", f"exit {code}"], awaited=i % 2 == 0))
+            with lock:
+                results.append((code, view.status, view.exit_code))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 30
+    assert all((status, code) == ("succeeded" if want == 0 else "failed", want) for want, status, code in results)
+
+
+def test_close_discards_the_ready_standby_and_leaves_no_zombie(rt: Any) -> None:
+    ready = _ready_standby(rt)
+    rt.close()
+    assert _standbys_of(os.getpid()) == []
+    assert ready not in _zombie_children(os.getpid())
+    rt.close()  # idempotent
+
+
+HOST = r"""
+import gc, os, sys, warnings
+warnings.simplefilter("error")
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]))
+for _ in range(3):
+    assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
+if sys.argv[2] == "drop":
+    del rt
+    gc.collect()
+    print("dropped", flush=True)
+    sys.stdin.readline()  # the test looks for standbys now, then lets us exit
+else:
+    print("exiting", flush=True)
+"""
+
+
+def _standbys_marked(marker: str) -> list[int]:
+    """Live standbys whose host's environment held ``marker`` (a standby inherits it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if argv[1:2] != [b"--standby"] or marker.encode() not in Path(f"/proc/{entry}/environ").read_bytes():
+                continue
+        except OSError:
+            continue
+        st = _stat(int(entry))
+        if st is not None and st[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("how", ["drop", "exit"])
+def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir: Path, tmp_path: Path,
+                                                                        how: str) -> None:
+    marker = f"QLTEST_HOST={tmp_path.name}"
+    host = subprocess.Popen([sys.executable, "-c", HOST, str(data_dir), how], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, QLTEST_HOST=tmp_path.name))
+    with host:
+        try:
+            line = host.stdout.readline()  # type: ignore[union-attr]
+            assert line.strip() in ("dropped", "exiting"), line
+            if how == "drop":  # collected: its standby is discarded and reaped while the host lives
+                _wait(lambda: _standbys_marked(marker) == [] and _zombie_children(host.pid) == [],
+                      "the collected runtime's standby to be discarded")
+            _out, err = host.communicate("\n", timeout=BOUND_S)
+        finally:
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+    assert host.returncode == 0 and "Warning" not in err, err
+    _wait(lambda: _standbys_marked(marker) == [], "no standby outliving its host")
+
+
+def test_the_task_sees_the_hosts_environment_and_directory_as_of_submit(rt: Any, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _ready_standby(rt)  # started before the changes below
+    monkeypatch.setenv("QLTEST_LATE", "set after the standby started")
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    out = tmp_path / "out"
+    view = rt.wait(rt.submit(["sh", "-c", f'echo "$QLTEST_LATE" > "{out}"; pwd >> "{out}"'], cwd="sub"))
+    assert view.status == "succeeded"
+    assert out.read_text().splitlines() == ["set after the standby started", str(work / "sub")]
+
+
+def test_a_missing_working_directory_fails_before_anything_runs(rt: Any, tmp_path: Path) -> None:
+    from ql_core.errors import QlError
+
+    _ready_standby(rt)
+    with pytest.raises(QlError, match="check --cwd"):
+        rt.submit(["true"], cwd=str(tmp_path / "nowhere"))
+    view = rt.list_runs(limit=1)[0]
+    assert (view.status, view.reason) == ("failed", "SPAWN_FAILED")
+    assert rt.wait(rt.submit(["true"])).status == "succeeded"
+
+
+def test_a_spec_too_large_for_one_message_runs_the_classic_way(rt: Any) -> None:
+    from tests.dbview import CommitLog
+
+    env = {"PATH": os.environ["PATH"], **{f"BIG{i}": "x" * 61440 for i in range(4)}}  # 240 KiB > one message
+    log = CommitLog(rt)
+    try:
+        view = rt.wait(rt.submit(["sh", "-c", 'test "${#BIG0}${#BIG3}" = 6144061440'], env=env))
+    finally:
+        log.close()
+    assert (view.status, view.exit_code) == ("succeeded", 0)
+    assert len(log.writes) == 3, log.writes  # create, spawned, terminal: the classic path
