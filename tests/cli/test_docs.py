@@ -37,7 +37,7 @@ def test_the_design_and_the_contracts_are_written_down() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
     for needle in ("queued", "blocked", "The deadline is itself an intent", "never moot", "clamped",
                    "124", "130", "75", "page_size", "scan_interval_s", "node_id", "receipts/<xx>",
-                   "three commits"):
+                   "two commits", "three commits", "standby"):
         assert needle.lower() in design.lower(), needle
     from ql_core.profiles import LIMIT_RANGES
 
