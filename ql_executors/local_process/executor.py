@@ -244,6 +244,14 @@ def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> _Re
 _MAX_ARG_STRLEN = 32 * 4096
 
 
+def _host_cwd_fd() -> int:
+    """An ``O_PATH`` descriptor of this host's working directory, for the task to start in (where a
+    ``Popen`` child would be). Raises ``OSError`` when the host cannot search it: a child would
+    inherit it anyway, but the launcher could not enter it (``fchdir`` needs search permission),
+    so :meth:`LocalProcessExecutor.standby` leaves such a task to the classic path."""
+    return os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
 def _check_cwd(cwd: str) -> None:
     """A working directory the launcher could not enter fails now, as ``Popen(cwd=...)`` would."""
     import errno
@@ -402,6 +410,10 @@ class LocalProcessExecutor:
                 or encoded.exec_bytes > os.sysconf("SC_ARG_MAX")):
             return None  # the classic path runs it, or reports E2BIG as it always did
         try:
+            os.close(_host_cwd_fd())
+        except OSError:
+            return None  # a directory the host cannot search: only a Popen child can inherit it
+        try:
             ready = self._standbys.take()
         except (OSError, CompiledLauncherError) as exc:
             logger.debug("no standby launcher ({}); spawning the classic way", type(exc).__name__)
@@ -427,7 +439,7 @@ class LocalProcessExecutor:
             token=request.token, awaited=request.awaited)
         if request.cwd is not None:
             _check_cwd(request.cwd)  # as Popen's chdir would fail: before anything is sent
-        cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        cwd_fd = _host_cwd_fd()
         try:
             hand_over(channel, message, log_fd=log_fd, cwd_fd=cwd_fd)
         finally:

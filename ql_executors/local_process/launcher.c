@@ -402,7 +402,10 @@ static int receive_spec(int channel, struct task *t) {
                     else
                         close(fd);
                 }
-    int ok = n > 0 && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n_fds == SPEC_FDS && spec[n - 1] == '\0';
+    /* n <= SPEC_MAX: the buffer has one byte more than the largest message so that a message of
+     * SPEC_MAX + 1 bytes, which MSG_TRUNC does not flag, is seen to be too long too. */
+    int ok = n > 0 && n <= SPEC_MAX && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n_fds == SPEC_FDS &&
+             spec[n - 1] == '\0';
     char *p = spec;
     const char *end = spec + (ok ? n : 0);
     const char *magic = next_field(&p, end);
@@ -551,10 +554,16 @@ int main(int argc, char **argv) {
     } else if (fcntl(channel, F_SETFD, FD_CLOEXEC) < 0) {
         channel = -1; /* closed: no token can come */
     }
-    if (standby)
+    if (standby) {
         close_from_3_except(channel);
-    else
+        /* A standby may wait long and its command may run for days: it must not pin the directory
+         * its host happened to be in (an unmount would fail). CMD gets its own from the message. */
+        if (chdir("/") != 0) {
+            /* nothing depends on it: every path the launcher itself uses is absolute */
+        }
+    } else {
         cloexec_from_3();
+    }
 
     /* Signals may arrive before the child exists; they are remembered and re-delivered by it. */
     set_forwarded(on_signal, 1);

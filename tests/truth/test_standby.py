@@ -333,3 +333,51 @@ def test_a_spec_too_large_for_one_message_runs_the_classic_way(rt: Any) -> None:
         log.close()
     assert (view.status, view.exit_code) == ("succeeded", 0)
     assert len(log.writes) == 3, log.writes  # create, spawned, terminal: the classic path
+
+
+UNSEARCHABLE_HOST = r"""
+import json, os, sys
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+data, cwd = sys.argv[1], sys.argv[2]
+rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=data))
+os.chdir(cwd)
+os.chmod(cwd, 0o600)  # the host stays in a directory it can no longer search ("." cannot be opened)
+out = []
+for _ in range(3):  # on demand, then from the standby kept ready
+    view = rt.wait(rt.submit(["sh", "-c", "readlink /proc/self/cwd"]))
+    out.append([view.status, open(rt.log_path(view.run_id)).read().strip()])
+rt.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.root
+def test_a_host_in_a_directory_it_cannot_search_still_starts_its_tasks_there() -> None:
+    """A Popen child inherits its host's directory without looking it up; a launcher could not enter
+    it (fchdir needs search permission), so such a task takes the classic path and runs there."""
+    import pwd
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true runs as root with setpriv (util-linux)")
+        pytest.skip("needs root (to be another user) and setpriv")
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="ql-standby-cwd-"))  # not under pytest's 0700 tmp tree
+    try:
+        base.chmod(0o755)
+        for name in ("data", "home", "cwd"):
+            (base / name).mkdir()
+            os.chown(base / name, nobody.pw_uid, nobody.pw_gid)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("QL_", "XDG_"))}
+        env["HOME"] = str(base / "home")  # nobody builds (and trusts) its own compiled launcher
+        done = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                               sys.executable, "-c", UNSEARCHABLE_HOST, str(base / "data"), str(base / "cwd")],
+                              env=env, capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [["succeeded", str(base / "cwd")]] * 3
+    finally:
+        (base / "cwd").chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
