@@ -473,8 +473,30 @@ static void close_from_3_except(int keep) {
     cloexec_from_3(); /* what cannot be closed is at least kept from CMD */
 }
 
-/* The child's path to CMD: in the working directory and environment of the run (standby). */
-static void exec_command(const struct task *t) {
+/* The fallback for an executable file without #!: it runs as a shell script, as under launcher.sh
+ * (glibc's execvp does this itself; musl's does not): `sh -c 'exec "$0" "$@"' CMD ARG...`. Built
+ * before the fork: the child of a vfork must not allocate. */
+__attribute__((noinline)) static char **shell_fallback(char **cmd) {
+    int n = 0;
+    while (cmd[n])
+        n++;
+    char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
+    if (via_sh != NULL) {
+        via_sh[0] = "sh";
+        via_sh[1] = "-c";
+        via_sh[2] = "exec \"$0\" \"$@\"";
+        for (int i = 0; i < n; i++)
+            via_sh[3 + i] = cmd[i];
+    }
+    return via_sh;
+}
+
+/* The child's path to CMD: in the working directory and environment of the run (standby). It runs
+ * in a vfork child, on the launcher's memory until it execs or exits: it allocates nothing, returns
+ * never, and runs no signal handler (the forwarded signals are blocked until their dispositions are
+ * the defaults again). What it writes — environ, the in-place filtering of the environment — only
+ * the child's exec reads; the launcher itself never looks at its environment again. */
+__attribute__((noreturn)) static void exec_command(const struct task *t, char **via_sh) {
     const char *failed_to = "run the command";
     if (t->log_fd >= 0 && (dup2(t->log_fd, 1) < 0 || dup2(t->log_fd, 2) < 0))
         _exit(LOST); /* nowhere to report to, and CMD must not write into /dev/null unknowingly */
@@ -487,22 +509,8 @@ static void exec_command(const struct task *t) {
         execvp(t->cmd[0], t->cmd);
     }
     int err = errno;
-    if (err == ENOEXEC) {
-        /* A file without #! runs as a shell script, as under launcher.sh (glibc's execvp does this
-         * itself; musl's does not): the shell searches and falls back again. */
-        int n = 0;
-        while (t->cmd[n])
-            n++;
-        char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
-        if (via_sh != NULL) {
-            via_sh[0] = "sh";
-            via_sh[1] = "-c";
-            via_sh[2] = "exec \"$0\" \"$@\"";
-            for (int i = 0; i < n; i++)
-                via_sh[3 + i] = t->cmd[i];
-            execv("/bin/sh", via_sh);
-        }
-    }
+    if (err == ENOEXEC && via_sh != NULL)
+        execv("/bin/sh", via_sh); /* the shell searches and falls back again */
     static const char prefix[] = "ql launcher: cannot ";
     const char *reason = strerror(err);
     if (write_all(2, prefix, sizeof prefix - 1) == 0 && write_all(2, failed_to, strlen(failed_to)) == 0 &&
@@ -511,6 +519,27 @@ static void exec_command(const struct task *t) {
     /* What a shell answers for "not found" / "cannot execute"; a directory that cannot be entered
      * (only if it went away after the host checked it) is "cannot execute" too. */
     _exit(err == ENOENT && strcmp(failed_to, "run the command") == 0 ? 127 : 126);
+}
+
+/* The child, from the vfork to its exec. Everything it does is in this frame and below, never in
+ * main's (which the launcher resumes with once the child has exec'd or exited). */
+__attribute__((noreturn, noinline)) static void child_after_fork(const struct task *t, char **via_sh,
+                                                                  const sigset_t *forwarded,
+                                                                  const sigset_t *saved_mask) {
+    /* CMD starts with default dispositions for every forwarded signal. */
+    set_forwarded(SIG_DFL, 0);
+    if (first_pending) {
+        /* A signal came first: deliver it to ourselves instead of running CMD. KILL is only a
+         * backstop: the disposition is the default and the signal not ignored on entry. */
+        int sig = first_pending;
+        sigprocmask(SIG_UNBLOCK, forwarded, NULL);
+        kill(getpid(), sig);
+        kill(getpid(), SIGKILL);
+        _exit(LOST);
+    }
+    sigprocmask(SIG_SETMASK, saved_mask, NULL);
+    exec_command(t, via_sh);
+    _exit(LOST); /* not reached: exec_command never returns */
 }
 
 int main(int argc, char **argv) {
@@ -585,25 +614,17 @@ int main(int argc, char **argv) {
         channel = -1;
     }
 
+    char **via_sh = shell_fallback(t.cmd);
     sigprocmask(SIG_BLOCK, &forwarded, &saved_mask);
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* CMD starts with default dispositions for every forwarded signal. */
-        set_forwarded(SIG_DFL, 0);
-        if (first_pending) {
-            /* A signal came first: deliver it to ourselves instead of running CMD. KILL is only a
-             * backstop: the disposition is the default and the signal not ignored on entry. */
-            int sig = first_pending;
-            sigprocmask(SIG_UNBLOCK, &forwarded, NULL);
-            kill(getpid(), sig);
-            kill(getpid(), SIGKILL);
-            _exit(LOST);
-        }
-        sigprocmask(SIG_SETMASK, &saved_mask, NULL);
-        exec_command(&t);
-    }
+    /* vfork: the command's exec is on the critical path of every task, and copying even this small
+     * process's page tables for a child that execs at once costs ~50 us. The launcher is single-
+     * threaded and waits suspended until the child has exec'd or exited. */
+    pid_t pid = vfork();
+    if (pid == 0)
+        child_after_fork(&t, via_sh, &forwarded, &saved_mask);
     if (pid < 0)
         return LOST; /* CMD never ran, and nothing claims otherwise */
+    free(via_sh);
     child_pid = pid;
     /* From here on the launcher no longer holds the log open: only CMD writes to it. */
     if (standby) {
