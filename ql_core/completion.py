@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .outcome import clamp_times, decide_outcome, decide_without_receipt
+from .outcome import clamp_times, decide_never_ran, decide_outcome, decide_without_receipt
 from .ports.context import RunEventInfo
 from .ports.journal import EventSpec, Snapshot, Transition
 from .retrying import retrying
@@ -202,8 +202,14 @@ class CompletionService:
         return _rejected(CompletionRejection.WRONG_SEQUENCE)
 
     # -- ends without a receipt -----------------------------------------------------------
+    def end_never_ran(self, attempt_id: str, *, reason: str) -> CompletionResult:
+        """End an attempt whose task provably never ran (nothing was handed over to it): ``failed``
+        with ``reason``, or the committed intent's state when ql had signalled it
+        (:func:`ql_core.outcome.decide_never_ran`)."""
+        return self.end_without_receipt(attempt_id, reason=reason, never_ran=True)
+
     def end_without_receipt(self, attempt_id: str, *, status: str | None = None, reason: str,
-                            exit_code: int | None = None) -> CompletionResult:
+                            exit_code: int | None = None, never_ran: bool = False) -> CompletionResult:
         """End an attempt that nothing proves finished.
 
         ``status=None``: the process exited without a receipt — ``lost`` with
@@ -223,7 +229,10 @@ class CompletionService:
             if run is None or run.current_attempt_id != attempt.id or run.status not in RUN_ACTIVE:
                 # A second run.<terminal> event must never be written, whatever the attempt says.
                 return _rejected(CompletionRejection.INCONSISTENT_STATE)
-            if status is None:
+            if never_ran:
+                verdict = decide_never_ran(cancel_reason=run.cancel_reason, signalled=snap.signalled, reason=reason)
+                final, why = verdict.status, verdict.reason
+            elif status is None:
                 verdict = decide_without_receipt(cancel_reason=run.cancel_reason, signalled=snap.signalled,
                                                  lost_reason=reason)
                 final, why = verdict.status, verdict.reason

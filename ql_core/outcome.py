@@ -38,6 +38,7 @@ __all__ = [
     "natural_status",
     "decide_outcome",
     "decide_without_receipt",
+    "decide_never_ran",
     "clamp_times",
     "LOST_REASON",
     "TIMEOUT_REASON",
@@ -92,6 +93,15 @@ def decide_without_receipt(*, cancel_reason: str | None, signalled: bool, lost_r
     if cancel_reason is not None and signalled:
         return Verdict(_intent_status(cancel_reason), cancel_reason)
     return Verdict("lost", lost_reason)
+
+
+def decide_never_ran(*, cancel_reason: str | None, signalled: bool, reason: str) -> Verdict:
+    """Nothing ran (the task's start failed and nothing was handed over): ``failed`` — unless ql had
+    signalled it for a committed intent, which is then why it could not start (a cancel that
+    reached a standby launcher before its run did)."""
+    if cancel_reason is not None and signalled:
+        return Verdict(_intent_status(cancel_reason), cancel_reason)
+    return Verdict("failed", reason)
 
 
 def clamp_times(*, started_at_ms: int, finished_at_ms: int, created_at_ms: int,

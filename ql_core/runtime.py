@@ -424,9 +424,13 @@ class Runtime:
             executor.start(task, self._request(sub, location, command, shell=shell, cwd=cwd, env=env),  # type: ignore[attr-defined]
                            log_fd=log_fd)
         except Exception as exc:  # noqa: BLE001 - whatever the executor raised, nothing was handed over
-            # Nothing was handed over, so nothing runs: the run is closed, never left running.
+            # Nothing was handed over, so nothing runs: the run is closed, never left running —
+            # failed, or cancelled/timed out when a committed intent's signal is why (it reached the
+            # standby after the create commit and ended it: the submit then stands, the run ended).
             executor.abort(task)
-            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
+            ended = self.completion.end_never_ran(sub.attempt_id, reason="SPAWN_FAILED")
+            if ended.status in ("cancelled", "timed_out"):
+                return sub
             raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
                           f"is marked failed") from None
         finally:

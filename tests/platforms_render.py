@@ -72,7 +72,8 @@ def render(results: dict[str, Any]) -> str:
         "`env --default-signal` exists, `foreground` without it. The busybox-only column runs every "
         "shell with a `PATH` of busybox applets only, so in foreground mode. The `compiled` row is "
         "launcher.c as this machine's C compiler built it (no shell: it resets signals itself, so "
-        "always async, and has no busybox-only column).",
+        "always async, and has no busybox-only column); `compiled-standby` is the same binary started "
+        "as a standby before its run and handed the run in one message (the executor's default).",
         "",
     ]
     rows: dict[tuple[str, ...], dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
@@ -100,8 +101,9 @@ def render(results: dict[str, Any]) -> str:
     out += ["", "## Power-loss approximation (crash-state replay)", ""]
     out.append("Each row: one real recording (strace) of a task's log append and its launcher's "
                "publication, every crash state the model allows, real recovery on each "
-               "(`tests/powerloss/`). `executor` is the production path (`/bin/sh` spawned by the "
-               "runtime); the other rows re-publish the same attempt with the launcher alone.")
+               "(`tests/powerloss/`). `executor` is the production path (the runtime's executor with its "
+               "defaults: the compiled launcher, as a standby, where it can be built); the other rows "
+               "re-publish the same attempt with the launcher alone.")
     out.append("")
     out.append("| arch | launcher | replay | crash states | outcomes | test |")
     out.append("|---|---|---|---|---|---|")

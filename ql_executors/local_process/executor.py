@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal as _signal
 import socket
 import subprocess
 import threading
-import time
 from dataclasses import replace
 
 from ql_core.clock import now_ms_ceil
@@ -42,6 +40,7 @@ from .launch import (
     standby_message,
     standby_message_size,
 )
+from .child import Child, forget_after_fork
 from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
@@ -72,20 +71,35 @@ def decode_handle(data: str | None) -> identity.ProcessHandle | None:
 
 
 class _Held:
-    """The spawning host's grip on a launcher: its process and its channel (the token pipe until
-    released; for an awaited task the socket that carries the acknowledgement later)."""
+    """The spawning host's grip on a launcher: its process (followed by a pidfd: :class:`.child.Child`)
+    and its channel (the token pipe until released; for an awaited task the socket that carries the
+    acknowledgement later)."""
 
-    __slots__ = ("process", "reaped", "encoded", "_channel", "_token", "_released")
+    __slots__ = ("__weakref__", "_channel", "_released", "_token", "child", "encoded")
 
-    def __init__(self, process: subprocess.Popen[bytes], channel: int | socket.socket, token: str) -> None:
-        self.process = process
-        #: Set once :func:`_wait_exit` reaped the launcher.
-        self.reaped: _Reaped | None = None
+    def __init__(self, child: Child, channel: int | socket.socket, token: str) -> None:
+        self.child = child
         #: A standby's task, encoded once by :meth:`LocalProcessExecutor.standby` for its message.
         self.encoded: tuple[TaskSpec, EncodedTask] | None = None
         self._channel: int | socket.socket | None = channel
         self._token = token
         self._released = False
+        forget_after_fork(self)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the inherited copy of the channel, saying nothing."""
+        channel, self._channel = self._channel, None
+        if isinstance(channel, socket.socket):
+            channel.close()
+        elif channel is not None:
+            try:
+                os.close(channel)
+            except OSError:
+                pass
 
     @property
     def awaited(self) -> bool:
@@ -185,59 +199,6 @@ class _LaunchHints:
 #: ``ExitObservation.detail`` when the kernel has no status for our launcher: this host ignores
 #: SIGCHLD (the kernel reaps its children) or something else in it reaped the launcher first.
 STATUS_NOT_REAPABLE = "LAUNCHER_STATUS_NOT_REAPABLE"
-
-
-class _Reaped:
-    """The launcher was reaped: ``status`` is its exit status (negative: killed by that signal), or
-    None when the kernel had none for us (reaped elsewhere, or SIGCHLD ignored in this host)."""
-
-    __slots__ = ("status",)
-
-    def __init__(self, status: int | None) -> None:
-        self.status = status
-
-
-def _reap(process: subprocess.Popen[bytes], *, block: bool) -> _Reaped | None:
-    """``waitpid`` our own child, never ``Popen.wait``: Popen reports ECHILD as exit status 0,
-    which would turn "nobody knows" into a success. None: still running (``block=False``)."""
-    try:
-        pid, status = os.waitpid(process.pid, 0 if block else os.WNOHANG)
-    except ChildProcessError:
-        # Popen's own poll would now answer 0 for it; it sees ECHILD itself and stays quiet.
-        return _Reaped(None)
-    if pid == 0:
-        return None
-    process.returncode = code = os.waitstatus_to_exitcode(status)
-    return _Reaped(code)
-
-
-def _wait_exit(process: subprocess.Popen[bytes], timeout_s: float | None) -> _Reaped | None:
-    """Block until ``process`` exits (or ``timeout_s``: None): a pidfd poll, not Popen's sleep loop."""
-    if timeout_s is None:
-        return _reap(process, block=True)
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is not None:
-        try:
-            fd = pidfd_open(process.pid)
-        except OSError:
-            fd = -1  # already reaped (by the kernel or someone else), or no pidfd support: fall back
-        if fd >= 0:
-            try:
-                poller = select.poll()
-                poller.register(fd, select.POLLIN)
-                if not poller.poll(max(0, int(timeout_s * 1000))):
-                    return None
-            finally:
-                os.close(fd)
-            return _reap(process, block=True)
-    deadline = time.monotonic() + timeout_s
-    delay = 0.0005
-    while True:
-        reaped = _reap(process, block=False)
-        if reaped is not None or time.monotonic() >= deadline:
-            return reaped
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
 
 
 #: Linux's MAX_ARG_STRLEN: the longest single argument or environment entry execve takes.
@@ -357,8 +318,9 @@ class LocalProcessExecutor:
             hints="" if compiled is not None else self._hints.for_path(env_path),
             compiled=compiled,
         )
-        # The launcher now waits for its token: the command starts only in release().
-        held = _Held(process, channel, request.token)
+        # The launcher now waits for its token: the command starts only in release(). Followed by a
+        # pidfd from now on (child.py): it cannot exit before its go-ahead, so this is our launcher.
+        held = _Held(Child(process), channel, request.token)
         handle = identity.capture_handle(process.pid)
         return SpawnedTask(handle=encode_handle(handle) if handle is not None else None, live=held)
 
@@ -391,9 +353,10 @@ class LocalProcessExecutor:
         compiled = self.compiled_launcher()
         if compiled is None:
             raise CompiledLauncherError("standby launchers need the compiled launcher")
-        process, channel = spawn_standby(compiled)
+        process, channel, capacity = spawn_standby(compiled)
+        child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
         handle = identity.capture_handle(process.pid)
-        return Standby(process, channel, encode_handle(handle) if handle is not None else None)
+        return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
 
     def standby(self, spec: TaskSpec, *, awaited: bool) -> SpawnedTask | None:
         """An idle standby launcher for ``spec`` (its handle final), or None: no compiled launcher,
@@ -418,7 +381,10 @@ class LocalProcessExecutor:
         except (OSError, CompiledLauncherError) as exc:
             logger.debug("no standby launcher ({}); spawning the classic way", type(exc).__name__)
             return None
-        held = _Held(ready.process, ready.channel, "")
+        if standby_message_size(encoded) > ready.capacity:
+            self._standbys.give_back(ready)  # this socket takes less than one message (a low wmem)
+            return None
+        held = _Held(ready.child, ready.channel, "")
         held.encoded = (spec, encoded)
         return SpawnedTask(handle=ready.handle, live=held)
 
@@ -473,12 +439,11 @@ class LocalProcessExecutor:
 
     def wait(self, task: SpawnedTask, timeout_s: float | None) -> ExitObservation | None:
         held: _Held = task.live
-        if held.reaped is None:
-            held.reaped = _wait_exit(held.process, timeout_s)
-            if held.reaped is None:
-                return None
+        reaped = held.child.wait(timeout_s)
+        if reaped is None:
+            return None
         finished = now_ms_ceil()
-        returncode = held.reaped.status
+        returncode = reaped.status
         if returncode is not None and returncode >= 0 and held.status_is_the_commands():
             # The launcher exited with the command's status and left a publisher waiting for our
             # word: the status is the kernel's (waitpid), the receipt held back for acknowledge().
@@ -504,18 +469,14 @@ class LocalProcessExecutor:
         if held is None:
             return
         held.close()  # not released yet: the launcher reads EOF and never runs the command
-        process = held.process
-        # We are its parent and have not reaped it: its pid (= its group) cannot be reused.
+        child = held.child
+        # Signalled only while its pidfd shows it alive and unreaped: its pid (= its group) is ours.
         for signum, wait_s in ((_signal.SIGTERM, ABORT_TERM_GRACE_S), (_signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, signum)
-                process.wait(timeout=wait_s)
+            if child.wait(0) is not None:
                 return
-            except ProcessLookupError:
-                process.wait()
+            child.signal_group(signum)
+            if child.wait(wait_s) is not None:
                 return
-            except subprocess.TimeoutExpired:
-                continue
 
     def host_handle(self) -> str | None:
         # The calling process's identity never changes while it runs: read once (per pid: a host

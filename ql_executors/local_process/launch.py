@@ -320,25 +320,32 @@ def spawn_launcher(
     return (process, write_fd) if (hold or awaited) else process
 
 
-def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Start a standby launcher (``compiled --standby``) and return it and our channel end.
+def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket, int]:
+    """Start a standby launcher (``compiled --standby``): it, our channel end, and the largest
+    message that channel takes at once.
 
     A new session and process-group leader, stdin its channel, stdout/stderr ``/dev/null``, no
     other descriptor (``close_fds``; the launcher also closes any above 2 but its channel itself),
-    signals as ``Popen`` leaves them for any child. (Not ``posix_spawn``: glibc's leaves its own
-    internal signals ignored in the child, and the command would inherit them ignored.) Raises
-    ``OSError`` when nothing was started.
+    signals as ``Popen`` leaves them for any child, and an **empty environment**: its task gets the
+    run's environment from the message, and a task can read its parent's (``/proc/PPID/environ``),
+    so the host's own must not be there. (Not ``posix_spawn``: glibc's leaves its own internal
+    signals ignored in the child, and the command would inherit them ignored.) Raises ``OSError``
+    when nothing was started.
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
+        # A datagram larger than the send buffer is refused (EMSGSIZE): ask for room for the
+        # largest message, and say how much there really is (net.core.wmem_max caps it).
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STANDBY_SPEC_MAX + 64 * 1024)
+        capacity = min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
         process = subprocess.Popen([compiled, "--standby"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+                                   stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True, env={})
     except BaseException:
         ours.close()
         raise
     finally:
         theirs.close()
-    return process, ours
+    return process, ours, capacity
 
 
 class EncodedTask(NamedTuple):

@@ -18,6 +18,7 @@
  *   arrived before the fork is re-delivered by the child to itself, with default dispositions,
  *   instead of running CMD; one that arrives during the fork is forwarded once the child's pid is
  *   known. A signal sent to the launcher's pid alone is always forwarded (no foreground mode).
+ *   A standby (below) that has no run yet exits 125 on a forwarded signal instead.
  * - MODE flags `e` and `p` are accepted and mean nothing here (they spare the shell a probe).
  *
  * Nothing here prints the command, its arguments, the environment or the token: the only line
@@ -54,10 +55,13 @@ static const int FORWARDED[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUS
 
 static volatile sig_atomic_t child_pid;     /* > 0 once CMD's process exists */
 static volatile sig_atomic_t first_pending; /* the first signal caught before that */
+static volatile sig_atomic_t idle_standby;  /* a standby that has no run yet */
 
 static void on_signal(int sig) {
     int saved = errno;
     pid_t child = (pid_t)child_pid;
+    if (idle_standby)
+        _exit(LOST); /* nothing of a run is here: a signal ends the standby, never a later run */
     if (child > 0)
         kill(child, sig);
     else if (!first_pending)
@@ -594,7 +598,11 @@ int main(int argc, char **argv) {
         cloexec_from_3();
     }
 
-    /* Signals may arrive before the child exists; they are remembered and re-delivered by it. */
+    /* Signals may arrive before the child exists; they are remembered and re-delivered by it. A
+     * standby is different until its run arrives: a signal then ends it (125, nothing run, no
+     * receipt) — a stray TERM to an idle standby must not become the next run's 143, and a cancel
+     * that reaches it after its run's create commit ends that run through the host (cancelled). */
+    idle_standby = standby;
     set_forwarded(on_signal, 1);
 
     /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
@@ -603,6 +611,7 @@ int main(int argc, char **argv) {
     if (standby) {
         if (!receive_spec(channel, &t))
             return LOST;
+        idle_standby = 0; /* from here on it holds a run: signals are remembered, as above */
     } else {
         int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
         if (len < 0 || !valid_token(token, (size_t)len))

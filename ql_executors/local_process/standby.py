@@ -13,71 +13,59 @@ never got its run does the same, and recovery finds its process gone without a r
 and nothing ran. Once handed its run it is an ordinary launcher: the receipt decides.
 
 The pool keeps at most one idle standby per executor, refilled after a hand-over from the second
-task on (a one-shot ``ql run`` never leaves an unused launcher behind), and closes it with the
-runtime, when the executor is collected, or at interpreter exit. A standby is used only by the
-process that started it (a forked host starts its own) and only while it is provably idle and alive.
+task on (a one-shot ``ql run`` never leaves an unused launcher behind), and discards it (SIGKILL:
+it holds nothing) with the runtime, when the executor is collected, or at interpreter exit. A
+standby is used only by the process that started it (a forked host's child drops its copy of the
+channel and starts its own) and only while it is provably alive, idle and not stopped. A signal
+ends an idle standby (launcher.c): it is then found dead and replaced, never handed a run.
 """
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import socket
-import subprocess
 import threading
 import weakref
 from collections.abc import Callable
 
 from ql_core.log import logger
 
+from .child import Child, forget_after_fork
+
 __all__ = ["Standby", "StandbyPool"]
 
-#: How long closing an idle standby waits for it to read EOF and exit before it is killed.
-CLOSE_WAIT_S = 1.0
+#: How long discarding an idle standby waits for it to die of SIGKILL (it holds nothing of a run).
+DISCARD_WAIT_S = 5.0
 
 
 class Standby:
-    """One idle standby launcher: its process, our end of its channel, its handle."""
+    """One idle standby launcher: its process (followed by a pidfd), our end of its channel, its
+    handle, and the largest message the channel takes."""
 
-    __slots__ = ("channel", "handle", "owner", "process")
+    __slots__ = ("__weakref__", "capacity", "channel", "child", "handle")
 
-    def __init__(self, process: subprocess.Popen[bytes], channel: socket.socket, handle: str | None) -> None:
-        self.process = process
+    def __init__(self, child: Child, channel: socket.socket, handle: str | None, capacity: int) -> None:
+        self.child = child
         self.channel = channel
         self.handle = handle
-        #: The process that started it (its parent): only that one may hand it a run or reap it.
-        self.owner = os.getpid()
+        self.capacity = capacity
 
     def idle_and_alive(self) -> bool:
-        """Ours, not exited, and its channel not at EOF (an idle standby never writes)."""
-        if self.owner != os.getpid() or self.process.returncode is not None:
-            return False
-        try:
-            pid, status = os.waitpid(self.process.pid, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid != 0:  # gone before it was used (killed, say): reaped here, never used
-            self.process.returncode = os.waitstatus_to_exitcode(status)
-            return False
-        poller = select.poll()
-        poller.register(self.channel, select.POLLIN | select.POLLHUP)
-        return not poller.poll(0)
+        """Ours (not inherited across a fork), alive, and not stopped: it would take a run now."""
+        return self.child.ours and self.child.alive() and not self.child.stopped()
 
     def discard(self) -> None:
-        """Close our end (the standby reads EOF and exits 125 having run nothing), then reap it —
-        killed if it does not exit at once. A forked copy only drops its descriptor."""
+        """Close our end and end it: an idle standby holds nothing of any run, so it is killed
+        outright (a stopped one would never read the EOF) and reaped. A fork's copy only lets go."""
         self.channel.close()
-        if self.owner != os.getpid() or self.process.returncode is not None:
+        if not self.child.ours:
+            self.child.close()
             return
-        try:
-            self.process.wait(CLOSE_WAIT_S)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)  # our unreaped child: its group is ours
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+        self.child.signal_group(signal.SIGKILL)
+        if self.child.wait(DISCARD_WAIT_S) is None:
+            logger.warning("a discarded standby launcher (pid {}) did not exit; it is left to the system",
+                           self.child.pid)
+            self.child.close()
 
 
 def _discard_quietly(standby: Standby | None) -> None:
@@ -91,14 +79,21 @@ def _discard_quietly(standby: Standby | None) -> None:
 class _Slot:
     """The one idle standby of a pool (a holder the finalizer can reach without the pool)."""
 
-    __slots__ = ("ready",)
+    __slots__ = ("__weakref__", "ready")
 
     def __init__(self) -> None:
         self.ready: Standby | None = None
+        forget_after_fork(self)
 
     def close(self) -> None:
         ready, self.ready = self.ready, None
         _discard_quietly(ready)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the standby is the parent's; drop our copy of its channel."""
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            ready.channel.close()
 
 
 class StandbyPool:
@@ -122,6 +117,13 @@ class StandbyPool:
                 return ready
             _discard_quietly(ready)
         return self._spawn()
+
+    def give_back(self, standby: Standby) -> None:
+        """A standby taken but not used (it had nothing of a run): ready again, or discarded."""
+        with self._lock:
+            if self._slot.ready is None:
+                self._slot.ready, standby = standby, None  # type: ignore[assignment]
+        _discard_quietly(standby)
 
     def handed_over(self) -> None:
         """A standby got its run: from the second on, keep the next one ready (off the submit path)."""

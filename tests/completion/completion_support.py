@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from tests import dbview
+from tests.processes import foreign_standbys, standby_launchers  # noqa: F401 - shared with the cases
 
 from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
@@ -75,26 +76,6 @@ def classic_env(env: dict[str, str], tmp: Path) -> dict[str, str]:
     config = tmp / "classic.toml"
     config.write_text(base + "\n[plugin.local]\nstandby = false\n")
     return dict(env, QL_CONFIG=str(config))
-
-
-def standby_launchers(marker: str) -> list[int]:
-    """Pids of standby launchers (``ql-launcher --standby``) started by hosts whose environment
-    held ``marker`` (a standby inherits its host's environment)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if argv[1:2] != [b"--standby"]:
-                continue
-            if marker.encode() in Path(f"/proc/{entry}/environ").read_bytes():
-                state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-                if state not in (b"Z", b"X"):
-                    found.append(int(entry))
-        except (OSError, IndexError):
-            continue
-    return found
 
 
 def reconcile(env: dict[str, str], **kwargs: Any) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from completion_support import (
     receipt_bytes,
     receipt_path,
     reconcile,
+    foreign_standbys,
     standby_launchers,
     temp_files,
     trigger_command,
@@ -110,15 +111,14 @@ def assert_journal_consistent(c: Ctx, attempt_id: str) -> None:
 # -- the cases -------------------------------------------------------------------------
 def case_create_before_commit(c: Ctx) -> None:
     marker = c.tmp_path / "spawned"
-    mark = f"QLTEST_HOST_MARK={c.tmp_path.name}"
-    env = dict(c.env, QLTEST_HOST_MARK=c.tmp_path.name)
-    ql_crash(env, "create.before_commit", "run", "--", "sh", "-c", f'touch "{marker}"')
+    before = standby_launchers()
+    ql_crash(c.env, "create.before_commit", "run", "--", "sh", "-c", f'touch "{marker}"')
     # Nothing was persisted, so nothing was spawned: not even the log file was opened.
     assert c.rt.list_runs() == []
     assert [p for p in (c.data_dir / "logs").rglob("*") if p.is_file()] == []
     assert [p for p in (c.data_dir / "receipts").rglob("*") if p.is_file()] == []
     # The standby launcher the host had ready (it holds nothing of a run) is gone with its host.
-    wait_for(lambda: standby_launchers(mark) == [], what="the dead host's standby launcher to exit")
+    wait_for(lambda: foreign_standbys(before) == [], what="the dead host's standby launcher to exit")
     counts = reconcile(c.env)
     assert counts["attempts_checked"] == 0
     assert not any(counts[k] for k in ("applied", "already_terminal", "quarantined", "lost", "blocked"))

@@ -116,7 +116,7 @@ def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: st
     """A held launcher under ``shell`` and its go-ahead: ``spawn_launcher(hold=True)`` + ``release``,
     or for the standby a ``--standby`` launcher and the run's message (sent by the go-ahead)."""
     if is_standby(shell):
-        proc, channel = spawn_standby(shell[0])
+        proc, channel, _capacity = spawn_standby(shell[0])
         task = encode_task(command, shell=mode == "shell", cwd=None, env=env)
         message = standby_message(shard_dir=shard_dir, run_id=run_id, attempt_id=attempt_id,
                                   callback_sequence=callback_sequence, started_at_ms=started_at_ms, task=task,
@@ -523,7 +523,7 @@ class Launcher:
         the argument count is unreadable); a token line is its token only when it is exactly one
         line, anything else becomes a token no launcher accepts. ``fd3=None``: EOF, no message."""
         try:
-            proc, channel = spawn_standby(self.shell[0])
+            proc, channel, _capacity = spawn_standby(self.shell[0])
             self._procs.append(proc)
             if fd3 is not None:
                 if fd3.endswith(b"\n") and fd3.count(b"\n") == 1:

@@ -26,7 +26,7 @@ HOST = textwrap.dedent(
                started_at_ms=cfg["started"])
     if cfg["standby"]:  # started first, handed its run afterwards (the executor's way)
         from ql_executors.local_process.launch import encode_task, hand_over, spawn_standby, standby_message
-        proc, channel = spawn_standby(cfg["launcher"]["compiled"])
+        proc, channel, _capacity = spawn_standby(cfg["launcher"]["compiled"])
         pid = proc.pid
         task = encode_task(cfg["command"], shell=False, cwd=None, env=None)
         cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)

@@ -48,7 +48,6 @@ from .conftest import (
     child_running,
     children,
     cmdline,
-    environ,
     new_token,
     parse_receipt_strict,
     proc_stat,
@@ -202,7 +201,7 @@ class Host:
         return Run(shard, run_id, attempt_id, new_token(), log, self.tmp / f"{attempt_id}.ran")
 
     def standby(self) -> Standby:
-        proc, channel = spawn_standby(self.binary)
+        proc, channel, _capacity = spawn_standby(self.binary)
         return self._keep(proc, channel)
 
     def standby_by_hand(self, prefix: Sequence[str] = (), pass_fds: Sequence[int] = (),
@@ -556,7 +555,7 @@ HOST_SCRIPT = textwrap.dedent(
     import sys, time
     from ql_executors.local_process.launch import spawn_standby
 
-    proc, channel = spawn_standby(sys.argv[1])
+    proc, channel, _capacity = spawn_standby(sys.argv[1])
     print(proc.pid, flush=True)
     time.sleep(600)
     """
@@ -595,9 +594,9 @@ def test_a_standby_leaves_when_its_host_dies(binary: str, tmp_path: Path) -> Non
 
 def test_neither_argv_nor_environ_carries_the_run(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """The message is the only way in: the launcher's argv stays [path, --standby] and its
-    environment what it was when it was started; the command's argv is the message's words and its
-    environment exactly the message's entries, in order, minus the launcher's own `_ql_` names -
-    nothing of the environment the launcher itself was started with. No token anywhere."""
+    environment stays empty - a task can read its parent's (/proc/$PPID/environ), so nothing of the
+    host's is there; the command's argv is the message's words and its environment exactly the
+    message's entries, in order, minus the launcher's own `_ql_` names. No token anywhere."""
     monkeypatch.setenv("QL_T_LAUNCHER_ONLY", "from the host at spawn time")
     monkeypatch.setenv("_ql_tok", "inherited by the launcher")
     one = host.standby()
@@ -605,6 +604,7 @@ def test_neither_argv_nor_environ_carries_the_run(host: Host, monkeypatch: pytes
     run = one.run
     wait_for(one.idle, "the standby to wait")
     idle_environ = Path(f"/proc/{one.pid}/environ").read_bytes()
+    assert idle_environ == b""  # spawned with an empty environment: the host's is not exposed
     entries = [b"QL_T_ONE=1", b"_ql_status=forged", b"QL_T_EMPTY=", b"QL_T_ODD=a=b\nc d", b"_ql_tok=forged",
                b"QL_T_LAST=z"]
     one.hand_over(run.message(words=[SLEEP.encode(), b"30"], env=entries), cwd=host.tmp)
@@ -619,7 +619,7 @@ def test_neither_argv_nor_environ_carries_the_run(host: Host, monkeypatch: pytes
     for pid in (one.pid, child):
         assert token not in b"\0".join(cmdline(pid))
         assert token not in Path(f"/proc/{pid}/environ").read_bytes()
-    assert b"QL_T_LAUNCHER_ONLY" in environ(one.pid)  # the launcher's own, kept from the command
+    assert b"QL_T_LAUNCHER_ONLY" not in Path(f"/proc/{child}/environ").read_bytes()
 
     os.kill(one.pid, signal.SIGTERM)
     assert one.wait() == 143
@@ -761,40 +761,48 @@ def _delivered(pid: int) -> bool:
     return int(fields["ShdPnd"], 16) == 0 and int(fields["SigPnd"], 16) == 0
 
 
-def test_a_signal_long_before_the_message_ends_the_task_instead_of_running_it(host: Host) -> None:
-    """TERM reaches an idle standby: it is remembered, not fatal - the standby keeps waiting (the
-    host may be about to hand it its run, and must learn what became of it). When the run comes it
-    is not run: the signal is re-delivered in its place, 128+15 with a receipt. A later INT does not
-    replace it: the first signal is the task's."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1],
+                         ids=lambda s: s.name)
+def test_a_signal_to_an_idle_standby_ends_it_and_no_later_run(host: Host, sig: signal.Signals) -> None:
+    """A forwarded signal reaches a standby that has no run: it exits 125 at once, having run
+    nothing and published nothing - a stray TERM must never become the next run's 143 - and the
+    host learns it when it tries to hand a run over (the send fails: nothing ran)."""
     one = host.standby()
-    run = one.run
     wait_for(one.idle, "the standby to wait")
-    os.kill(one.pid, signal.SIGTERM)
-    wait_for(lambda: _delivered(one.pid), "TERM to be caught")
-    os.kill(one.pid, signal.SIGINT)
-    wait_for(lambda: _delivered(one.pid), "INT to be caught")
+    os.kill(one.pid, sig)
+    assert one.wait() == 125
+    with pytest.raises(OSError) as raised:
+        one.hand_over(one.run.message(), cwd=host.tmp)
+    assert raised.value.errno in (errno.EPIPE, errno.ECONNRESET, errno.ECONNREFUSED, errno.ENOTCONN)
+    one.run.assert_nothing_ran()
+
+
+def test_a_signal_inherited_as_ignored_does_not_end_an_idle_standby(host: Host) -> None:
+    """A signal its host ignored (``nohup``) stays ignored, as for any launcher: it ends nothing."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        one = host.standby()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    wait_for(one.idle, "the standby to wait")
+    os.kill(one.pid, signal.SIGHUP)
     time.sleep(0.2)  # a negative: it must still be there, waiting
     assert one.proc.poll() is None and one.idle()
+    run = one.run
     one.hand_over(run.message(), cwd=host.tmp)
-    assert one.wait() == 128 + signal.SIGTERM
-    assert not run.marker.exists()
-    assert run.receipt()["exitCode"] == 143
-    assert run.log.read_bytes() == b""
+    assert one.wait() == 0 and run.marker.exists()
 
 
-@pytest.mark.parametrize("then", ["malformed", "eof"])
-def test_a_signal_does_not_make_a_refusal_a_status(host: Host, then: str) -> None:
-    """A signal while idle, then no valid run (a broken message, or the host gone): nothing ran and
-    there is no attempt to report, so 125 and no receipt, as without the signal."""
+def test_a_signal_after_the_run_arrived_is_the_runs(host: Host, tmp_path: Path) -> None:
+    """Once it holds a run the standby is a launcher like any other: a signal is forwarded to the
+    command (or, before the fork, re-delivered in its place) - never the 125 of an idle one."""
     one = host.standby()
-    wait_for(one.idle, "the standby to wait")
+    run = one.run
+    one.hand_over(run.message(words=[SLEEP.encode(), b"30"]), cwd=host.tmp)
+    child_running(one.pid, "sleep")
     os.kill(one.pid, signal.SIGTERM)
-    wait_for(lambda: _delivered(one.pid), "TERM to be caught")
-    if then == "malformed":
-        one.hand_over(one.run.message(seq=b"0"), cwd=host.tmp)
-    else:
-        one.channel.close()
-    refused(one)
+    assert one.wait() == 128 + signal.SIGTERM
+    assert run.receipt()["exitCode"] == 143
 
 
 def test_sigkill_to_an_idle_standby(host: Host) -> None:

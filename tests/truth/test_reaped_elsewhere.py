@@ -77,3 +77,77 @@ def test_the_receipt_decides_when_the_host_cannot_reap(data_dir: Path, mode: str
         assert events.count(f"run.{run['status']}") == 1 and events[-1] == f"run.{run['status']}", events
         assert "attempt.receipt_rejected" not in events, events  # the true receipt is never called a forgery
     assert not list((data_dir / "receipts" / ".quarantine").rglob("*.json"))
+
+
+REUSE_HOST = r"""
+import dataclasses, json, os, signal, subprocess, sys, threading, time
+from pathlib import Path
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+
+data, standby, stranger = Path(sys.argv[1]), sys.argv[2] == "standby", sys.argv[3] == "stranger"
+def reap_all(signum, frame):  # a host that reaps every child itself
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+signal.signal(signal.SIGCHLD, reap_all)
+config = load_config(data_dir=data, environ={}, cwd=data)
+rt = Runtime.open(dataclasses.replace(config, plugin_settings={"local": {"standby": standby}}))
+a = rt.submit(["sh", "-c", "exit 3"])
+pid = a.task.live.process.pid
+while os.path.exists(f"/proc/{pid}"):  # A's launcher exited and the host's handler reaped it
+    time.sleep(0.005)
+if stranger:  # ... to a process that is not ours: the shell gets pid - 1, its daemon sleep the pid
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 2))
+    subprocess.run(["sh", "-c", "sleep 20 >/dev/null 2>&1 &"], check=True)
+    for _ in range(200):  # the shell's child execs sleep a moment after the shell has exited
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep"):
+            break
+        time.sleep(0.005)
+    else:
+        raise AssertionError("the stranger did not get the pid")
+    taker = None
+else:  # ... to our next launcher
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))  # the pid comes round again at once
+    taker = rt.submit(["sh", "-c", "sleep 1; exit 0"])
+    assert taker.task.live.process.pid == pid
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # the handler must not win this race too
+started = time.monotonic()
+view = rt.wait(a)
+elapsed = time.monotonic() - started
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+if taker is not None:
+    rt.wait(taker)
+events = [e.type for e in rt.events(a.run_id)]
+rt.close()
+print(json.dumps({"status": view.status, "exit_code": view.exit_code, "events": events, "elapsed": elapsed}))
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("taker", ["our next launcher", "a stranger"])
+@pytest.mark.parametrize("path", ["standby", "classic"])
+def test_a_reused_pid_never_lends_its_status_or_blocks_the_wait(data_dir: Path, path: str, taker: str) -> None:
+    """In a host that reaps its children itself, a launcher reaped behind our back can have its pid
+    given to another process before the host waits: the wait follows the launcher's pidfd, never
+    the number — no other child's status (the task's true receipt would be quarantined), no wait
+    on a stranger. Produced for real in a private pid namespace (ns_last_pid)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true runs as root with unshare (util-linux)")
+        pytest.skip("needs root and unshare for a private pid namespace")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSE_HOST,
+                           str(data_dir), path, "stranger" if taker == "a stranger" else "ours"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["status"], out["exit_code"]) == ("failed", 3), out
+    assert "attempt.receipt_rejected" not in out["events"], out
+    assert out["elapsed"] < 10, out  # the stranger sleeps 20 s: the wait never followed it

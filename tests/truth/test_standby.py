@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests import dbview
+from tests.processes import foreign_standbys, standby_launchers
 
 BOUND_S = 30
 
@@ -144,20 +145,16 @@ def test_a_standby_that_dies_before_the_hand_over_fails_its_run_and_runs_nothing
     assert rt.wait(rt.submit(["true"])).status == "succeeded"  # the runtime goes on
 
 
-def test_a_stopped_standby_never_blocks_the_host(rt: Any) -> None:
-    """SIGSTOP the ready standby: submit still returns (the hand-over never waits for it), the task
-    runs once it is continued; a runtime closing with a stopped idle standby returns too."""
+def test_a_stopped_standby_is_never_handed_a_run_and_never_blocks_the_host(rt: Any) -> None:
+    """SIGSTOP the ready standby: the next submit sees it stopped, kills and reaps it (it held
+    nothing) and starts its task on a fresh one at once; closing a runtime whose ready standby is
+    stopped returns at once too."""
     ready = _ready_standby(rt)
     os.kill(ready, signal.SIGSTOP)
-    done: list[Any] = []
-    thread = threading.Thread(target=lambda: done.append(rt.submit(["sh", "-c", "exit 3"], awaited=True)))
-    thread.start()
-    thread.join(BOUND_S)
-    assert done, "submit blocked on a stopped standby"
-    os.kill(ready, signal.SIGCONT)
-    view = rt.wait(done[0])
+    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"T", "the standby to stop")
+    view = rt.wait(rt.submit(["sh", "-c", "exit 3"], awaited=True))
     assert (view.status, view.exit_code) == ("failed", 3)
-    # Now one kept ready again: stop it and close the runtime.
+    assert _stat(ready) is None, "the stopped standby is gone (killed and reaped)"
     again = int(_wait(lambda: _standbys_of(os.getpid()) and _standbys_of(os.getpid())[0], "a new standby"))
     os.kill(again, signal.SIGSTOP)
     closer = threading.Thread(target=rt.close)
@@ -165,6 +162,29 @@ def test_a_stopped_standby_never_blocks_the_host(rt: Any) -> None:
     closer.join(BOUND_S)
     assert not closer.is_alive(), "close blocked on a stopped standby"
     assert _standbys_of(os.getpid()) == [] and again not in _zombie_children(os.getpid())
+
+
+def test_a_stray_signal_to_an_idle_standby_costs_no_run(rt: Any, tmp_path: Path) -> None:
+    """TERM to the idle standby ends it (nothing of a run is in it); the next run is not charged
+    with it: it starts on a fresh standby and ends with its own status."""
+    ready = _ready_standby(rt)
+    os.kill(ready, signal.SIGTERM)
+    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"Z", "the standby to exit")
+    marker = tmp_path / "ran"
+    view = rt.wait(rt.submit(["sh", "-c", f'touch "{marker}"; exit 6'], awaited=True))
+    assert (view.status, view.exit_code) == ("failed", 6) and marker.exists()
+
+
+def test_a_task_cannot_read_its_hosts_environment_from_the_standby(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task can read its parent's environment (``/proc/$PPID/environ``): a standby has none, so a
+    host secret set at runtime stays the host's when the task is given its own ``env``."""
+    monkeypatch.setenv("QLTEST_HOST_SECRET", "s3cr3t")
+    _ready_standby(rt)
+    out = Path(rt.config.data_dir) / "seen"
+    script = f'cat "/proc/$PPID/environ" > "{out}"; printf "%s" "$ONLY" >> "{out}"'
+    view = rt.wait(rt.submit(["sh", "-c", script], env={"PATH": os.environ["PATH"], "ONLY": "mine"}))
+    assert view.status == "succeeded"
+    assert out.read_bytes() == b"mine"  # the launcher's environment is empty; the task got its own
 
 
 def test_a_cancel_that_reaches_the_standby_first_ends_the_run_cancelled_unrun(
@@ -257,37 +277,17 @@ else:
 """
 
 
-def _standbys_marked(marker: str) -> list[int]:
-    """Live standbys whose host's environment held ``marker`` (a standby inherits it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if argv[1:2] != [b"--standby"] or marker.encode() not in Path(f"/proc/{entry}/environ").read_bytes():
-                continue
-        except OSError:
-            continue
-        st = _stat(int(entry))
-        if st is not None and st[0] not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found
-
-
 @pytest.mark.parametrize("how", ["drop", "exit"])
-def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir: Path, tmp_path: Path,
-                                                                        how: str) -> None:
-    marker = f"QLTEST_HOST={tmp_path.name}"
+def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir: Path, how: str) -> None:
+    before = standby_launchers()
     host = subprocess.Popen([sys.executable, "-c", HOST, str(data_dir), how], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, QLTEST_HOST=tmp_path.name))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with host:
         try:
             line = host.stdout.readline()  # type: ignore[union-attr]
             assert line.strip() in ("dropped", "exiting"), line
             if how == "drop":  # collected: its standby is discarded and reaped while the host lives
-                _wait(lambda: _standbys_marked(marker) == [] and _zombie_children(host.pid) == [],
+                _wait(lambda: _standbys_of(host.pid) == [] and _zombie_children(host.pid) == [],
                       "the collected runtime's standby to be discarded")
             _out, err = host.communicate("\n", timeout=BOUND_S)
         finally:
@@ -295,7 +295,45 @@ def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir
                 host.kill()
                 host.wait()
     assert host.returncode == 0 and "Warning" not in err, err
-    _wait(lambda: _standbys_marked(marker) == [], "no standby outliving its host")
+    _wait(lambda: foreign_standbys(before) == [], "no standby outliving its host")
+
+
+FORKING_HOST = r"""
+import os, sys, time
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]))
+for _ in range(3):
+    assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
+child = os.fork()
+if child == 0:  # a pre-fork worker, say: it lives on, never touching ql
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # our pipes are the test's: let them close
+    time.sleep(30)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # the host dies (no close, no atexit): its standby must see EOF despite the fork
+"""
+
+
+def test_a_forked_child_does_not_keep_its_dead_hosts_standby_alive(data_dir: Path) -> None:
+    """A fork without exec inherits the host's copy of the standby's channel; the child drops it
+    (os.register_at_fork), so when the host dies the standby reads EOF and exits although the
+    child lives on — it neither lingers nor keeps a dead host's run looking alive."""
+    before = standby_launchers()
+    out = subprocess.run([sys.executable, "-c", FORKING_HOST, str(data_dir)], capture_output=True, text=True,
+                         timeout=BOUND_S, check=False)
+    assert out.stdout.strip().isdigit(), out.stderr
+    child = int(out.stdout)
+    try:
+        _wait(lambda: foreign_standbys(before) == [], "the standby of the dead host to exit", timeout=10)
+        assert _stat(child) is not None, "the forked child still lives (the standby left despite it)"
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_the_task_sees_the_hosts_environment_and_directory_as_of_submit(rt: Any, tmp_path: Path,
@@ -375,9 +413,36 @@ def test_a_host_in_a_directory_it_cannot_search_still_starts_its_tasks_there() -
         env["HOME"] = str(base / "home")  # nobody builds (and trusts) its own compiled launcher
         done = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
                                sys.executable, "-c", UNSEARCHABLE_HOST, str(base / "data"), str(base / "cwd")],
-                              env=env, capture_output=True, text=True, timeout=120, cwd="/")
+                              env=env, capture_output=True, text=True, timeout=120, cwd="/", check=False)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == [["succeeded", str(base / "cwd")]] * 3
     finally:
         (base / "cwd").chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_send_buffer_too_small_for_the_message_gives_the_classic_path(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose socket buffers are small (net.core.wmem_max lowered) takes its standby's real
+    capacity into account: a message that would not fit runs the classic way, never fails."""
+    import socket
+
+    from ql_executors.local_process import executor as local
+    from tests.dbview import CommitLog
+
+    real = local.spawn_standby
+
+    def small(compiled: str) -> Any:
+        process, channel, _capacity = real(compiled)
+        channel.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # a real, small buffer
+        return process, channel, channel.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024
+
+    monkeypatch.setattr(local, "spawn_standby", small)
+    env = {"PATH": os.environ["PATH"], "MID": "m" * 40_000}
+    log = CommitLog(rt)
+    try:
+        big = rt.wait(rt.submit(["sh", "-c", 'test ${#MID} -eq 40000'], env=env))
+        small_task = rt.wait(rt.submit(["true"]))
+    finally:
+        log.close()
+    assert big.status == small_task.status == "succeeded"
+    assert [len(w) > 0 for w in log.writes].count(True) == 5, log.writes  # 3 (classic) + 2 (standby)
