@@ -118,16 +118,20 @@ def ql_phases(stamp: str, work: Path, n: int, warm: int, *, standby: bool) -> di
 
         setattr(owner, name, wrapped)
 
-    mark(rt.executor, "standby", "standby taken")
-    mark(rt.journal, "create", "create commit")
-    mark(rt.journal, "create_running", "create commit (+handle)")
+    if standby:
+        mark(rt.executor, "standby", "standby taken")
+        mark(rt.journal, "create_running", "create commit (+handle)")
+    else:
+        mark(rt.journal, "create", "create commit")
     mark(rt.receipts, "prepare", "receipt shard")
     mark(logs, "open_log_artifact", "log file")
-    mark(local, "spawn_launcher", "launcher spawn")
-    mark(local.identity, "capture_handle", "handle capture")
-    mark(rt.completion, "record_spawned", "spawned commit")
-    mark(rt.executor, "release", "release")
-    mark(local, "hand_over", "hand-over")
+    if standby:
+        mark(local, "hand_over", "hand-over")
+    else:  # (the standby path captures its next standby's handle after the hand-over: not marked)
+        mark(local, "spawn_launcher", "launcher spawn")
+        mark(local.identity, "capture_handle", "handle capture")
+        mark(rt.completion, "record_spawned", "spawned commit")
+        mark(rt.executor, "release", "release")
     for _ in range(warm):
         rt.wait(rt.submit(["true"], awaited=True))
     phases: dict[str, list[int]] = {}
