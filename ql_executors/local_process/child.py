@@ -12,6 +12,10 @@ it shows the process alive (so its pid, which is its group id, cannot have been 
 Where pidfds are missing (Linux < 5.4), the status is taken only after ``waitid(WNOWAIT)`` shows a
 child of that pid whose start time (``/proc``) is still the launcher's; anything else is no status.
 
+A host keeps at most :data:`MAX_PIDFDS` pidfds open (one per launcher it has not reaped yet): an
+embedded library must not eat its host's descriptors. A launcher started beyond that is followed the
+way it is without pidfds.
+
 A forked host's child closes the copies it inherited of every launcher's pidfd and channel
 (``os.register_at_fork``): the launchers are the parent's, and an inherited channel would keep a
 standby or an awaited task's publisher from ever seeing its host's death.
@@ -22,13 +26,56 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+import threading
 import time
 import weakref
 from typing import Protocol
 
-__all__ = ["Child", "ForgetsAfterFork", "Reaped", "forget_after_fork"]
+__all__ = ["MAX_PIDFDS", "Child", "ForgetsAfterFork", "Reaped", "forget_after_fork"]
 
-_P_PIDFD = getattr(os, "P_PIDFD", None)
+
+def _pidfd_waitid() -> int | None:
+    """``os.P_PIDFD`` if this kernel's waitid takes it (Linux 5.4+; 5.3 has pidfds but not this)."""
+    idtype = getattr(os, "P_PIDFD", None)
+    if idtype is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        os.waitid(idtype, 1 << 30, os.WEXITED | os.WNOHANG)  # no such descriptor
+    except OSError as exc:  # EBADF: the id type is known, the fd (on purpose) is not; EINVAL: unknown
+        import errno
+
+        return idtype if exc.errno == errno.EBADF else None
+    return idtype
+
+
+_P_PIDFD = _pidfd_waitid()
+#: The most pidfds open at once in one host process (launchers started, not yet reaped). Beyond
+#: it a launcher is waited for by pid with its start time checked, as where pidfds are missing.
+MAX_PIDFDS = 256
+_pidfds_lock = threading.Lock()
+_pidfds_open = 0
+
+
+def _open_pidfd(pid: int) -> int:
+    global _pidfds_open
+    if _P_PIDFD is None:
+        return -1
+    with _pidfds_lock:
+        if _pidfds_open >= MAX_PIDFDS:
+            return -1
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return -1
+        _pidfds_open += 1
+        return fd
+
+
+def _close_pidfd(fd: int) -> None:
+    global _pidfds_open
+    os.close(fd)
+    with _pidfds_lock:
+        _pidfds_open -= 1
 
 
 class Reaped:
@@ -64,10 +111,7 @@ class Child:
         self.pid = process.pid
         self._owner = os.getpid()
         self.reaped: Reaped | None = None
-        try:
-            self._fd = os.pidfd_open(self.pid) if _P_PIDFD is not None else -1
-        except OSError:
-            self._fd = -1
+        self._fd = _open_pidfd(self.pid)
         self._start = _start_time(self.pid) if self._fd < 0 else None
         _LIVE.add(self)
 
@@ -88,10 +132,8 @@ class Child:
             info = os.waitid(_P_PIDFD, self._fd, os.WEXITED)  # type: ignore[arg-type]
         except ChildProcessError:
             return Reaped(None)
-        except OSError:  # P_PIDFD unsupported (Linux 5.3): the start-time check instead
-            os.close(self._fd)
-            self._fd = -1
-            self._start = None
+        except OSError:  # the pidfd went bad: no status, none claimed
+            self.close()
             return Reaped(None)
         assert info is not None
         return Reaped(info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
@@ -183,7 +225,7 @@ class Child:
         """Drop the pidfd (idempotent). The process itself is left as it is."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close_pidfd(fd)
 
     def __del__(self) -> None:
         self.close()
@@ -206,8 +248,13 @@ def forget_after_fork(holder: ForgetsAfterFork) -> None:
 
 def _after_fork_in_child() -> None:
     # One thread is left and no lock can be trusted: plain attribute access and os.close only.
+    global _pidfds_lock, _pidfds_open
+    _pidfds_lock = threading.Lock()
     for child in list(_LIVE):
-        child.close()
+        fd, child._fd = child._fd, -1  # noqa: SLF001 - this module's own object
+        if fd >= 0:
+            os.close(fd)
+    _pidfds_open = 0
     for holder in list(_HOLDERS):
         try:
             holder.forget_after_fork()

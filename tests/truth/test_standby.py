@@ -446,3 +446,37 @@ def test_a_send_buffer_too_small_for_the_message_gives_the_classic_path(rt: Any,
         log.close()
     assert big.status == small_task.status == "succeeded"
     assert [len(w) > 0 for w in log.writes].count(True) == 5, log.writes  # 3 (classic) + 2 (standby)
+
+
+@pytest.mark.parametrize("standby", [True, False], ids=["standby", "classic"])
+def test_launchers_beyond_the_pidfd_cap_still_end_true(open_rt: Any, monkeypatch: pytest.MonkeyPatch,
+                                                       standby: bool) -> None:
+    """A host holds at most MAX_PIDFDS pidfds (an embedded library must not eat its host's
+    descriptors); launchers beyond it are waited for by pid with their start time checked, and end
+    with their own status all the same."""
+    import dataclasses
+
+    from ql_executors.local_process import child
+
+    monkeypatch.setattr(child, "MAX_PIDFDS", 2)
+    rt = open_rt()
+    if not standby:
+        rt.close()
+        from ql_core.config import load_config
+        from ql_core.runtime import Runtime
+
+        config = load_config(data_dir=rt.config.data_dir, environ={}, cwd=rt.config.data_dir)
+        rt = Runtime.open(dataclasses.replace(config, plugin_settings={"local": {"standby": False}}))
+    try:
+        go = Path(rt.config.data_dir) / "go"
+        subs = [rt.submit(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done; exit {n}'])
+                for n in range(5)]
+        fds = [s.task.live.child._fd for s in subs]  # noqa: SLF001 - what the cap is about
+        assert sum(fd >= 0 for fd in fds) <= 2 and fds[-1] == -1, fds
+        go.touch()
+        for n, sub in enumerate(subs):
+            view = rt.wait(sub)
+            assert (view.status, view.exit_code) == ("succeeded" if n == 0 else "failed", n)
+    finally:
+        if not standby:
+            rt.close()
