@@ -22,12 +22,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests import dbview
 from tests.processes import foreign_standbys, standby_launchers
 
@@ -35,13 +35,7 @@ BOUND_S = 30
 
 
 def _wait(predicate, what: str, timeout: float = BOUND_S):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    return wait_until(predicate, what, timeout)
 
 
 def _stat(pid: int) -> list[bytes] | None:
@@ -471,7 +465,7 @@ def test_launchers_beyond_the_pidfd_cap_still_end_true(open_rt: Any, monkeypatch
         go = Path(rt.config.data_dir) / "go"
         subs = [rt.submit(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.01; done; exit {n}'])
                 for n in range(5)]
-        fds = [s.task.live.child._fd for s in subs]  # noqa: SLF001 - what the cap is about
+        fds = [s.task.live.child._fd for s in subs]
         assert sum(fd >= 0 for fd in fds) <= 2 and fds[-1] == -1, fds
         go.touch()
         for n, sub in enumerate(subs):
