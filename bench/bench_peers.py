@@ -65,8 +65,9 @@ memory kept alive per running task (PSS)
     (Sum of ``Pss`` from ``/proc/PID/smaps_rollup`` of every process the tool keeps alive while
     N ``sleep 60`` tasks run, minus the same sum with the tool idle just before) / N, N =
     ``--tasks`` (20). The sleeps themselves are excluded. A process belongs to a tool when it
-    carries the bench's per-tool environment marker (so daemons, per-task runners and launchers
-    count); the host program is counted only where it *is* the tool (floor, ql embedded), not
+    carries the bench's per-tool environment marker, or descends from a process that does (so
+    daemons, per-task runners and launchers count — a ql standby launcher runs with an empty
+    environment); the host program is counted only where it *is* the tool (floor, ql embedded), not
     where it is only a client (tsp, nq, supervisorctl/XML-RPC, huey, procrastinate). The Redis
     and PostgreSQL servers are shared services and are not counted. For ``ql run`` the idle
     footprint is 0 (nothing stays up without a task), so the figure is the PSS of each waiting
@@ -273,6 +274,24 @@ def proc_table() -> dict[int, dict[str, Any]]:
                 mark = item[len(needle):].decode(errors="replace")
                 break
         table[pid] = {"ppid": int(fields[1]), "state": fields[0].decode(), "comm": comm, "mark": mark}
+    # A process without the marker belongs to the tool of its nearest marked ancestor: a ql standby
+    # launcher runs with an empty environment (its task must not read its host's), yet is ql's.
+    inherited: dict[int, str | None] = {}
+    for pid in table:
+        chain, cur, mark = [], pid, None
+        while cur in table and cur not in inherited and len(chain) < 64:
+            if table[cur]["mark"] is not None:
+                mark = table[cur]["mark"]
+                break
+            chain.append(cur)
+            cur = table[cur]["ppid"]
+        else:
+            mark = inherited.get(cur)
+        for member in chain:
+            inherited[member] = mark
+    for pid, info in table.items():
+        if info["mark"] is None:
+            info["mark"] = inherited.get(pid)
     return table
 
 
