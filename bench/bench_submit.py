@@ -91,8 +91,10 @@ def main() -> None:
         med = statistics.median(samples)
         p90 = statistics.quantiles(samples, n=10)[-1] if len(samples) >= 10 else max(samples)
         print(f"{label:<26} {med:>10.2f} {p90:>8.2f} {med / base:>8.1f}x")
-    print("(Runtime.submit includes 2 SQLite commits with synchronous=FULL, the log artifact, the token pipe "
-          "and the /bin/sh launcher; the CLI adds the Python interpreter start-up and imports)")
+    print("(Runtime.submit: with the compiled launcher, one SQLite commit with synchronous=FULL (the create "
+          "commit, holding a standby launcher's handle), the receipt shard, the log artifact and the hand-over "
+          "before the command runs; the classic path (launcher.sh, [plugin.local] standby = false) adds a "
+          "launcher spawn and a second commit; the CLI adds the Python interpreter start-up and imports)")
 
 
 if __name__ == "__main__":
