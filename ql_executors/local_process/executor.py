@@ -183,9 +183,12 @@ class _LaunchHints:
         hints = ""
         try:
             env_tool = shutil.which("env", path=path)
+            # Judged by what it prints, never by an exit status (a host that ignores SIGCHLD gets 0
+            # from every child): only an env that took the option runs the echo.
             if env_tool is not None and subprocess.run(
-                    [env_tool, "-i", "--default-signal=HUP,INT,QUIT,TERM,USR1,USR2"], stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False).returncode == 0:
+                    [env_tool, "-i", "--default-signal=HUP,INT,QUIT,TERM,USR1,USR2", "/bin/sh", "-c",
+                     "echo ql-env-ok"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                    check=False).stdout == b"ql-env-ok\n":
                 hints += "e"
             out = subprocess.run(["/bin/sh", "-c", "command -V printf"], stdin=subprocess.DEVNULL,
                                  capture_output=True, timeout=10, check=False, env={"PATH": path})

@@ -10,6 +10,7 @@ it has no status (``attempt.observation_lost``) and the launcher's receipt decid
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,31 @@ def test_a_reused_pid_never_lends_its_status_or_blocks_the_wait(data_dir: Path, 
     assert (out["status"], out["exit_code"]) == ("failed", 3), out
     assert "attempt.receipt_rejected" not in out["events"], out
     assert out["elapsed"] < 10, out  # the stranger sleeps 20 s: the wait never followed it
+
+
+PROBE_HOST = r"""
+import signal, sys
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # every child's exit status now reads 0
+from ql_executors.local_process.executor import _LaunchHints
+print(_LaunchHints._probe(sys.argv[1]))
+"""
+
+
+def test_the_shell_launchers_probes_are_judged_by_output_not_exit_status(tmp_path: Path) -> None:
+    """launcher.sh's per-host hints (GNU env resets signals: ``e``) are probed once; in a host that
+    ignores SIGCHLD every probe "exits 0", so a busybox env (no --default-signal) must still not be
+    taken for GNU env — with a wrong ``e`` hint no task could start."""
+    import shutil
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true installs busybox")
+        pytest.skip("busybox is not installed")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "env").symlink_to(busybox)
+    done = subprocess.run([sys.executable, "-c", PROBE_HOST, str(bin_dir)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "e" not in done.stdout.strip(), done.stdout
