@@ -214,9 +214,9 @@ class CompletionService:
 
         ``status=None``: the process exited without a receipt — ``lost`` with
         ``reason``, or the committed intent's state when ql signalled it
-        (:func:`ql_core.outcome.decide_without_receipt`). An explicit status
-        (``failed`` for a spawn that never happened, ``lost`` for a handle that
-        could not be saved) is written as given. The callback sequence is not
+        (:func:`ql_core.outcome.decide_without_receipt`). ``never_ran``: nothing was
+        ever handed to the task (:meth:`end_never_ran`). An explicit status (``lost``
+        for an attempt recovery proved never started) is written as given. The callback sequence is not
         consumed, so a true receipt found later is recorded as
         ``attempt.late_callback_ignored`` and never changes the outcome.
         """

@@ -98,8 +98,8 @@ class Runtime:
         self.context = RuntimeContext(config=config, node_id=node_id, existing_only=not create,
                                       data_dir_in_use=data_dir_in_use)
         self._executors: dict[str, Executor | None] = {}
-        #: Per executor name: can its tasks be standby tasks here (executor and run store both able)?
-        self._standby_capable: dict[str | None, bool] = {}
+        #: Can submitted tasks be standby tasks here (the executor and the run store both able)?
+        self._takes_standby: bool | None = None
         self._lazy_lock = threading.RLock()
         # Every selected seam must be registered (one-line error naming what is installed) — checked
         # now; the executor and receipt store are *built* on first use, so a reader (`ql status`)
@@ -325,12 +325,9 @@ class Runtime:
         from .ports.executor import StandbyExecutor, check_handle
         from .ports.journal import RunningCreate, TaskSpec
 
-        name = self.config.executor
-        capable = self._standby_capable.get(name)
-        if capable is None:
-            capable = self._standby_capable[name] = (isinstance(executor, StandbyExecutor)
-                                                     and isinstance(self.journal, RunningCreate))
-        if not capable:
+        if self._takes_standby is None:  # the configured executor and the run store never change
+            self._takes_standby = isinstance(executor, StandbyExecutor) and isinstance(self.journal, RunningCreate)
+        if not self._takes_standby:
             return None
         task = executor.standby(TaskSpec(command=command, shell=shell, cwd=cwd, env=env),  # type: ignore[attr-defined]
                                 awaited=awaited)
@@ -396,12 +393,13 @@ class Runtime:
         except (OSError, QlError, ValueError, ReceiptStoreError) as exc:
             if drop is not None:
                 drop()
-            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason=reason)
+            ended = self.completion.end_never_ran(sub.attempt_id, reason=reason)
             # A store's own message is written for users (the OS error, the path); others by name.
             detail = (getattr(exc, "strerror", None) or (isinstance(exc, ReceiptStoreError) and str(exc))
                       or type(exc).__name__)
             raise QlError(f"cannot prepare the log or receipt location in {self.config.data_dir} ({detail}); "
-                          f"nothing ran and run {sub.run_id} is marked failed; run `ql doctor`") from None
+                          f"nothing ran and run {sub.run_id} is marked {ended.status or 'failed'}; "
+                          f"run `ql doctor`") from None
         return location, log_fd
 
     def _request(self, sub: Submission, location: str, command: tuple[str, ...], *, shell: bool,
@@ -447,7 +445,7 @@ class Runtime:
         except Exception as exc:
             # Nothing runs: the create commit is closed with a terminal state, never left "starting".
             assert sub.attempt_id is not None
-            self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="SPAWN_FAILED")
+            self.completion.end_never_ran(sub.attempt_id, reason="SPAWN_FAILED")
             raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
                           f"is marked failed") from None
         finally:
@@ -469,7 +467,7 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - compensate: the command must never start
             executor.abort(task)
             try:
-                self.completion.end_without_receipt(sub.attempt_id, status="failed", reason="HANDLE_NOT_SAVED")
+                self.completion.end_never_ran(sub.attempt_id, reason="HANDLE_NOT_SAVED")
             except Exception:  # noqa: BLE001 - recovery will classify it
                 pass
             raise QlError(f"the task's durable handle could not be saved ({type(exc).__name__}), so its command "

@@ -474,3 +474,30 @@ def test_launchers_beyond_the_pidfd_cap_still_end_true(open_rt: Any, monkeypatch
     finally:
         if not standby:
             rt.close()
+
+
+def test_a_cancel_before_a_failed_preparation_ends_the_run_cancelled(rt: Any, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing ran is one rule wherever the start fails: a cancel whose TERM reached the standby
+    after the create commit, then a log file that cannot be created (a directory planted where it
+    belongs): the run ends cancelled — the intent is why — and the error says so, never "failed"."""
+    from ql_core import paths
+    from ql_core.errors import QlError
+
+    marker = tmp_path / "ran"
+    real_prepare = rt.receipts.prepare
+
+    def cancel_and_plant(attempt_id: str) -> str:
+        attempt = rt.journal.attempt(attempt_id)
+        assert str(rt.cancel(attempt.run_id)) == "requested"  # TERM reaches the standby now
+        log = paths.log_path(rt.config.data_dir, attempt.log_artifact_id)
+        log.mkdir(parents=True)  # a real fault: open(O_WRONLY|O_CREAT) of a directory fails
+        return real_prepare(attempt_id)
+
+    monkeypatch.setattr(rt.receipts, "prepare", cancel_and_plant)
+    with pytest.raises(QlError, match="is marked cancelled"):
+        rt.submit(["sh", "-c", f'touch "{marker}"'])
+    monkeypatch.undo()
+    view = rt.list_runs(limit=1)[0]
+    assert (view.status, view.reason) == ("cancelled", "user") and not marker.exists()
+    assert _events(rt, view.run_id).count("run.cancelled") == 1
