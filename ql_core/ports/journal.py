@@ -80,6 +80,8 @@ __all__ = [
     "HistoryRetention",
     "BatchTransitions",
     "RunningCreate",
+    "CreateFacts",
+    "create_facts",
 ]
 
 T = TypeVar("T")
@@ -395,3 +397,28 @@ class RunningCreate(Protocol):
         the run ``running``, and the events ``run.created`` (1) and ``attempt.spawned`` (2, status
         ``running``). Same crash point (``create.before_commit``) and all-or-nothing rule."""
         ...
+
+
+class CreateFacts(NamedTuple):
+    """What a create commit writes beyond the :class:`~ql_core.records.NewRun` itself (core decides
+    it, every backend writes it): the run's and attempt's states, the attempt's start and handle,
+    and the events, numbered from 1 (the run's ``event_seq`` is their count)."""
+
+    run_status: str
+    attempt_status: str
+    started_at_ms: int | None
+    handle: str | None
+    events: list[RunEventInfo]
+
+
+def create_facts(new: NewRun, handle: str | None = None) -> CreateFacts:
+    """The facts of :meth:`JournalBackend.create` (``handle`` None) or of
+    :meth:`RunningCreate.create_running` (a standby task's handle: created running, spawned)."""
+    from .context import RunEventInfo
+
+    events = [RunEventInfo(run_id=new.run_id, seq=1, type="run.created", attempt_id=new.attempt_id)]
+    if handle is None:
+        return CreateFacts("queued", "starting", None, None, events)
+    events.append(RunEventInfo(run_id=new.run_id, seq=2, type="attempt.spawned", attempt_id=new.attempt_id,
+                               status="running"))
+    return CreateFacts("running", "running", new.created_at_ms, handle, events)

@@ -27,21 +27,16 @@ _LOG_COLUMNS_L = ", ".join(f"l.{c.strip()}" for c in LOG_COLUMNS.split(","))
 CLOCK = "SELECT ql__clock_ms()"
 
 # -- create ------------------------------------------------------------------------------
+# The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
+# run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
-              "updated_at_ms, deadline_at_ms) VALUES (%s, %s, 'queued', 1, 1, %s, %s, %s, %s) "
+              "updated_at_ms, deadline_at_ms) VALUES (%s, %s, %s, 1, %s, %s, %s, %s, %s) "
               "ON CONFLICT (id) DO NOTHING")
-# A run whose task already exists (a standby launcher): created running, with its handle, events 1 and 2.
-INSERT_RUN_RUNNING = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
-                      "updated_at_ms, deadline_at_ms) VALUES (%s, %s, 'running', 1, 2, %s, %s, %s, %s) "
-                      "ON CONFLICT (id) DO NOTHING")
 RUN_CURRENT_ATTEMPT = "SELECT current_attempt_id FROM ql_run WHERE id = %s"
 INSERT_ATTEMPT = ("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
                   "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
-                  "host_handle, version) VALUES (%s, %s, 1, %s, %s, 'starting', %s, %s, 0, %s, %s, %s, 1)")
-INSERT_ATTEMPT_RUNNING = ("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
-                          "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
-                          "started_at_ms, handle, host_handle, version) "
-                          "VALUES (%s, %s, 1, %s, %s, 'running', %s, %s, 0, %s, %s, %s, %s, %s, 1)")
+                  "started_at_ms, handle, host_handle, version) "
+                  "VALUES (%s, %s, 1, %s, %s, %s, %s, %s, 0, %s, %s, %s, %s, %s, 1)")
 INSERT_LOG = ("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, truncated, "
               "created_at_ms) VALUES (%s, %s, %s, %s, %s, false, %s)")
 INSERT_EVENT = f"INSERT INTO ql_run_event ({EVENT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"

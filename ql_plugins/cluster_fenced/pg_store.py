@@ -43,6 +43,7 @@ from ql_core.ports.journal import (
     Snapshot,
     StoreError,
     Transition,
+    create_facts,
 )
 from ql_core.records import (
     AttemptRecord,
@@ -142,38 +143,29 @@ class PostgresJournal:
         return self._create(new, handle)
 
     def _create(self, new: NewRun, handle: str | None) -> list[RunEventInfo]:
+        facts = create_facts(new, handle)
         now = new.created_at_ms
-        events = [(new.run_id, 1, "run.created", new.attempt_id, None, None, None, now)]
-        if handle is not None:
-            events.append((new.run_id, 2, "attempt.spawned", new.attempt_id, "running", None, None, now))
-        infos = [RunEventInfo(run_id=new.run_id, seq=seq, type=kind, attempt_id=new.attempt_id, status=status)
-                 for _run, seq, kind, _attempt, status, *_rest in events]
         with self._db.write("create") as c:
             self._flush_noted(c)
-            run_row = (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms)
-            if c.execute(sql.INSERT_RUN if handle is None else sql.INSERT_RUN_RUNNING, run_row,
-                         prepare=True).rowcount != 1:
+            if c.execute(sql.INSERT_RUN, (new.run_id, new.name, facts.run_status, len(facts.events), new.attempt_id,
+                                          now, now, new.deadline_at_ms), prepare=True).rowcount != 1:
                 # A replay of a create whose COMMIT answer was lost: the same run with the same attempt.
                 row = c.execute(sql.RUN_CURRENT_ATTEMPT, (new.run_id,), prepare=True).fetchone()
                 if row is not None and row[0] == new.attempt_id:
-                    return infos
+                    return facts.events
                 raise ConflictError(f"run {new.run_id} exists already")
-            if handle is None:
-                c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                               new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
-                                               now, new.host_handle), prepare=True)
-            else:
-                c.execute(sql.INSERT_ATTEMPT_RUNNING, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                                       new.log_artifact_id, new.callback_token_hash,
-                                                       new.deadline_at_ms, now, now, handle, new.host_handle),
-                          prepare=True)
+            c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                           facts.attempt_status, new.log_artifact_id, new.callback_token_hash,
+                                           new.deadline_at_ms, now, facts.started_at_ms, facts.handle,
+                                           new.host_handle), prepare=True)
             c.execute(sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                        new.log_max_bytes, now), prepare=True)
-            for event in events:
-                c.execute(sql.INSERT_EVENT, event, prepare=True)
+            for e in facts.events:
+                c.execute(sql.INSERT_EVENT, (e.run_id, e.seq, e.type, e.attempt_id, e.status, None, None, now),
+                          prepare=True)
             c.execute(sql.INSERT_JOURNAL, (new.attempt_id, new.run_id, new.receipt_ref, now, now), prepare=True)
             crashpoint("create.before_commit")
-        return infos
+        return facts.events
 
     def note_consumed(self, attempt_id: str) -> None:
         with self._noted_lock:

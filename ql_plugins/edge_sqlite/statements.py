@@ -24,18 +24,14 @@ LIVE = "('starting', 'running', 'blocked')"
 ENDED = "('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')"
 
 # -- create ------------------------------------------------------------------------------
+# The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
+# run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
-              "updated_at_ms, deadline_at_ms) VALUES (?, ?, 'queued', 1, 1, ?, ?, ?, ?)")
+              "updated_at_ms, deadline_at_ms) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)")
 INSERT_ATTEMPT = ("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
                   "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
-                  "host_handle, version) VALUES (?, ?, 1, ?, ?, 'starting', ?, ?, 0, ?, ?, ?, 1)")
-# A run whose task already exists (a standby launcher): created running, with its handle, events 1 and 2.
-INSERT_RUN_RUNNING = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
-                      "updated_at_ms, deadline_at_ms) VALUES (?, ?, 'running', 1, 2, ?, ?, ?, ?)")
-INSERT_ATTEMPT_RUNNING = ("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
-                          "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
-                          "started_at_ms, handle, host_handle, version) "
-                          "VALUES (?, ?, 1, ?, ?, 'running', ?, ?, 0, ?, ?, ?, ?, ?, 1)")
+                  "started_at_ms, handle, host_handle, version) "
+                  "VALUES (?, ?, 1, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, 1)")
 INSERT_LOG = ("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, truncated, "
               "created_at_ms) VALUES (?, ?, ?, ?, ?, 0, ?)")
 INSERT_EVENT = f"INSERT INTO ql_run_event ({EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"

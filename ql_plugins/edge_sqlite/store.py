@@ -34,6 +34,7 @@ from ql_core.ports.journal import (
     Snapshot,
     StoreError,
     Transition,
+    create_facts,
 )
 from ql_core.records import (
     AttemptRecord,
@@ -153,31 +154,23 @@ class SqliteJournal:
         return self._create(new, handle)
 
     def _create(self, new: NewRun, handle: str | None) -> list[RunEventInfo]:
+        facts = create_facts(new, handle)
         with self._db.write() as c:
             self._flush_noted(c)
             now = new.created_at_ms
-            if handle is None:
-                c.execute(sql.INSERT_RUN, (new.run_id, new.name, new.attempt_id, now, now, new.deadline_at_ms))
-                c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                               new.log_artifact_id, new.callback_token_hash, new.deadline_at_ms,
-                                               now, new.host_handle))
-            else:
-                c.execute(sql.INSERT_RUN_RUNNING, (new.run_id, new.name, new.attempt_id, now, now,
-                                                   new.deadline_at_ms))
-                c.execute(sql.INSERT_ATTEMPT_RUNNING, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
-                                                       new.log_artifact_id, new.callback_token_hash,
-                                                       new.deadline_at_ms, now, now, handle, new.host_handle))
+            c.execute(sql.INSERT_RUN, (new.run_id, new.name, facts.run_status, len(facts.events), new.attempt_id,
+                                       now, now, new.deadline_at_ms))
+            c.execute(sql.INSERT_ATTEMPT, (new.attempt_id, new.run_id, new.executor, new.runtime_owner,
+                                           facts.attempt_status, new.log_artifact_id, new.callback_token_hash,
+                                           new.deadline_at_ms, now, facts.started_at_ms, facts.handle,
+                                           new.host_handle))
             c.execute(sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                        new.log_max_bytes, now))
-            events = [(new.run_id, 1, "run.created", new.attempt_id, None, None, None, now)]
-            if handle is not None:
-                events.append((new.run_id, 2, "attempt.spawned", new.attempt_id, "running", None, None, now))
-            for event in events:
-                c.execute(sql.INSERT_EVENT, event)
+            for e in facts.events:
+                c.execute(sql.INSERT_EVENT, (e.run_id, e.seq, e.type, e.attempt_id, e.status, None, None, now))
             c.execute(sql.INSERT_JOURNAL, (new.attempt_id, new.run_id, new.receipt_ref, now, now))
             crashpoint("create.before_commit")
-        return [RunEventInfo(run_id=new.run_id, seq=seq, type=kind, attempt_id=new.attempt_id, status=status)
-                for _run, seq, kind, _attempt, status, *_rest in events]
+        return facts.events
 
     def note_consumed(self, attempt_id: str) -> None:
         with self._noted_lock:
