@@ -35,7 +35,6 @@ descriptors. That message is the go-ahead too; the launcher's format is in launc
 
 from __future__ import annotations
 
-import array
 import os
 import socket
 import subprocess
@@ -115,6 +114,24 @@ def _check_int(name: str, value: int, minimum: int) -> None:
         raise ValueError(f"{name} must be in {minimum}..2**53-1")
 
 
+def _check_attempt(shard_dir: str | os.PathLike[str], run_id: str, attempt_id: str, callback_sequence: int,
+                   started_at_ms: int) -> str:
+    """What every launcher checks of an attempt, as the receipt codec does; the shard as a str."""
+    shard = os.fspath(shard_dir)
+    if not os.path.isabs(shard) or "\0" in shard:
+        raise ValueError("shard_dir must be absolute")
+    if not is_uuid7(run_id) or not is_uuid7(attempt_id):
+        raise ValueError("run_id and attempt_id must be lowercase UUIDv7 strings")
+    _check_int("callback_sequence", callback_sequence, 1)
+    _check_int("started_at_ms", started_at_ms, 0)
+    return shard
+
+
+def _check_token(token: object) -> None:
+    if not isinstance(token, str) or TOKEN_PATTERN.fullmatch(token) is None:
+        raise ValueError("token must be 32-128 characters of [A-Za-z0-9_-]")
+
+
 def launcher_args(
     *,
     shard_dir: str | os.PathLike[str],
@@ -127,13 +144,7 @@ def launcher_args(
     flags: str = "",
 ) -> list[str]:
     """Validated launcher arguments (everything after ``launcher.sh``); raises ``ValueError``."""
-    shard = os.fspath(shard_dir)
-    if not os.path.isabs(shard):
-        raise ValueError("shard_dir must be absolute")
-    if not is_uuid7(run_id) or not is_uuid7(attempt_id):
-        raise ValueError("run_id and attempt_id must be lowercase UUIDv7 strings")
-    _check_int("callback_sequence", callback_sequence, 1)
-    _check_int("started_at_ms", started_at_ms, 0)
+    shard = _check_attempt(shard_dir, run_id, attempt_id, callback_sequence, started_at_ms)
     cmd = list(command)
     if not all(isinstance(a, str) for a in cmd):
         raise ValueError("command items must be str")
@@ -286,8 +297,7 @@ def spawn_launcher(
     inherits the host's environment. Raises ``ValueError`` for arguments the launcher would refuse
     and ``OSError`` when the spawn itself fails; in both cases nothing was started.
     """
-    if not isinstance(token, str) or TOKEN_PATTERN.fullmatch(token) is None:
-        raise ValueError("token must be 32-128 characters of [A-Za-z0-9_-]")
+    _check_token(token)
     args = launcher_args(
         shard_dir=shard_dir,
         run_id=run_id,
@@ -409,15 +419,8 @@ def standby_message(
 ) -> bytes:
     """The one message that hands a run to a standby launcher (format: launcher.c, "Standby mode").
     Validated as :func:`launcher_args` validates (``ValueError``: nothing may be sent)."""
-    if not isinstance(token, str) or TOKEN_PATTERN.fullmatch(token) is None:
-        raise ValueError("token must be 32-128 characters of [A-Za-z0-9_-]")
-    shard = os.fsencode(shard_dir)
-    if not shard.startswith(b"/") or b"\0" in shard:
-        raise ValueError("shard_dir must be absolute")
-    if not is_uuid7(run_id) or not is_uuid7(attempt_id):
-        raise ValueError("run_id and attempt_id must be lowercase UUIDv7 strings")
-    _check_int("callback_sequence", callback_sequence, 1)
-    _check_int("started_at_ms", started_at_ms, 0)
+    _check_token(token)
+    shard = os.fsencode(_check_attempt(shard_dir, run_id, attempt_id, callback_sequence, started_at_ms))
     word = b"shell+c" if task.mode == "shell" else b"argv+c"
     fields = [_STANDBY_MAGIC, shard, run_id.encode(), attempt_id.encode(), str(callback_sequence).encode(),
               str(started_at_ms).encode(), word + b"a" if awaited else word, task.cwd,
@@ -432,8 +435,6 @@ def hand_over(channel: socket.socket, message: bytes, *, log_fd: int, cwd_fd: in
     One datagram: it arrives whole or not at all, and never blocks (``MSG_DONTWAIT``). Raises
     ``OSError`` when it was not sent (then the launcher has nothing and never runs anything).
     """
-    fds = array.array("i", [log_fd, cwd_fd])
-    sent = channel.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
-                           socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    sent = socket.send_fds(channel, [message], [log_fd, cwd_fd], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
     if sent != len(message):  # a datagram socket never sends part of a message; be sure anyway
         raise OSError("the standby launcher's spec was cut short")
