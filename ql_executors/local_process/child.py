@@ -31,6 +31,8 @@ import time
 import weakref
 from typing import Protocol
 
+from .identity import proc_start_time
+
 __all__ = ["MAX_PIDFDS", "Child", "ForgetsAfterFork", "Reaped", "forget_after_fork"]
 
 
@@ -88,19 +90,6 @@ class Reaped:
         self.status = status
 
 
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 1:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 class Child:
     """One launcher of ours (``process``: its ``Popen``)."""
 
@@ -112,7 +101,7 @@ class Child:
         self._owner = os.getpid()
         self.reaped: Reaped | None = None
         self._fd = _open_pidfd(self.pid)
-        self._start = _start_time(self.pid) if self._fd < 0 else None
+        self._start = proc_start_time(self.pid) if self._fd < 0 else None
         _LIVE.add(self)
 
     @property
@@ -147,7 +136,7 @@ class Child:
             return Reaped(None)
         if info is None:
             return None
-        if self._start is None or _start_time(self.pid) != self._start:
+        if self._start is None or proc_start_time(self.pid) != self._start:
             return Reaped(None)  # not (provably) our launcher: never its status, and not ours to reap
         try:
             _pid, status = os.waitpid(self.pid, 0)

@@ -11,6 +11,7 @@ the host does not acknowledge the status it reaped (docs/launcher.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -92,14 +93,8 @@ class _Held:
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the inherited copy of the channel, saying nothing."""
-        channel, self._channel = self._channel, None
-        if isinstance(channel, socket.socket):
-            channel.close()
-        elif channel is not None:
-            try:
-                os.close(channel)
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):
+            self.close()
 
     @property
     def awaited(self) -> bool:
@@ -118,9 +113,7 @@ class _Held:
         """A standby got its run (and so its go-ahead): the channel stays open only if awaited."""
         self._released = True
         if not awaited:
-            channel, self._channel = self._channel, None
-            if isinstance(channel, socket.socket):
-                channel.close()
+            self.close()
 
     @property
     def channel(self) -> int | socket.socket | None:
@@ -372,7 +365,8 @@ class LocalProcessExecutor:
             encoded = encode_task(command, shell=shell, cwd=spec.cwd, env=spec.env)
         except ValueError:
             return None  # the classic path refuses it with the same error, before anything runs
-        if (standby_message_size(encoded) > STANDBY_SPEC_MAX or encoded.longest >= _MAX_ARG_STRLEN
+        size = standby_message_size(encoded)
+        if (size > STANDBY_SPEC_MAX or encoded.longest >= _MAX_ARG_STRLEN
                 or encoded.exec_bytes > os.sysconf("SC_ARG_MAX")):
             return None  # the classic path runs it, or reports E2BIG as it always did
         try:
@@ -384,7 +378,7 @@ class LocalProcessExecutor:
         except (OSError, CompiledLauncherError) as exc:
             logger.debug("no standby launcher ({}); spawning the classic way", type(exc).__name__)
             return None
-        if standby_message_size(encoded) > ready.capacity:
+        if size > ready.capacity:
             self._standbys.give_back(ready)  # this socket takes less than one message (a low wmem)
             return None
         held = _Held(ready.child, ready.channel, "")

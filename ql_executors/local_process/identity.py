@@ -62,6 +62,7 @@ __all__ = [
     "SOURCES",
     "default_source",
     "read_boot_id",
+    "proc_start_time",
     "capture_handle",
     "inspect",
     "signal_group",
@@ -167,6 +168,16 @@ def _read_stat(pid: int) -> _Stat | None:
             return None
         raise _Unreadable(str(exc)) from exc
     return _parse_stat(raw)
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time, clock ticks since boot); None when that
+    process is gone or its record cannot be read."""
+    try:
+        found = _read_stat(pid)
+    except _Unreadable:
+        return None
+    return None if found is None else found.start_time
 
 
 class _Source(Protocol):

@@ -52,7 +52,7 @@ class Standby:
 
     def idle_and_alive(self) -> bool:
         """Ours (not inherited across a fork), alive, and not stopped: it would take a run now."""
-        return self.child.ours and self.child.alive() and not self.child.stopped()
+        return self.child.alive() and not self.child.stopped()  # alive() is False for a fork's copy
 
     def discard(self) -> None:
         """Close our end and end it: an idle standby holds nothing of any run, so it is killed
@@ -97,7 +97,7 @@ class _Slot:
 
 
 class StandbyPool:
-    """At most one idle standby, taken by :meth:`take` and refilled by :meth:`refill`."""
+    """At most one idle standby, taken by :meth:`take`, kept ready by :meth:`handed_over`."""
 
     def __init__(self, spawn: Callable[[], Standby]) -> None:
         self._spawn = spawn
@@ -120,10 +120,15 @@ class StandbyPool:
 
     def give_back(self, standby: Standby) -> None:
         """A standby taken but not used (it had nothing of a run): ready again, or discarded."""
+        self._keep(standby)
+
+    def _keep(self, standby: Standby) -> None:
+        """Make ``standby`` the ready one; discard it when another is ready already."""
+        spare: Standby | None = standby
         with self._lock:
             if self._slot.ready is None:
-                self._slot.ready, standby = standby, None  # type: ignore[assignment]
-        _discard_quietly(standby)
+                self._slot.ready, spare = standby, None
+        _discard_quietly(spare)
 
     def handed_over(self) -> None:
         """A standby got its run: from the second on, keep the next one ready (off the submit path)."""
@@ -136,10 +141,7 @@ class StandbyPool:
         except Exception as exc:  # noqa: BLE001 - the next submit spawns one itself, or falls back
             logger.debug("no standby launcher kept ready: {}", type(exc).__name__)
             return
-        with self._lock:
-            if self._slot.ready is None:
-                self._slot.ready, fresh = fresh, None
-        _discard_quietly(fresh)
+        self._keep(fresh)
 
     def close(self) -> None:
         """Discard the idle standby (idempotent; the pool may be used again afterwards)."""
