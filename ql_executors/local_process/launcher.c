@@ -391,7 +391,7 @@ static int receive_spec(int channel, struct task *t) {
     msg.msg_control = control.buf;
     msg.msg_controllen = sizeof control.buf;
     ssize_t n;
-    do /* a signal here is remembered (on_signal) and re-delivered instead of running CMD */
+    do /* a forwarded signal here ends the idle standby (on_signal): no run is ever charged with it */
         n = recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
     int fds[SPEC_FDS + 2], n_fds = 0;
@@ -448,8 +448,9 @@ static int receive_spec(int channel, struct task *t) {
     return 1;
 }
 
-/* A standby may wait for hours: nothing its host left open may stay open in it (the host spawns it
- * without closing descriptors). Everything above 2 but the channel is closed, not just marked. */
+/* A standby may wait for hours: nothing its host left open may stay open in it (ql's host closes
+ * its descriptors when it spawns one; a host of another kind may not). Everything above 2 but the
+ * channel is closed, not just marked close-on-exec. */
 static void close_from_3_except(int keep) {
 #if defined(SYS_close_range)
     if ((keep == 3 || syscall(SYS_close_range, 3U, (unsigned)keep - 1, 0U) == 0) &&
