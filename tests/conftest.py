@@ -32,6 +32,16 @@ def ql_env(data_dir: Path, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def classic_env(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """``env`` for `ql` processes that start tasks the classic way (``[plugin.local] standby =
+    false``: launcher spawned after the create commit, handle in a commit of its own), keeping the
+    config file ``env`` already names (its other settings stay)."""
+    base = Path(env["QL_CONFIG"]).read_text() if env.get("QL_CONFIG") else ""
+    config = tmp / "classic.toml"
+    config.write_text(base + "\n[plugin.local]\nstandby = false\n")
+    return dict(env, QL_CONFIG=str(config))
+
+
 def run_ql(args: list[str], env: dict[str, str], *, timeout: float = 60, cwd: Path | None = None,
            input: bytes | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(QL + args, env=env, capture_output=True, text=True, timeout=timeout,

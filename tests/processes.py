@@ -5,27 +5,48 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["foreign_standbys", "standby_launchers"]
+__all__ = ["foreign_standbys", "proc_stat", "standby_launchers", "standbys_of", "zombie_children"]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (index 0 = state, 1 = parent pid), or None if the pid is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return raw[raw.rfind(b")") + 1 :].decode().split()
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
 def standby_launchers() -> dict[int, int]:
     """Live standby launchers (``ql-launcher --standby``) on this machine: pid -> parent pid."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _pids():
         try:
-            if Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[1:2] != [b"--standby"]:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] != [b"--standby"]:
                 continue
-            fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if fields[0] not in (b"Z", b"X"):
-            found[int(entry)] = int(fields[1])
+        fields = proc_stat(pid)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            found[pid] = int(fields[1])
     return found
+
+
+def standbys_of(parent: int) -> list[int]:
+    """Live standby launchers whose parent is ``parent``."""
+    return [pid for pid, ppid in standby_launchers().items() if ppid == parent]
 
 
 def foreign_standbys(before: dict[int, int]) -> list[int]:
     """Standbys started since ``before`` that are not this test process's own: those of another
     host (live or dead: a dead host's standby has been reparented, whoever its new parent is)."""
     return [pid for pid, parent in standby_launchers().items() if pid not in before and parent != os.getpid()]
+
+
+def zombie_children(parent: int) -> list[int]:
+    """Children of ``parent`` that exited and were never reaped."""
+    return [pid for pid in _pids() if (st := proc_stat(pid)) is not None and int(st[1]) == parent and st[0] == "Z"]

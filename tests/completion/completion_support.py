@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from tests import dbview
-from tests.processes import foreign_standbys, standby_launchers  # noqa: F401 - shared with the cases
-
 from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
+from tests import dbview
 
 T = TypeVar("T")
 
@@ -66,16 +64,6 @@ def ql_crash(env: dict[str, str], point: str, *args: str) -> subprocess.Complete
     out = ql(env, *args, crash=point)
     assert out.returncode == CRASH_EXIT_CODE, (point, args, out.returncode, out.stderr)
     return out
-
-
-def classic_env(env: dict[str, str], tmp: Path) -> dict[str, str]:
-    """``env`` for `ql` processes that start tasks the classic way (``[plugin.local] standby =
-    false``: launcher spawned after the create commit, handle in a commit of its own), keeping the
-    config file ``env`` already names (its other settings stay)."""
-    base = Path(env["QL_CONFIG"]).read_text() if env.get("QL_CONFIG") else ""
-    config = tmp / "classic.toml"
-    config.write_text(base + "\n[plugin.local]\nstandby = false\n")
-    return dict(env, QL_CONFIG=str(config))
 
 
 def reconcile(env: dict[str, str], **kwargs: Any) -> dict[str, Any]:

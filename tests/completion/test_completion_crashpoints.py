@@ -30,7 +30,6 @@ from completion_support import (
     assert_not_terminal,
     assert_one_terminal,
     attempt_row,
-    classic_env,
     detach,
     dispatch_row,
     event_types,
@@ -43,8 +42,6 @@ from completion_support import (
     receipt_bytes,
     receipt_path,
     reconcile,
-    foreign_standbys,
-    standby_launchers,
     temp_files,
     trigger_command,
     valid_receipt,
@@ -54,6 +51,8 @@ from completion_support import (
 
 from ql_core.crashpoints import CRASH_EXIT_CODE, CRASH_POINTS
 from ql_core.ports import IdentityState
+from tests.conftest import classic_env
+from tests.processes import foreign_standbys, standby_launchers
 
 LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, classic_env, json_lines, run_ql
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
@@ -206,9 +206,7 @@ def test_crash_before_the_handle_commit_never_starts_the_command(ql_env, data_di
     """Classic path: the launcher is held until its handle is committed: a host that dies first never
     starts the command, and recovery proves it from the dead host's identity (lost, never started)."""
     marker = tmp_path / "ran"
-    config = tmp_path / "classic.toml"
-    config.write_text("[plugin.local]\nstandby = false\n")
-    ql_env = dict(ql_env, QL_CONFIG=str(config))
+    ql_env = classic_env(ql_env, tmp_path)
     env = dict(ql_env, QL_CRASH_POINT="spawn.before_handle_commit")
     out = run_ql(["run", "--", "sh", "-c", f'touch "{marker}"; exit 4'], env)
     assert out.returncode == 86

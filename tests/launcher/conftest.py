@@ -28,6 +28,7 @@ from ql_executors.local_process.launch import (
     spawn_standby,
     standby_message,
 )
+from tests.processes import proc_stat
 
 # bash-posix is bash as /bin/sh (RHEL, Fedora, macOS ...): POSIX mode changes how `wait` behaves.
 # busybox-aarch64 is an AArch64 busybox ash run by qemu-user (no binfmt_misc needed): the launcher
@@ -226,15 +227,6 @@ def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S)
 
 
 # ---------------------------------------------------------------- /proc helpers
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/<pid>/stat (index 0 = state), or None if the pid is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return raw[raw.rfind(b")") + 1 :].decode().split()
 
 
 def children(pid: int) -> list[int]:
@@ -548,13 +540,18 @@ class Launcher:
         return Task(proc, run_id, attempt_id, token_text, 1, started, shard, log_path)  # type: ignore[arg-type]
 
     def cleanup(self) -> None:
-        # The whole group: a test may leave grandchildren behind even after the launcher exited.
-        for proc in self._procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait(DEADLINE_S)
+        kill_groups_and_reap(self._procs)
+
+
+def kill_groups_and_reap(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each launcher's whole group (a test may leave grandchildren behind even after the
+    launcher exited; we are its unreaping parent, so its pid is still its group's) and reap it."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(DEADLINE_S)
 
 
 @pytest.fixture

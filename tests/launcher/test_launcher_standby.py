@@ -48,6 +48,7 @@ from .conftest import (
     child_running,
     children,
     cmdline,
+    kill_groups_and_reap,
     new_token,
     parse_receipt_strict,
     proc_stat,
@@ -226,12 +227,8 @@ class Host:
         return one
 
     def cleanup(self) -> None:
+        kill_groups_and_reap([one.proc for one in self.started])
         for one in self.started:
-            try:
-                os.killpg(one.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            one.proc.wait(DEADLINE_S)
             one.channel.close()
 
 

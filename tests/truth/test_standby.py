@@ -29,44 +29,19 @@ import pytest
 
 from ql_core.testing.executor import wait_until
 from tests import dbview
-from tests.processes import foreign_standbys, standby_launchers
+from tests.processes import (
+    foreign_standbys,
+    proc_stat,
+    standby_launchers,
+    standbys_of,
+    zombie_children,
+)
 
 BOUND_S = 30
 
 
 def _wait(predicate, what: str, timeout: float = BOUND_S):  # type: ignore[no-untyped-def]
     return wait_until(predicate, what, timeout)
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 1:].split()
-
-
-def _standbys_of(parent: int) -> list[int]:
-    """Idle standby launchers whose parent is ``parent`` (not zombies)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        st = _stat(int(entry))
-        if st is None or int(st[1]) != parent or st[0] in (b"Z", b"X"):
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"--standby"]:
-            found.append(int(entry))
-    return found
-
-
-def _zombie_children(parent: int) -> list[int]:
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) is not None
-            and int(st[1]) == parent and st[0] == b"Z"]
 
 
 def _events(rt: Any, run_id: str) -> list[str]:
@@ -92,17 +67,17 @@ def _ready_standby(rt: Any) -> int:
     """Run two tasks so the runtime keeps a standby ready (from the second hand-over on); its pid."""
     for _ in range(2):
         assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
-    return int(_wait(lambda: _standbys_of(os.getpid()) and _standbys_of(os.getpid())[0], "a ready standby"))
+    return int(_wait(lambda: standbys_of(os.getpid()) and standbys_of(os.getpid())[0], "a ready standby"))
 
 
 def test_a_standby_that_died_idle_is_replaced_and_costs_no_run(rt: Any, tmp_path: Path) -> None:
     ready = _ready_standby(rt)
     os.kill(ready, signal.SIGKILL)
-    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"Z", "the standby to die")
+    _wait(lambda: (proc_stat(ready) or ["Z"])[0] == "Z", "the standby to die")
     marker = tmp_path / "ran"
     view = rt.wait(rt.submit(["sh", "-c", f'touch "{marker}"; exit 4']))
     assert (view.status, view.exit_code) == ("failed", 4) and marker.exists()
-    assert ready not in _zombie_children(os.getpid())  # the dead one was reaped when it was found
+    assert ready not in zombie_children(os.getpid())  # the dead one was reaped when it was found
 
 
 def test_a_standby_that_dies_before_the_hand_over_fails_its_run_and_runs_nothing(
@@ -122,7 +97,7 @@ def test_a_standby_that_dies_before_the_hand_over_fails_its_run_and_runs_nothing
     def die_first(channel: Any, message: bytes, **fds: int) -> None:
         pid = taken[-1][0].live.process.pid  # the standby being handed its run, killed for real
         os.kill(pid, signal.SIGKILL)
-        _wait(lambda: (_stat(pid) or [b"Z"])[0] == b"Z", "the standby to die")
+        _wait(lambda: (proc_stat(pid) or ["Z"])[0] == "Z", "the standby to die")
         real_hand_over(channel, message, **fds)
 
     monkeypatch.setattr(rt.executor, "start", start)
@@ -135,7 +110,7 @@ def test_a_standby_that_dies_before_the_hand_over_fails_its_run_and_runs_nothing
     assert (view.status, view.reason) == ("failed", "SPAWN_FAILED")
     assert _events(rt, view.run_id) == ["run.created", "attempt.spawned", "attempt.failed", "run.failed"]
     assert not marker.exists()
-    assert taken[0][0].live.process.pid not in _zombie_children(os.getpid())  # reaped by the abort
+    assert taken[0][0].live.process.pid not in zombie_children(os.getpid())  # reaped by the abort
     assert rt.wait(rt.submit(["true"])).status == "succeeded"  # the runtime goes on
 
 
@@ -145,17 +120,17 @@ def test_a_stopped_standby_is_never_handed_a_run_and_never_blocks_the_host(rt: A
     stopped returns at once too."""
     ready = _ready_standby(rt)
     os.kill(ready, signal.SIGSTOP)
-    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"T", "the standby to stop")
+    _wait(lambda: (proc_stat(ready) or ["Z"])[0] == "T", "the standby to stop")
     view = rt.wait(rt.submit(["sh", "-c", "exit 3"], awaited=True))
     assert (view.status, view.exit_code) == ("failed", 3)
-    assert _stat(ready) is None, "the stopped standby is gone (killed and reaped)"
-    again = int(_wait(lambda: _standbys_of(os.getpid()) and _standbys_of(os.getpid())[0], "a new standby"))
+    assert proc_stat(ready) is None, "the stopped standby is gone (killed and reaped)"
+    again = int(_wait(lambda: standbys_of(os.getpid()) and standbys_of(os.getpid())[0], "a new standby"))
     os.kill(again, signal.SIGSTOP)
     closer = threading.Thread(target=rt.close)
     closer.start()
     closer.join(BOUND_S)
     assert not closer.is_alive(), "close blocked on a stopped standby"
-    assert _standbys_of(os.getpid()) == [] and again not in _zombie_children(os.getpid())
+    assert standbys_of(os.getpid()) == [] and again not in zombie_children(os.getpid())
 
 
 def test_a_stray_signal_to_an_idle_standby_costs_no_run(rt: Any, tmp_path: Path) -> None:
@@ -163,7 +138,7 @@ def test_a_stray_signal_to_an_idle_standby_costs_no_run(rt: Any, tmp_path: Path)
     with it: it starts on a fresh standby and ends with its own status."""
     ready = _ready_standby(rt)
     os.kill(ready, signal.SIGTERM)
-    _wait(lambda: (_stat(ready) or [b"Z"])[0] == b"Z", "the standby to exit")
+    _wait(lambda: (proc_stat(ready) or ["Z"])[0] == "Z", "the standby to exit")
     marker = tmp_path / "ran"
     view = rt.wait(rt.submit(["sh", "-c", f'touch "{marker}"; exit 6'], awaited=True))
     assert (view.status, view.exit_code) == ("failed", 6) and marker.exists()
@@ -218,7 +193,7 @@ def test_a_forked_host_never_uses_or_reaps_its_parents_standby(rt: Any) -> None:
             os._exit(code)
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert _standbys_of(os.getpid()) == [ready]  # untouched, still ours, still idle
+    assert standbys_of(os.getpid()) == [ready]  # untouched, still ours, still idle
     view = rt.wait(rt.submit(["sh", "-c", "exit 5"]))
     assert (view.status, view.exit_code) == ("failed", 5)
     handle = dbview.row(rt, "ql_run_attempt", view.attempts[0].attempt_id)["handle"]
@@ -248,8 +223,8 @@ def test_threads_submitting_at_once_all_end_true(rt: Any) -> None:
 def test_close_discards_the_ready_standby_and_leaves_no_zombie(rt: Any) -> None:
     ready = _ready_standby(rt)
     rt.close()
-    assert _standbys_of(os.getpid()) == []
-    assert ready not in _zombie_children(os.getpid())
+    assert standbys_of(os.getpid()) == []
+    assert ready not in zombie_children(os.getpid())
     rt.close()  # idempotent
 
 
@@ -281,7 +256,7 @@ def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir
             line = host.stdout.readline()  # type: ignore[union-attr]
             assert line.strip() in ("dropped", "exiting"), line
             if how == "drop":  # collected: its standby is discarded and reaped while the host lives
-                _wait(lambda: _standbys_of(host.pid) == [] and _zombie_children(host.pid) == [],
+                _wait(lambda: standbys_of(host.pid) == [] and zombie_children(host.pid) == [],
                       "the collected runtime's standby to be discarded")
             _out, err = host.communicate("\n", timeout=BOUND_S)
         finally:
@@ -322,7 +297,7 @@ def test_a_forked_child_does_not_keep_its_dead_hosts_standby_alive(data_dir: Pat
     child = int(out.stdout)
     try:
         _wait(lambda: foreign_standbys(before) == [], "the standby of the dead host to exit", timeout=10)
-        assert _stat(child) is not None, "the forked child still lives (the standby left despite it)"
+        assert proc_stat(child) is not None, "the forked child still lives (the standby left despite it)"
     finally:
         try:
             os.kill(child, signal.SIGKILL)
