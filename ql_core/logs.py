@@ -24,16 +24,18 @@ a cut lands at ``quota`` and is cut again next time. Readers never read past
   follower at the end, or the next round), the file holds exactly
   ``min(total written, quota)`` bytes — the first ones. The first cut sets
   ``truncated`` and appends one ``log.truncated`` event at once; the final
-  ``size_bytes`` is recorded by the next retention pass (batched, so a task's
-  life gains no commit unless its log overflowed).
+  ``size_bytes`` is recorded right after the terminal commit by the process
+  that ended the run (the waiting host, a follower, a round — one batched
+  commit per page there). A crash in between leaves the log in the sizing
+  queue (the partial index ``ix_ql_log_unsized``), drained by the next round.
 
 The task is never blocked, signalled or slowed, and other files it writes are
 not limited (which is why ``RLIMIT_FSIZE`` is not used).
 
 Retention (:func:`enforce_log_retention`) deletes logs of *terminal* attempts
 of this node by age (``log_retention_s``) and by total size
-(``log_total_max_bytes``), a bounded number per call; the log of an active or
-blocked attempt is never deleted.
+(``log_total_max_bytes``), in pages until the round's ``retention_budget_ms``
+is spent; the log of an active or blocked attempt is never deleted.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .errors import UnsafePathError
 from .paths import FILE_MODE, ensure_private_dir, log_path, log_relative_path, logs_root
@@ -65,6 +68,7 @@ __all__ = [
     "enforce_log_quota",
     "enforce_log_quotas",
     "finalize_log",
+    "finalize_logs",
     "Finalized",
     "enforce_log_retention",
     "delete_log_file",
@@ -307,12 +311,10 @@ def _finalize(rt: Runtime, log_artifact_id: str) -> Finalized:
     return Finalized("truncated" if cut else "finalized", facts, min(size or 0, facts.max_bytes))
 
 
-def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = False) -> str:
-    """After the attempt ended: cut the log to its quota (the first cut is recorded at once).
-
-    ``size_bytes`` is written only with ``record_size``; otherwise the next
-    retention pass records it, batched — so the fast path adds no commit to a
-    task's life unless the log actually overflowed. Idempotent. Returns
+def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = True) -> str:
+    """After the attempt ended: cut the log to its quota (the first cut is recorded at once) and record
+    its final ``size_bytes`` (one small commit right after the terminal one; skipped when the recorded
+    size is already right). ``record_size=False`` leaves the size to the sizing queue. Idempotent. Returns
     ``"truncated"`` (it was cut now), ``"finalized"``, ``"active"`` (the attempt
     has not ended: nothing done), ``"foreign"`` (another node's) or ``"missing"``.
     """
@@ -320,6 +322,27 @@ def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = False
     if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
         rt.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
     return done.outcome
+
+
+def finalize_logs(rt: Runtime, log_artifact_ids: list[str]) -> Counter[str]:
+    """:func:`finalize_log` for many logs, their sizes recorded in ONE transaction; logs of attempts
+    still active (or another node's) are left alone. Counts ``log_finalized``, ``log_truncated``,
+    ``log_errors``."""
+    counts: Counter[str] = Counter()
+    sizes: dict[str, int] = {}
+    for log_id in log_artifact_ids:
+        try:
+            done = _finalize(rt, log_id)
+        except (OSError, UnsafePathError) as exc:
+            counts["log_errors"] += 1
+            _warn(f"log {log_id} not finalized this round: {type(exc).__name__}")
+            continue
+        if done.facts is not None and done.size_bytes is not None and done.facts.size_bytes != done.size_bytes:
+            sizes[done.facts.id] = done.size_bytes
+        counts["log_finalized"] += done.outcome in ("finalized", "truncated")
+        counts["log_truncated"] += done.outcome == "truncated"
+    rt.journal.record_log_sizes(sizes)
+    return counts
 
 
 # -- bounded maintenance passes (a supervisor round calls these) ---------------------------
@@ -356,18 +379,20 @@ def _delete(rt: Runtime, facts: LogFacts, now: int) -> None:
     rt.journal.mark_log_deleted(facts.id, now, facts.size_bytes if facts.size_bytes is not None else 0)
 
 
-def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
-    """One bounded retention pass over this node's logs of *terminal* attempts.
+def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = None) -> Counter[str]:
+    """A retention pass over this node's logs of *terminal* attempts, in pages of ``limit``.
 
-    Three steps, each touching at most ``limit`` logs, oldest first:
-    1. finalize logs of ended attempts not finalized yet (cut to quota, record size);
+    Three steps, oldest first, each read from a partial index (never a walk of history):
+    1. size logs of ended attempts left unsized (a crash between the terminal commit and the
+       sizing; normally the process that ended the run sized it);
     2. delete logs older than ``log_retention_s``;
-    3. while the recorded total (``SUM(size_bytes)`` of undeleted, finalized
-       logs) exceeds ``log_total_max_bytes``, delete the oldest.
-    Logs of running, starting or blocked attempts are never deleted (and not
-    counted in the total: each is bounded by its own quota). Returns counts:
-    ``log_finalized``, ``log_truncated``, ``log_expired``, ``log_evicted``,
-    ``log_errors``.
+    3. while the recorded total (``ql_tally``, kept by the store) exceeds ``log_total_max_bytes``,
+       delete the oldest.
+    Each step goes on to a next page while its pages come back full and ``time.monotonic()`` is
+    before ``deadline`` (None: one page per step). Logs of running, starting or blocked attempts
+    are never deleted (and not counted in the total: each is bounded by its own quota). Returns
+    counts: ``log_finalized``, ``log_truncated``, ``log_expired``, ``log_evicted``, ``log_errors``
+    and ``retention_more`` (the deadline stopped a step with work left).
     """
     from .clock import now_ms
 
@@ -376,41 +401,59 @@ def enforce_log_retention(rt: Runtime, limit: int) -> Counter[str]:
         return counts
     owner = rt.node_id
 
-    # 1. finalize: cut each to its quota, then record all their sizes in one transaction
-    sizes: dict[str, int] = {}
-    for facts in rt.journal.ended_logs(owner, unsized=True, limit=limit):
-        try:
-            done = _finalize(rt, facts.id)
-        except (OSError, UnsafePathError) as exc:
-            counts["log_errors"] += 1
-            _warn(f"log {facts.id} not finalized this round: {type(exc).__name__}")
-            continue
-        if done.size_bytes is not None:
-            sizes[facts.id] = done.size_bytes
-        counts["log_finalized"] += done.outcome in ("finalized", "truncated")
-        counts["log_truncated"] += done.outcome == "truncated"
-    rt.journal.record_log_sizes(sizes)
+    def pages(fetch: Callable[[], list[LogFacts]]) -> Iterator[list[LogFacts]]:
+        while True:
+            rows = fetch()
+            if rows:
+                yield rows
+            if len(rows) < limit:
+                return
+            if deadline is None or time.monotonic() >= deadline:
+                counts["retention_more"] = 1
+                return
+
+    # 1. size: cut each to its quota, then record the page's sizes in one transaction
+    seen: set[str] = set()
+    for page in pages(lambda: rt.journal.ended_logs(owner, unsized=True, limit=limit)):
+        fresh = [f.id for f in page if f.id not in seen]
+        if not fresh:
+            break  # every log of the page failed before: next round
+        seen.update(fresh)
+        counts.update(finalize_logs(rt, fresh))
 
     # 2. age
     now = now_ms()
     cutoff = now - int(rt.profile.log_retention_s * 1000)
-    for facts in rt.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit):
-        try:
-            _delete(rt, facts, now)
-            counts["log_expired"] += 1
-        except (OSError, UnsafePathError) as exc:
-            counts["log_errors"] += 1
-            _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
+    failed: set[str] = set()
+    for page in pages(lambda: rt.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit)):
+        if all(f.id in failed for f in page):
+            break
+        for facts in page:
+            if facts.id in failed:
+                continue
+            try:
+                _delete(rt, facts, now)
+                counts["log_expired"] += 1
+            except (OSError, UnsafePathError) as exc:
+                failed.add(facts.id)
+                counts["log_errors"] += 1
+                _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
 
     # 3. total size
     excess = rt.journal.ended_log_bytes(owner) - rt.profile.log_total_max_bytes
-    if excess > 0:
-        for facts in rt.journal.ended_logs(owner, sized=True, limit=limit):
+    failed.clear()
+    for page in pages(lambda: rt.journal.ended_logs(owner, sized=True, limit=limit) if excess > 0 else []):
+        if all(f.id in failed for f in page):
+            break
+        for facts in page:
             if excess <= 0:
                 break
+            if facts.id in failed:
+                continue
             try:
                 _delete(rt, facts, now)
             except (OSError, UnsafePathError) as exc:
+                failed.add(facts.id)
                 counts["log_errors"] += 1
                 _warn(f"log {facts.id} not evicted this round: {type(exc).__name__}")
                 continue
@@ -435,9 +478,9 @@ class LogKeeper:
         self.rt = rt
         self.cursor = ""
 
-    def round(self, limit: int) -> Counter[str]:
+    def round(self, limit: int, *, deadline: float | None = None) -> Counter[str]:
         counts, self.cursor = enforce_log_quotas(self.rt, limit, cursor=self.cursor)
-        counts.update(enforce_log_retention(self.rt, limit))
+        counts.update(enforce_log_retention(self.rt, limit, deadline=deadline))
         return counts
 
 

@@ -61,6 +61,11 @@ class Profile:
     history_retention_s: float = 30 * 24 * 3600.0
     #: At most this many runs are kept; the oldest terminal ones beyond it are forgotten.
     history_max_runs: int = 100_000
+    #: Time one round may spend on retention (sizing ended logs left unsized by a crash, then
+    #: purging history), in pages of ``page_size * pages_per_round`` — a budget of wall-clock time, not a
+    #: count of runs. A round that stops at the budget with work left asks for the next round after a
+    #: pause as long as the budget (retention may use at most half the time while a backlog drains).
+    retention_budget_ms: int = 500
     # -- cluster numbers (the cluster-fenced plugin, DESIGN.md §9); used by cluster profiles only --
     #: Seconds between a worker's heartbeats (renewals of its session lease).
     heartbeat_interval_s: float = 10.0
@@ -136,6 +141,7 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "stop_drain_s": (float, 0.1, 300.0),
     "history_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
     "history_max_runs": (int, 10, 10_000_000),
+    "retention_budget_ms": (int, 10, 60_000),
     # cluster (cluster-fenced); the database enforces 1 s..1 h for both leases and 8 / 64 for the pages
     "heartbeat_interval_s": (float, 0.1, 600.0),
     "session_lease_s": (float, 1.0, 3600.0),
@@ -162,6 +168,7 @@ PROFILES: dict[str, Profile] = {
         scan_interval_s=30.0, page_size=8, pages_per_round=2, publish_grace_ms=50,
         terminal_journal_retention_s=2 * _MIN, quarantine_retention_s=5 * _MIN,
         file_watcher="never", history_retention_s=7 * 24 * _H, history_max_runs=10_000,
+        retention_budget_ms=250,
     ),
     "standalone": Profile(
         name="standalone", database="sqlite", runs_tasks=True,

@@ -23,12 +23,21 @@ One round, in this fixed order, every step capped by the profile
    their late receipts, and retention purges terminal rows whose receipt is
    gone and quarantined files, after the profile's windows;
 5. log artifacts (:class:`ql_core.logs.LogKeeper`): quota of running logs,
-   retention of ended ones by age and total size only — consuming a receipt
-   never deletes a log;
+   sizes of ended logs a crash left unsized, retention of ended ones by age
+   and total size only — consuming a receipt never deletes a log (the logs of
+   attempts a round ends are sized right after they end, in step 3);
 6. history: terminal runs past ``history_retention_s`` or beyond the newest
-   ``history_max_runs`` are forgotten (their log files first, then their rows
-   in one transaction) — never a run that is not terminal, never one whose
-   receipt may still exist (it still has a journal row).
+   ``history_max_runs`` are forgotten, a page at a time (their log files
+   first, then their rows in one transaction per page) — never a run that is
+   not terminal, never one whose receipt may still exist (it still has a
+   journal row).
+
+Steps 5 and 6 page until the round's ``retention_budget_ms`` (wall clock) is
+spent; a round that stopped with work left reports ``retention_more`` and the
+supervisor runs the next one after a pause of the same length. Every statement
+of a round is served by an index or a partial index of active rows
+(docs/recovery.md "Cost of a round"): an idle round costs the same on an empty
+and on a million-run history.
 
 A page that does not move the cursor forward stops the round with
 :class:`CursorStuckError` (fail closed) instead of looping. A failure while
@@ -126,8 +135,10 @@ class Reconciler:
                 self._active_attempts(report)
             if journal:
                 self._journal(report)
-            self._logs(report)
-            self._history(report)
+            # Retention shares one wall-clock budget per round (profile retention_budget_ms).
+            deadline = time.monotonic() + self.profile.retention_budget_ms / 1000
+            self._logs(report, deadline)
+            self._history(report, deadline)
         report.attempt_cursor, report.journal_cursor = self.attempt_cursor, self.journal_cursor
         return report
 
@@ -209,6 +220,25 @@ class Reconciler:
         return report
 
     def _settle(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
+        try:
+            self._settle_page(attempts, report)
+        finally:
+            self._size_ended_logs(attempts, report)
+
+    def _size_ended_logs(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
+        """Right after this process ended attempts: cut their logs to quota and record their sizes in one
+        transaction (docs/logs.md "Size at the end"); still-active ones are left alone."""
+        if self._log_keeper is None:
+            return
+        from .logs import finalize_logs
+
+        try:
+            report.counts.update(finalize_logs(self.rt, [a.log_artifact_id for a in attempts]))
+        except Exception as exc:  # noqa: BLE001 - the sizing queue (ix_ql_log_unsized) retries them
+            report.counts["log_errors"] += 1
+            logger.warning("log sizes deferred: {}", type(exc).__name__)
+
+    def _settle_page(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         self._ensure_journal(attempts, report)
         exited: list[AttemptRecord] = []
         # Every receipt of the page first, applied in one transaction (one durable commit per page).
@@ -327,18 +357,19 @@ class Reconciler:
             report.counts["journal_registered"] += self.rt.journal.register_journal(missing, now_ms())
 
     # -- step 5: log quota and retention (age and size only; never because of a receipt) --------
-    def _logs(self, report: RoundReport) -> None:
+    def _logs(self, report: RoundReport, deadline: float) -> None:
         if self._log_keeper is None:
             return
         try:
-            report.counts.update(self._log_keeper.round(self.limit))
+            report.counts.update(self._log_keeper.round(self.limit, deadline=deadline))
         except Exception as exc:  # noqa: BLE001 - logs are never a reason to fail recovery
             report.counts["log_errors"] += 1
             logger.warning("log maintenance deferred: {}", type(exc).__name__)
 
-    # -- step 6: history retention (bounded; terminal runs only) ---------------------------------
-    def _history(self, report: RoundReport) -> None:
-        from .logs import delete_log_file
+    # -- step 6: history retention (pages until the round's retention budget is spent) ----------
+    def _history(self, report: RoundReport, deadline: float) -> None:
+        """Forget terminal runs past the limits, one page (one transaction) at a time, while the
+        round's ``retention_budget_ms`` lasts; ``retention_more`` tells the supervisor work is left."""
         from .ports.journal import HistoryRetention
 
         journal = self.rt.journal
@@ -346,22 +377,38 @@ class Reconciler:
             return
         try:
             cutoff = now_ms() - int(self.profile.history_retention_s * 1000)
-            candidates = journal.history_candidates(self.rt.node_id, finished_before_ms=cutoff,
-                                                    keep_newest=self.profile.history_max_runs, limit=self.limit)
-            ready = []
-            for run_id, log_ids in candidates.items():
-                try:
-                    for log_id in log_ids:
-                        delete_log_file(self.rt, log_id)  # files first: a crash leaves rows, never orphans
-                    ready.append(run_id)
-                except Exception as exc:  # noqa: BLE001 - this run waits for the next round
-                    report.counts["history_errors"] += 1
-                    logger.warning("history of run {} kept this round: {}", run_id, type(exc).__name__)
-            if ready:
-                report.counts["history_purged"] += journal.purge_runs(ready)
+            while True:
+                candidates = journal.history_candidates(self.rt.node_id, finished_before_ms=cutoff,
+                                                        keep_newest=self.profile.history_max_runs,
+                                                        limit=self.limit)
+                if not candidates:
+                    return
+                if not self._purge_page(candidates, report):
+                    return  # only runs that must wait (a journal row, a file error): next round
+                if time.monotonic() >= deadline:
+                    report.counts["retention_more"] = 1
+                    return
         except Exception as exc:  # noqa: BLE001 - history is never a reason to fail recovery
             report.counts["history_errors"] += 1
             logger.warning("history retention deferred: {}", type(exc).__name__)
+
+    def _purge_page(self, candidates: dict[str, list[str]], report: RoundReport) -> int:
+        from .logs import delete_log_file
+
+        ready = []
+        for run_id, log_ids in candidates.items():
+            try:
+                for log_id in log_ids:
+                    delete_log_file(self.rt, log_id)  # files first: a crash leaves rows, never orphans
+                ready.append(run_id)
+            except Exception as exc:  # noqa: BLE001 - this run waits for the next round
+                report.counts["history_errors"] += 1
+                logger.warning("history of run {} kept this round: {}", run_id, type(exc).__name__)
+        if not ready:
+            return 0
+        purged = int(self.rt.journal.purge_runs(ready))  # type: ignore[attr-defined]
+        report.counts["history_purged"] += purged
+        return purged
 
     # -- step 4: the journal -------------------------------------------------------------
     def _journal(self, report: RoundReport) -> None:

@@ -9,6 +9,10 @@
   the reconciler's cursors;
 - :meth:`stop` asks the loop to finish its current round and waits at most
   ``stop_drain_s``; it reports whether the loop really ended;
+- a round whose retention stopped at ``retention_budget_ms`` with work left
+  (``retention_more``) is followed by the next one after a pause of that length
+  instead of the full interval, so retention keeps up with any task rate the
+  host can sustain (docs/recovery.md "History retention");
 - :meth:`wake` starts the next round early (a best-effort wake-up source such
   as watchfiles calls it); it never replaces the periodic round.
 """
@@ -99,8 +103,9 @@ class Supervisor:
             started = time.monotonic()
             # A wake() that arrives during the round below is kept and shortens the next wait.
             self._wake.clear()
+            backlog = False
             try:
-                self.run_round()
+                backlog = bool(self.run_round().counts.get("retention_more"))
             except CursorStuckError as exc:
                 self.failures += 1
                 self.last_error = type(exc).__name__
@@ -114,5 +119,9 @@ class Supervisor:
                 break
             # Next round only after this one ended; the wait is interruptible by stop()/wake().
             remaining = self.interval_s - (time.monotonic() - started)
+            if backlog:
+                # Retention stopped at its budget with work left: the next round after a pause as long
+                # as the budget, so a backlog drains at up to half of one core, never more.
+                remaining = min(remaining, self.rt.profile.retention_budget_ms / 1000)
             if remaining > 0:
                 self._wake.wait(remaining)

@@ -1,14 +1,26 @@
-"""``ql list [--status S] [--limit N]``: runs, newest first (the non-terminal ones shown are settled)."""
+"""``ql list [--status S] [--limit N]``: runs, newest first; every row is settled or marked unverified.
+
+Costs O(limit) whatever the history: the runs come from an index in order (``ix_ql_run_created`` or
+``ix_ql_run_status``), their attempts by ``ix_ql_attempt_run``, and at most ``page_size``
+non-terminal rows are settled. A non-terminal row beyond that budget (or whose settling found the
+run store busy) is printed with ``verified: false`` and a ``?`` marker: what the store says, not yet
+checked against its receipt or process.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ql_core.cli.output import Output
 
+if TYPE_CHECKING:
+    from ql_core.records import RunView
+    from ql_core.runtime import Runtime
+
 HELP = "list runs, newest first"
 EPILOG = ("The non-terminal runs shown (at most the profile's page_size of them) are settled first, as a "
-          "supervisor round would. Names are printed with control characters escaped (\\n, \\x1b); "
+          "supervisor round would; the others are marked '?' (JSON: verified false) — not yet checked. Names are printed with control characters escaped (\\n, \\x1b); "
           "--json prints them as they are.")
 
 #: What --status accepts: every run state.
@@ -21,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, reader_from_args, settle_shown
+    from ql_core.cli.common import printable, reader_from_args
     from ql_core.errors import UsageError
 
     try:
@@ -35,13 +47,38 @@ def run(args: argparse.Namespace, out: Output) -> int:
                          f"{', '.join(RUN_STATES)}")
     rt = reader_from_args(args)
     try:
-        views = settle_shown(rt, rt.list_runs(status=args.status, limit=limit), limit=rt.profile.page_size)
+        rows = settle_rows(rt, rt.list_runs(status=args.status, limit=limit), budget=rt.profile.page_size)
     finally:
         rt.close()
-    for view in views:
+    for view, verified in rows:
         code = "" if view.exit_code is None else str(view.exit_code)
         out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
                   "reason": view.reason, "name": view.name, "created_at_ms": view.created_at_ms,
-                  "finished_at_ms": view.finished_at_ms},
-                 f"{view.run_id}  {view.status:<10} {code:>4}  {printable(view.name)}".rstrip())
+                  "finished_at_ms": view.finished_at_ms, "verified": verified},
+                 f"{view.run_id}  {view.status:<10}{' ' if verified else '?'} {code:>4}  "
+                 f"{printable(view.name)}".rstrip())
     return 0
+
+
+def settle_rows(rt: Runtime, views: list[RunView], *, budget: int) -> list[tuple[RunView, bool]]:
+    """Settle up to ``budget`` non-terminal runs (as a supervisor round would); each row with whether
+    it is verified: terminal (final), or settled just now. The rest keep the stored state, unverified."""
+    from ql_core.ports.journal import ConflictError, StoreBusyError
+
+    rows: list[tuple[RunView, bool]] = []
+    for view in views:
+        if view.terminal:
+            rows.append((view, True))
+            continue
+        if budget <= 0:
+            rows.append((view, False))
+            continue
+        budget -= 1
+        try:
+            rt.settle(view)
+        except (StoreBusyError, ConflictError):
+            rows.append((view, False))  # another process is writing: shown as stored, unverified
+            continue
+        view = rt.status(view.run_id)
+        rows.append((view, True))
+    return rows

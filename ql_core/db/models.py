@@ -30,6 +30,9 @@ __all__ = [
     "LogArtifact",
     "CompletionReceiptJournal",
     "CancellationDispatch",
+    "Tally",
+    "ENDED_SQL",
+    "ACTIVE_SQL",
 ]
 
 class QlTable(SQLModel, registry=registry()):
@@ -40,6 +43,14 @@ class QlTable(SQLModel, registry=registry()):
 METADATA: MetaData = QlTable.metadata
 
 
+#: The ended run/attempt states, as SQL (the partial indexes' predicates; statements repeat them verbatim
+#: so the planner can use those indexes).
+ENDED_SQL = "('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')"
+#: Attempts a recovery round looks at.
+ACTIVE_SQL = "('starting', 'running')"
+_UNSIZED = "size_bytes IS NULL AND deleted_at_ms IS NULL"
+
+
 def _ms(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
     return Column(BigInteger, nullable=nullable, index=index)
 
@@ -48,8 +59,17 @@ class Run(QlTable, table=True):
     """One submitted task. ``version`` and ``event_seq`` guard every write (compare-and-set)."""
 
     __tablename__ = "ql_run"
-    __table_args__ = (Index("ix_ql_run_created", "created_at_ms"), Index("ix_ql_run_status", "status"),
+    __table_args__ = (
+                      # Newest first / oldest first with a total order (0007: id added, so an ORDER BY
+                      # created_at_ms, id ... LIMIT n reads n entries and never sorts).
+                      Index("ix_ql_run_created", "created_at_ms", "id"),
+                      # `ql list --status S`: the newest n runs in one state, read in order (0007).
+                      Index("ix_ql_run_status", "status", "created_at_ms", "id"),
                       Index("ix_ql_run_finished", "status", "finished_at_ms"),
+                      # History retention by age: ended runs, oldest finish first (0007; partial, so the
+                      # five ended states are one ordered range, not five merged ones).
+                      Index("ix_ql_run_ended", "finished_at_ms", "id",
+                            postgresql_where=text(f"status IN {ENDED_SQL}"), sqlite_where=text(f"status IN {ENDED_SQL}")),
                       # The queue, oldest first (cluster claim; 0003).
                       Index("ix_ql_run_queued", "created_at_ms", "id",
                             postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")))
@@ -82,7 +102,11 @@ class RunAttempt(QlTable, table=True):
     __tablename__ = "ql_run_attempt"
     __table_args__ = (
         Index("ix_ql_attempt_active", "runtime_owner", "status", "id"),
-        Index("ix_ql_attempt_run", "run_id"),
+        # A run's attempts in order (0007: attempt_no added; reads and purges of a run).
+        Index("ix_ql_attempt_run", "run_id", "attempt_no"),
+        # The recovery page: this node's starting/running attempts by id, only active rows (0007).
+        Index("ix_ql_attempt_live", "runtime_owner", "id",
+              postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
         Index("ix_ql_attempt_deadline", "status", "deadline_at_ms"),
     )
 
@@ -138,7 +162,16 @@ class LogArtifact(QlTable, table=True):
     """The append-only log file of one attempt, relative to ``<data_dir>/logs``."""
 
     __tablename__ = "ql_log_artifact"
-    __table_args__ = (Index("ix_ql_log_created", "created_at_ms"),)
+    __table_args__ = (
+        # A run's logs (history purge; 0007 — before it every purged run cost two full scans).
+        Index("ix_ql_log_run", "run_id"),
+        # Logs not sized yet: the running ones and ended ones whose sizing a crash interrupted
+        # (0007; the quota pass and the sizing queue — never the history).
+        Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), sqlite_where=text(_UNSIZED)),
+        # Logs still on disk, oldest first (0007; retention by age and by total size).
+        Index("ix_ql_log_kept", "created_at_ms", "id",
+              postgresql_where=text("deleted_at_ms IS NULL"), sqlite_where=text("deleted_at_ms IS NULL")),
+    )
 
     id: str = Field(primary_key=True, max_length=36)
     run_id: str = Field(max_length=36)
@@ -190,6 +223,18 @@ class CancellationDispatch(QlTable, table=True):
     kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
     created_at_ms: int = Field(sa_column=_ms())
     updated_at_ms: int = Field(sa_column=_ms())
+
+
+class Tally(QlTable, table=True):
+    """Running totals kept by triggers (0007; SQLite only), so a round reads a count instead of
+    counting history: ``runs`` (rows of ql_run) and ``log_bytes:<owner>`` (recorded sizes of that
+    node's undeleted logs). The triggers are in migration 0007; every write path keeps them exact."""
+
+    __tablename__ = "ql_tally"
+    __table_args__ = {"info": {"ql_dialects": ("sqlite",)}}
+
+    name: str = Field(primary_key=True, max_length=80)
+    value: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
 # The cluster control-plane tables (PostgreSQL only) live on the same METADATA.

@@ -43,15 +43,16 @@ SELECT_RUN = f"SELECT {RUN_COLUMNS} FROM ql_run WHERE id = ?"
 SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE id = ?"
 SELECT_ATTEMPTS_OF_RUN = f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE run_id = ? ORDER BY attempt_no"
 SELECT_EVENTS = f"SELECT {EVENT_COLUMNS} FROM ql_run_event WHERE run_id = ? ORDER BY seq"
-SELECT_RUNS_NEWEST = f"SELECT {RUN_COLUMNS} FROM ql_run ORDER BY created_at_ms DESC, id DESC LIMIT ?"
-SELECT_RUNS_NEWEST_BY_STATUS = (f"SELECT {RUN_COLUMNS} FROM ql_run WHERE status = ? "
+SELECT_RUNS_NEWEST = f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+SELECT_RUNS_NEWEST_BY_STATUS = (f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_status WHERE status = ? "
                                 f"ORDER BY created_at_ms DESC, id DESC LIMIT ?")
 SELECT_DISPATCH_OF_RUN = f"SELECT {DISPATCH_COLUMNS} FROM ql_cancel_dispatch WHERE run_id = ?"
 SELECT_DISPATCH_SIGNAL = "SELECT attempt_id, term_sent_at_ms FROM ql_cancel_dispatch WHERE run_id = ?"
 
 # -- recovery paging ---------------------------------------------------------------------
-PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE runtime_owner = ? "
-                        f"AND status IN {ACTIVE} AND id > ? ORDER BY id LIMIT ?")
+# The partial index ix_ql_attempt_live holds active rows only: a page reads `limit` entries.
+PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt INDEXED BY ix_ql_attempt_live "
+                        f"WHERE runtime_owner = ? AND status IN {ACTIVE} AND id > ? ORDER BY id LIMIT ?")
 # Driven by the attempt's indexed copy of the deadline (status, deadline_at_ms), joined on the run's key.
 DUE_DEADLINES = ("SELECT r.id FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id "
                  f"WHERE a.status IN {LIVE} AND a.deadline_at_ms <= ? AND a.runtime_owner = ? "
@@ -91,33 +92,38 @@ SELECT_LOG = f"SELECT {LOG_COLUMNS} FROM ql_log_artifact WHERE id = ?"
 MARK_LOG_TRUNCATED = "UPDATE ql_log_artifact SET truncated = 1 WHERE id = ? AND truncated = 0"
 SET_LOG_SIZE = "UPDATE ql_log_artifact SET size_bytes = ? WHERE id = ?"
 MARK_LOG_DELETED = "UPDATE ql_log_artifact SET deleted_at_ms = ?, size_bytes = ? WHERE id = ?"
-PAGE_LIVE_LOGS = (f"SELECT {_LOG_COLUMNS_L} FROM ql_log_artifact l "
-                  "JOIN ql_run_attempt a ON a.log_artifact_id = l.id "
-                  f"WHERE a.runtime_owner = ? AND a.status IN {LIVE} AND l.deleted_at_ms IS NULL AND l.id > ? "
-                  "ORDER BY l.id LIMIT ?")
-_ENDED_LOGS = (f"SELECT {_LOG_COLUMNS_L} FROM ql_log_artifact l JOIN ql_run_attempt a ON a.log_artifact_id = l.id "
-               f"WHERE a.runtime_owner = ? AND a.status IN {ENDED} AND l.deleted_at_ms IS NULL ")
-ENDED_LOGS_UNSIZED = _ENDED_LOGS + "AND l.size_bytes IS NULL ORDER BY l.created_at_ms, l.id LIMIT ?"
-ENDED_LOGS_OLDER = _ENDED_LOGS + "AND l.created_at_ms < ? ORDER BY l.created_at_ms, l.id LIMIT ?"
-ENDED_LOGS_SIZED = _ENDED_LOGS + "AND l.size_bytes IS NOT NULL ORDER BY l.created_at_ms, l.id LIMIT ?"
-ENDED_LOG_BYTES = ("SELECT COALESCE(SUM(l.size_bytes), 0) FROM ql_log_artifact l "
-                   "JOIN ql_run_attempt a ON a.log_artifact_id = l.id "
-                   f"WHERE a.runtime_owner = ? AND l.deleted_at_ms IS NULL AND a.status IN {ENDED}")
+# Every log statement of a round is driven by a partial index of ql_log_artifact and joins the
+# attempt by its key (CROSS JOIN fixes that order): ix_ql_log_unsized holds the running logs and the
+# ended ones not sized yet (sizing happens when a run ends), ix_ql_log_kept the undeleted ones by age.
+PAGE_LIVE_LOGS = (f"SELECT {_LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized "
+                  "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
+                  f"WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL AND l.id > ? "
+                  f"AND a.runtime_owner = ? AND a.status IN {LIVE} ORDER BY l.id LIMIT ?")
+ENDED_LOGS_UNSIZED = (f"SELECT {_LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized "
+                      "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
+                      "WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL "
+                      f"AND a.runtime_owner = ? AND a.status IN {ENDED} ORDER BY l.id LIMIT ?")
+_KEPT_LOGS = (f"SELECT {_LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_kept "
+              "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
+              f"WHERE l.deleted_at_ms IS NULL AND a.runtime_owner = ? AND a.status IN {ENDED} ")
+ENDED_LOGS_OLDER = _KEPT_LOGS + "AND l.created_at_ms < ? ORDER BY l.created_at_ms, l.id LIMIT ?"
+ENDED_LOGS_SIZED = _KEPT_LOGS + "AND l.size_bytes IS NOT NULL ORDER BY l.created_at_ms, l.id LIMIT ?"
+# Kept exact by the triggers of migration 0007 (never a SUM over history).
+ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log_bytes:' || ?), 0)"
 
 # -- history retention ------------------------------------------------------------------------
-# The run at rank keep+1 (newest first): an index walk of at most keep entries. It and every run
-# older than it are beyond the count.
-NTH_NEWEST_CREATED = "SELECT created_at_ms, id FROM ql_run ORDER BY created_at_ms DESC, id DESC LIMIT 1 OFFSET ?"
-OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run WHERE status IN {ENDED} AND finished_at_ms < ? "
-                     "ORDER BY finished_at_ms, id LIMIT ?")
-OLD_CREATED_RUNS = (f"SELECT id FROM ql_run WHERE (created_at_ms < ? OR (created_at_ms = ? AND id <= ?)) "
-                    f"AND status IN {ENDED} ORDER BY created_at_ms, id LIMIT ?")
+# How many runs exist (ql_tally, kept by triggers): the excess over history_max_runs is known
+# without counting; the oldest runs are then read in index order, as many as are in excess.
+RUN_COUNT = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'runs'), 0)"
+OLDEST_RUNS = "SELECT id, status FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms, id LIMIT ?"
+OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run INDEXED BY ix_ql_run_ended WHERE status IN {ENDED} "
+                     "AND finished_at_ms < ? ORDER BY finished_at_ms, id LIMIT ?")
 RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id = ?"
-LIVE_LOGS_OF_RUN = "SELECT id FROM ql_log_artifact WHERE run_id = ? AND deleted_at_ms IS NULL"
+LIVE_LOGS_OF_RUN = "SELECT id FROM ql_log_artifact INDEXED BY ix_ql_log_run WHERE run_id = ? AND deleted_at_ms IS NULL"
 _ENDED_RUN = f"(SELECT id FROM ql_run WHERE id = ? AND status IN {ENDED})"
 PURGE_EVENTS = f"DELETE FROM ql_run_event WHERE run_id IN {_ENDED_RUN}"
 PURGE_DISPATCH = f"DELETE FROM ql_cancel_dispatch WHERE run_id IN {_ENDED_RUN}"
-PURGE_LOGS = f"DELETE FROM ql_log_artifact WHERE run_id IN {_ENDED_RUN}"
+PURGE_LOGS = f"DELETE FROM ql_log_artifact INDEXED BY ix_ql_log_run WHERE run_id IN {_ENDED_RUN}"
 PURGE_ATTEMPTS = f"DELETE FROM ql_run_attempt WHERE run_id IN {_ENDED_RUN}"
 PURGE_RUN = f"DELETE FROM ql_run WHERE id = ? AND status IN {ENDED}"
 

@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from ql_core.crashpoints import crashpoint
+from ql_core.states import RUN_TERMINAL
 from ql_core.ports.context import RunEventInfo
 from ql_core.ports.journal import (
     ATTEMPT_COLUMNS,
@@ -56,13 +57,16 @@ if TYPE_CHECKING:
 
     from ql_core.ports.context import RuntimeContext
 
-__all__ = ["SqliteJournal", "MAX_NOTED", "FLUSH_BATCH"]
+__all__ = ["SqliteJournal", "MAX_NOTED", "FLUSH_BATCH", "OLDEST_SLACK"]
 
 T = TypeVar("T")
 #: Consumed attempts remembered in memory at most (beyond that, retention purges their rows).
 MAX_NOTED = 4096
 #: Noted rows deleted per piggybacked flush (keeps the host's create transaction small).
 FLUSH_BATCH = 256
+#: History by count reads at most this many pages of the oldest runs per call: non-terminal runs among
+#: them (never purged) are stepped over, up to this bound.
+OLDEST_SLACK = 4
 
 
 def _now_ms() -> int:
@@ -453,13 +457,21 @@ class SqliteJournal:
     # -- history retention (ql_core.ports.journal.HistoryRetention) -------------------------------
     def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
                            limit: int) -> dict[str, list[str]]:
+        # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window in
+        # finish order; the run count from ql_tally, and — only when it exceeds keep_newest — the
+        # oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
+        # those are kept (never purged), so up to OLDEST_SLACK pages of them are stepped over.
         out: dict[str, list[str]] = {}
         with self._db.read() as c:
             ids = [r[0] for r in c.execute(sql.OLD_FINISHED_RUNS, (finished_before_ms, limit))]
-            nth = c.execute(sql.NTH_NEWEST_CREATED, (keep_newest,)).fetchone()
-            if nth is not None and len(ids) < limit:
-                ids += [r[0] for r in c.execute(sql.OLD_CREATED_RUNS, (nth[0], nth[0], nth[1], limit))
-                        if r[0] not in ids]
+            excess = int(c.execute(sql.RUN_COUNT).fetchone()[0]) - keep_newest
+            if excess > 0 and len(ids) < limit:
+                seen = set(ids)
+                for run_id, status in c.execute(sql.OLDEST_RUNS, (min(excess, OLDEST_SLACK * limit),)):
+                    if len(ids) >= limit:
+                        break
+                    if status in RUN_TERMINAL and run_id not in seen:
+                        ids.append(run_id)
             for run_id in ids[:limit]:
                 attempts = c.execute(sql.RUN_ATTEMPTS_OWNERS, (run_id,)).fetchall()
                 if any(o != owner for _a, o in attempts):
@@ -470,10 +482,11 @@ class SqliteJournal:
         return out
 
     def purge_runs(self, run_ids: list[str]) -> int:
-        deleted = 0
+        # One transaction for the whole page; each statement runs over the page under its index.
+        if not run_ids:
+            return 0
+        params = [(run_id,) for run_id in run_ids]
         with self._db.write() as c:
-            for run_id in run_ids:
-                for statement in (sql.PURGE_EVENTS, sql.PURGE_DISPATCH, sql.PURGE_LOGS, sql.PURGE_ATTEMPTS):
-                    c.execute(statement, (run_id,))
-                deleted += c.execute(sql.PURGE_RUN, (run_id,)).rowcount
-        return deleted
+            for statement in (sql.PURGE_EVENTS, sql.PURGE_DISPATCH, sql.PURGE_LOGS, sql.PURGE_ATTEMPTS):
+                c.executemany(statement, params)
+            return c.executemany(sql.PURGE_RUN, params).rowcount
