@@ -432,7 +432,7 @@ class SqliteJournal:
                 c.executemany(sql.SET_LOG_SIZE, [(size, log_id) for log_id, size in sizes.items()])
 
     def page_live_logs(self, owner: str, after: str, limit: int) -> list[LogFacts]:
-        return [_log(r) for r in self._db.connection().execute(sql.PAGE_LIVE_LOGS, (owner, after, limit))]
+        return [_log(r) for r in self._db.connection().execute(sql.PAGE_LIVE_LOGS, (after, owner, limit))]
 
     def ended_logs(self, owner: str, *, unsized: bool = False, created_before_ms: int | None = None,
                    sized: bool = False, limit: int) -> list[LogFacts]:

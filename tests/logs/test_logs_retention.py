@@ -81,20 +81,41 @@ def test_the_total_size_cap_evicts_the_oldest_first(make_runtime) -> None:
         rt.wait(busy)
 
 
-def test_logs_of_ended_runs_are_finalized_by_the_pass(make_runtime) -> None:
-    """A run ended without anyone finalizing its log (e.g. settled by another process)."""
+def test_the_process_that_ends_a_run_records_its_log_size(make_runtime) -> None:
+    """Sizing happens when the run ends — by the waiting host (fast path) or by whoever settles it
+    (a round, a reader) — not by a later capped pass (docs/logs.md "Size at the end")."""
+    rt = make_runtime()
+    waited = finished(rt, ["sh", "-c", "printf 12345"])
+    assert facts_of(rt, waited).size_bytes == 5  # the fast path, right after its terminal commit
+    sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
+    sub.task.live.process.wait()
+    rt.recover_attempt(sub.attempt_id)  # the round's path: receipt -> terminal -> size, cut to quota
+    assert rt.status(sub.run_id).terminal
+    facts = facts_of(rt, sub.run_id)
+    assert (facts.size_bytes, facts.truncated) == (2048, True)
+    assert rt.log_path(sub.run_id).stat().st_size == 2048
+
+
+def test_a_log_left_unsized_by_a_crash_is_sized_by_the_next_pass(make_runtime) -> None:
+    """A crash between the terminal commit and the sizing leaves the log in the sizing queue
+    (ix_ql_log_unsized); the next retention pass cuts and sizes it."""
     from ql_core.logs import enforce_log_retention
 
     rt = make_runtime()
     sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
     sub.task.live.process.wait()
-    rt.recover_attempt(sub.attempt_id)  # the round's path: receipt -> terminal, no finalization
-    assert rt.status(sub.run_id).terminal and facts_of(rt, sub.run_id).size_bytes is None
+    rt.recover_attempt(sub.attempt_id)
+    # What a process killed right after the terminal commit leaves: an ended log, not sized, longer
+    # than its quota (the task wrote it all before it ended).
+    log = rt.log_path(sub.run_id)
+    log.write_bytes(b"k" * 5000)
+    dbview.rows(rt, "UPDATE ql_log_artifact SET size_bytes = NULL WHERE run_id = ?", (sub.run_id,))
     counts = enforce_log_retention(rt, 16)
     assert counts["log_finalized"] == 1 and counts["log_truncated"] == 1
     facts = facts_of(rt, sub.run_id)
     assert (facts.size_bytes, facts.truncated) == (2048, True)
-    assert rt.log_path(sub.run_id).stat().st_size == 2048
+    assert log.stat().st_size == 2048
+    assert enforce_log_retention(rt, 16)["log_finalized"] == 0  # out of the queue
 
 
 def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
@@ -108,7 +129,8 @@ def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
     os.symlink(outside, log.parent)
     backdate(rt, [run_id], 2 * 3600 * 1000)
     counts = enforce_log_retention(rt, 16)
-    assert counts["log_errors"] == 2 and counts["log_expired"] == 0  # finalize and expire both refused
+    # Its size was recorded when it ended (before the shard was swapped): only the expiry is refused.
+    assert counts["log_errors"] == 1 and counts["log_expired"] == 0
     assert (outside / log.name).read_bytes() == b"mine\n"
     assert not facts_of(rt, run_id).deleted
 

@@ -183,3 +183,128 @@ def test_another_node_never_ages_or_purges_our_journal_rows(tmp_path: Path) -> N
     finally:
         rt_a.close()
         rt_b.close()
+
+
+# -- history retention at the host's own task rate (docs/recovery.md "History retention") -------------
+
+
+def _run_count(rt) -> int:  # type: ignore[no-untyped-def]
+    from recovery_support import count_rows
+
+    return count_rows(rt, "ql_run")
+
+
+def test_history_max_runs_holds_under_a_continuous_load_of_tasks(rt_factory) -> None:
+    """500 `true` tasks as fast as this host goes, a supervisor running beside them; then one round:
+    exactly ``history_max_runs`` runs are left (the newest), and the tally agrees with a COUNT."""
+    from recovery_support import count_rows
+
+    rt = rt_factory("standalone", history_max_runs=50, scan_interval_s=0.2, publish_grace_ms=0,
+                    retention_budget_ms=60_000)
+    supervisor = rt.supervisor()
+    supervisor.start()
+    runs = []
+    try:
+        for _ in range(500):
+            runs.append(rt.run(["true"]).run_id)
+    finally:
+        assert supervisor.stop(drain_s=60)
+    assert supervisor.failures == 0
+    report = Reconciler(rt).round()
+    assert "retention_more" not in report.counts
+    assert _run_count(rt) == 50
+    assert [r for r in runs if rt.journal.view(r) is not None] == runs[-50:]
+    assert count_rows(rt, "ql_run_attempt") == count_rows(rt, "ql_log_artifact") == 50
+    assert count_rows(rt, "ql_run_event") == 50 * 4
+    assert dbview_tally(rt, "runs") == 50
+    logs = list((Path(rt.config.data_dir) / "logs").rglob("*.log"))
+    assert len(logs) == 50  # every forgotten run's file went with it (files first, then rows)
+
+
+def dbview_tally(rt, name: str) -> int:  # type: ignore[no-untyped-def]
+    from tests import dbview
+
+    return int(dbview.rows(rt, "SELECT value FROM ql_tally WHERE name = ?", (name,))[0]["value"])
+
+
+def test_a_purge_backlog_drains_in_budgeted_pages(rt_factory) -> None:
+    """A backlog bigger than one page: a round purges page after page (one transaction each) until its
+    budget is spent, says ``retention_more`` when it stopped with work left, and rounds drain it all."""
+    from ql_core.testing.history import fill_history
+
+    start = int(time.time() * 1000) - 10_000
+    # A generous budget: one round purges the whole backlog, page by page (not a count cap).
+    rt = rt_factory("standalone", page_size=4, pages_per_round=1, history_max_runs=10, retention_budget_ms=60_000)
+    fill_history(rt.journal, 100, owner=rt.node_id, start_ms=start)
+    deletes: list[str] = []
+    rt.journal.trace(lambda _c, s: deletes.append(s) if s.startswith("DELETE FROM ql_run WHERE") else None)
+    whole = Reconciler(rt).round()
+    rt.journal.trace(None)
+    assert whole.counts["history_purged"] == 90 and "retention_more" not in whole.counts
+    assert len(set(deletes)) == 90  # every run by its key, in pages of 4 (one transaction per page)
+    assert _run_count(rt) == 10 == dbview_tally(rt, "runs")
+
+    # The smallest budget (10 ms) and a backlog no host purges in 10 ms: at least one page, then it
+    # stops and says so; the rounds that follow drain the rest.
+    tight = rt_factory("standalone", page_size=4, pages_per_round=1, history_max_runs=10, retention_budget_ms=10)
+    fill_history(tight.journal, 3000, owner=tight.node_id, start_ms=start + 1000)
+    rec = Reconciler(tight)
+    first = rec.round()
+    assert 4 <= first.counts["history_purged"] < 3000
+    assert first.counts["retention_more"] == 1
+    for _ in range(10_000):
+        if "retention_more" not in rec.round().counts:
+            break
+    assert _run_count(tight) == 10 == dbview_tally(tight, "runs")
+
+
+def test_upgrade_of_a_data_dir_made_before_0007_keeps_every_run(tmp_path: Path) -> None:
+    """A run database at revision 0006 (today's schema before this change) with history, logs and
+    a live run: first use upgrades it in place; every run is kept and the tallies are exact."""
+    import sqlite3
+
+    from ql_core.db.engine import create_db_engine
+    from ql_core.db.migrate import SCHEMA_HEAD, current_revision
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    db = data / "ql.db"
+    engine = create_db_engine(f"sqlite:///{db}")
+    from alembic import command
+
+    from ql_core.db.migrate import _alembic_config
+
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0006_artifacts")
+    assert current_revision(engine) == "0006_artifacts"
+    engine.dispose()
+    conn = sqlite3.connect(db)
+    now = int(time.time() * 1000)
+    for i in range(20):
+        status = "running" if i == 19 else "succeeded"
+        conn.execute("INSERT INTO ql_run (id, status, version, event_seq, created_at_ms, updated_at_ms, "
+                     "max_attempts) VALUES (?, ?, 1, 1, ?, ?, 1)", (f"run-{i:02d}", status, now + i, now + i))
+        conn.execute("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
+                     "log_artifact_id, callback_token_hash, callback_sequence, created_at_ms, version) "
+                     "VALUES (?, ?, 1, 'local', 'node-x', ?, ?, 'h', 0, ?, 1)",
+                     (f"att-{i:02d}", f"run-{i:02d}", status, f"log-{i:02d}", now + i))
+        conn.execute("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, size_bytes, "
+                     "truncated, created_at_ms) VALUES (?, ?, ?, 'x', 1000, ?, 0, ?)",
+                     (f"log-{i:02d}", f"run-{i:02d}", f"att-{i:02d}", None if i == 19 else 100 + i, now + i))
+    conn.commit()
+    conn.close()
+
+    from ql_plugins.edge_sqlite.store import SqliteJournal
+
+    store = SqliteJournal(f"sqlite:///{db}")  # first use: migrates to head
+    try:
+        engine = create_db_engine(f"sqlite:///{db}")
+        assert current_revision(engine) == SCHEMA_HEAD
+        engine.dispose()
+        assert len(store.list_views(status=None, limit=100)) == 20
+        assert [v.run_id for v in store.list_views(status="running", limit=10)] == ["run-19"]
+        assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(19))
+        tallies = dict(sqlite3.connect(db).execute("SELECT name, value FROM ql_tally").fetchall())
+        assert tallies == {"runs": 20, "log_bytes:node-x": sum(100 + i for i in range(19))}
+        assert [f.id for f in store.page_live_logs("node-x", "", 10)] == ["log-19"]
+    finally:
+        store.close()
