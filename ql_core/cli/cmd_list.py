@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
                   "reason": view.reason, "name": view.name, "created_at_ms": view.created_at_ms,
                   "finished_at_ms": view.finished_at_ms, "verified": verified},
-                 f"{view.run_id}  {view.status:<10}{' ' if verified else '?'} {code:>4}  "
+                 f"{view.run_id}  {view.status + ('' if verified else '?'):<11} {code:>4}  "
                  f"{printable(view.name)}".rstrip())
     return 0
 
