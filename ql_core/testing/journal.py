@@ -407,3 +407,36 @@ class JournalBackendContract:
         store.mark_log_deleted(ended.log_artifact_id, 4_000, 77)
         assert store.log_facts(ended.log_artifact_id).deleted  # type: ignore[union-attr]
         assert store.ended_log_bytes(OWNER) == 0 and store.ended_logs(OWNER, sized=True, limit=10) == []
+
+    # -- history retention (stores with the HistoryRetention capability) ---------------------------
+    def test_history_by_count_and_age_pages_terminal_runs_and_keeps_totals(self, store: JournalBackend) -> None:
+        from ql_core.ports.journal import HistoryRetention
+
+        if not isinstance(store, HistoryRetention):
+            pytest.skip("this store keeps history forever (no HistoryRetention)")
+        made = [new_run(created_at_ms=1_000 + i) for i in range(6)]
+        for new in made:
+            store.create(new)
+            store.resolve([new.attempt_id])  # its receipt was consumed: no journal row
+        for new in made[1:]:  # the oldest stays non-terminal: never a candidate
+            store.transition(new.attempt_id, lambda snap: (None, Transition(
+                attempt={"status": "succeeded", "exit_code": 0, "finished_at_ms": snap.now_ms},
+                run={"status": "succeeded", "exit_code": 0, "finished_at_ms": snap.now_ms},
+                events=(EventSpec("attempt.succeeded"), EventSpec("run.succeeded")), terminal=True)))
+            store.record_log_sizes({new.log_artifact_id: 10})
+        assert store.ended_log_bytes(OWNER) == 50
+        # By count: 6 runs, keep 3 -> the 3 oldest are in excess; the non-terminal one is stepped over.
+        found = store.history_candidates(OWNER, finished_before_ms=0, keep_newest=3, limit=10)
+        assert set(found) == {made[1].run_id, made[2].run_id}
+        assert found[made[1].run_id] == [made[1].log_artifact_id]
+        assert store.purge_runs(list(found) + [made[0].run_id]) == 2  # the live one is refused
+        assert store.view(made[0].run_id) is not None and store.view(made[1].run_id) is None
+        assert store.ended_log_bytes(OWNER) == 30  # the purged logs left the total
+        assert store.history_candidates(OWNER, finished_before_ms=0, keep_newest=4, limit=10) == {}
+        # By age: every terminal run finished before the cutoff, oldest first, at most `limit`.
+        by_age = store.history_candidates(OWNER, finished_before_ms=10**15, keep_newest=10**6, limit=2)
+        assert len(by_age) == 2 and set(by_age) <= {m.run_id for m in made[3:]}
+        assert store.purge_runs(list(by_age)) == 2
+        assert len(store.list_views(status=None, limit=10)) == 2  # the live one and one terminal run
+        assert store.view(made[0].run_id) is not None
+        assert store.ended_log_bytes(OWNER) == 10
