@@ -279,11 +279,14 @@ class JournalBackend(Protocol):
 
     def ended_logs(self, owner: str, *, unsized: bool = False, created_before_ms: int | None = None,
                    sized: bool = False, limit: int) -> list[LogFacts]:
-        """Undeleted logs of ``owner``'s ended attempts, oldest first, filtered as asked."""
+        """Undeleted logs of ``owner``'s ended attempts, filtered as asked: ``unsized`` (the sizing
+        queue, by id), ``created_before_ms`` or ``sized`` (oldest first). Served by an index of the
+        undeleted/unsized logs, never a walk of history (docs/recovery.md "Cost of a round")."""
         ...
 
     def ended_log_bytes(self, owner: str) -> int:
-        """Recorded total size of ``owner``'s undeleted logs of ended attempts."""
+        """Recorded total size of ``owner``'s undeleted logs of ended attempts (a supervisor round reads
+        it every time: a kept running total, not a sum over history, where the store can)."""
         ...
 
     def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None: ...
@@ -369,8 +372,9 @@ class BatchTransitions(Protocol):
 class HistoryRetention(Protocol):
     """A run store that can forget old history (runs, attempts, events, dispatch and log rows).
 
-    Core calls it from the reconciler's round, bounded by the round's cap; without this
-    capability nothing is ever purged.
+    Core calls it from the reconciler's round, a page at a time while the round's
+    ``retention_budget_ms`` lasts; without this capability nothing is ever purged. Both calls must
+    cost O(page), whatever the history (an index per statement; docs/recovery.md "Cost of a round").
     """
 
     def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
@@ -382,8 +386,8 @@ class HistoryRetention(Protocol):
         ...
 
     def purge_runs(self, run_ids: list[str]) -> int:
-        """Delete these runs and all their rows in one transaction; a run that is not terminal is
-        never touched. Returns how many runs were deleted."""
+        """Delete these runs (one page) and all their rows in ONE transaction; a run that is not
+        terminal is never touched. Returns how many runs were deleted."""
         ...
 
 
