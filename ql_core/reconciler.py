@@ -220,15 +220,16 @@ class Reconciler:
         return report
 
     def _settle(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
+        waiting: set[str] = set()  # seen running/starting: no log to size (the rest may have ended)
         try:
-            self._settle_page(attempts, report)
+            self._settle_page(attempts, report, waiting)
         finally:
-            self._size_ended_logs(attempts, report)
+            self._size_ended_logs([a for a in attempts if a.id not in waiting], report)
 
     def _size_ended_logs(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         """Right after this process ended attempts: cut their logs to quota and record their sizes in one
         transaction (docs/logs.md "Size at the end"); still-active ones are left alone."""
-        if self._log_keeper is None:
+        if self._log_keeper is None or not attempts:
             return
         from .logs import finalize_logs
 
@@ -238,7 +239,7 @@ class Reconciler:
             report.counts["log_errors"] += 1
             logger.warning("log sizes deferred: {}", type(exc).__name__)
 
-    def _settle_page(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
+    def _settle_page(self, attempts: list[AttemptRecord], report: RoundReport, waiting: set[str]) -> None:
         self._ensure_journal(attempts, report)
         exited: list[AttemptRecord] = []
         # Every receipt of the page first, applied in one transaction (one durable commit per page).
@@ -254,6 +255,7 @@ class Reconciler:
                     report.counts["lost" if str(result.outcome) == "applied" else "already_terminal"] += 1
                 elif state is IdentityState.RUNNING:
                     report.counts["still_running"] += 1
+                    waiting.add(attempt.id)
                 elif state is IdentityState.EXITED:
                     exited.append(attempt)
                 elif state is IdentityState.UNVERIFIABLE:
@@ -263,6 +265,7 @@ class Reconciler:
                         report.counts["blocked"] += 1
                 else:
                     report.counts["still_starting"] += 1
+                    waiting.add(attempt.id)
             except Exception as exc:  # noqa: BLE001 - one bad attempt must not starve the others
                 report.counts["errors"] += 1
                 logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
