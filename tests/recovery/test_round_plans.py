@@ -89,7 +89,9 @@ def test_every_round_settle_and_list_statement_is_index_served(rt_factory, sleep
             for view in rt.list_runs(status=status, limit=50):
                 if not view.terminal:
                     rt.settle(view)
-        rt.status(live.run_ids[0])
+        for run_id in (live.run_ids[0], rt.list_runs(status="succeeded", limit=1)[0].run_id):
+            rt.status(run_id)  # `ql status`
+            rt.events(run_id)  # `ql events`
         rt.journal.record_log_sizes({})
 
     statements = _traced(rt, everything)
