@@ -23,7 +23,8 @@ transaction, instead of three commits and a process per task. Then, in one run o
    budget and the supervisor's next round follows after a pause of the same length, so the
    sustained purge rate is at least half of the rate shown (printed as well);
 4. **`ql list --status succeeded`** — the CPU of the child process (``RUSAGE_CHILDREN``; Python's
-   startup included, so a loaded machine adds noise), best of 5; and its store reads alone
+   startup included, so a loaded machine adds noise), median of 11 runs interleaved across the
+   sizes at the end; and its store reads alone
    (``Runtime.list_runs(status="succeeded", limit=50)`` in-process, mean of 200); goal: at 1M
    ≤ 1.2× at 100.
 
@@ -181,6 +182,9 @@ def list_views_cpu(data: Path, calls: int = 200) -> float:
         rt.close()
 
 
+LIST_ROUNDS = 11
+
+
 def list_cpu(data: Path, tries: int = 5) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     best = float("inf")
@@ -215,8 +219,7 @@ def main() -> None:
             data, fill_s = build(work, n)
             row: dict[str, Any] = {"fill_s": fill_s, "db_mb": (data / "ql.db").stat().st_size / 1e6}
             row["idle_round_ms"] = idle_round_cpu(data) * 1000
-            row["list_ms"] = list_cpu(data) * 1000
-            row["list_views_ms"] = list_views_cpu(data) * 1000
+            row["data"] = data
             row["edge_share"] = supervise_share(data, work, "edge", args.idle_seconds)
             row["standalone_share"] = supervise_share(data, work, "standalone", args.idle_seconds)
             row["purge"] = purge(data, n)
@@ -234,11 +237,22 @@ def main() -> None:
             print(f"\nN={n:>9,}: built in {fill_s:.1f} s, ql.db {row['db_mb']:.0f} MB\n"
                   f"  idle round      {row['idle_round_ms']:8.3f} ms CPU\n"
                   f"  ql supervise    edge {row['edge_share']:.3%} of a core, standalone {row['standalone_share']:.3%}\n"
-                  f"  ql list --status succeeded  {row['list_ms']:.0f} ms CPU (process, startup included, best of 5); "
-                  f"its reads in-process {row['list_views_ms']:.3f} ms CPU\n"
+                  f"  ql list --status succeeded: measured at the end, interleaved across sizes\n"
                   f"  purge           {purge_txt}", flush=True)
-            if not args.keep:
-                shutil.rmtree(data)
+        # The `ql list` processes last, interleaved across sizes (a shared machine's load drifts over
+        # the minutes each size takes; sequential samples would compare different loads).
+        samples: dict[int, list[float]] = {n: [] for n in rows}
+        reads: dict[int, list[float]] = {n: [] for n in rows}
+        for _ in range(LIST_ROUNDS):
+            for n, row in rows.items():
+                samples[n].append(list_cpu(row["data"], tries=1) * 1000)
+                reads[n].append(list_views_cpu(row["data"]) * 1000)
+        print(f"\nql list --status succeeded, {LIST_ROUNDS} interleaved samples per size (medians): process CPU "
+              f"(startup included) | its reads in-process (Runtime.list_runs, 50 rows, mean of 200 calls)")
+        for n, row in rows.items():
+            v, r = sorted(samples[n]), sorted(reads[n])
+            row["list_ms"], row["list_views_ms"] = v[len(v) // 2], r[len(r) // 2]
+            print(f"  N={n:>9,}: {row['list_ms']:.0f} ms (min {v[0]:.0f}) | {row['list_views_ms']:.3f} ms")
         floor = rows.get(0) or rows[min(rows)]
         ref = rows.get(100) or rows[min(rows)]
         print("\nratios (goal)")
