@@ -116,12 +116,13 @@ def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunVi
     return shown
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
 
 
 def printable(text: str | None) -> str:
     """``text`` safe for a terminal: control characters (newlines, escapes), bidi overrides and
-    backslashes are escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``); other text is unchanged."""
+    backslashes are escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``), and so is a byte of a non-UTF-8 file
+    name (``\\xe9``); other text is unchanged."""
     if not text:
         return ""
 
@@ -132,6 +133,8 @@ def printable(text: str | None) -> str:
         if ch in "\n\r\t":
             return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
         code = ord(ch)
+        if 0xdc80 <= code <= 0xdcff:  # a byte of a non-UTF-8 file name (surrogateescape): the byte itself
+            return f"\\x{code - 0xdc00:02x}"
         return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
     return _UNPRINTABLE.sub(escape, text)

@@ -181,7 +181,9 @@ def _report(message: str, *, kind: str, exit_code: int, json_mode: bool, prefix:
     """Print one error line on stderr (or one JSON object with ``--json``); never raises."""
     import json
 
-    message = _one_line(message)
+    from ql_core.cli.output import escape_undecodable
+
+    message = escape_undecodable(_one_line(message))  # a non-UTF-8 path prints as \xNN, never a crash
     if json_mode:
         line = json.dumps({"error": kind, "message": message, "exit_code": exit_code}, separators=(",", ":"))
     else:

@@ -73,7 +73,7 @@ def check_sqlite(path: str | os.PathLike[str]) -> SqliteHealth:
 
 
 def _run_check(path: Path, check: str, *, immutable: bool) -> tuple[sqlite3.Connection, list[str]]:
-    uri = f"file:{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if immutable else "")
+    uri = f"file:{quote(os.fsencode(os.path.abspath(path)))}?mode=ro"  # bytes: a non-UTF-8 name too + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
     try:
         conn.execute("PRAGMA query_only=ON")
