@@ -84,7 +84,8 @@ def ensure_data_dir(data_dir: Path) -> Path:
 
     Refuses, with one line naming the fix: a path that is not a directory, a data dir on a
     virtual file system (``/proc``, ``/sys``, ``/dev``), one owned by another user (files created
-    there would belong to the wrong user), and any OS error creating it.
+    there would belong to the wrong user), one on a read-only file system, and any OS error
+    creating it.
     """
     data_dir = Path(os.path.abspath(data_dir))
     refuse_virtual_data_dir(data_dir)
@@ -104,7 +105,19 @@ def ensure_data_dir(data_dir: Path) -> Path:
         raise DataDirError(f"data dir {data_dir} belongs to {owner_of(data_dir)}, not to you (uid {os.geteuid()}): "
                            f"files ql created there would belong to the wrong user; run ql as its owner, or "
                            f"point --data-dir / QL_DATA_DIR at a directory of your own")
+    if _read_only_fs(data_dir):
+        # Said here, before SQLite's "unable to open database file" would blame owner and permissions.
+        raise DataDirError(f"data dir {data_dir} is on a read-only file system: this command writes there (runs, "
+                           f"receipts, logs); remount it read-write, or point --data-dir / QL_DATA_DIR at a writable "
+                           f"directory (reading commands such as ql list still work)")
     return Path(os.path.realpath(data_dir))
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def logs_root(data_dir: Path) -> Path:

@@ -329,7 +329,10 @@ def _check_database(config, database: Path | None, skip_unless_dir: Callable[[],
     try:
         health = _health(database)
     except (sqlite3.Error, OSError) as exc:
-        raise AssertionError(f"cannot read {database}: {exc}; if it is damaged, restore it from a backup "
+        from ql_core.db.integrity import explain_sqlite_error
+
+        raise AssertionError(explain_sqlite_error(exc, database) or
+                             f"cannot read {database}: {exc}; if it is damaged, restore it from a backup "
                              f"(docs/recovery.md)") from None
     if not health.ok:
         raise AssertionError(f"{database} is damaged ({health.check}: {'; '.join(health.problems)[:300]}); stop "

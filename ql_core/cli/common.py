@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown", "printable"]
+__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown",
+           "printable", "loaded_sqlite_path"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
@@ -48,13 +49,28 @@ def config_from_args(args: argparse.Namespace) -> Config:
         cwd: str | None = os.getcwd()
     except OSError:
         cwd = None  # the working directory was removed: there is no ./ql.toml to find
-    return load_config(
+    config = load_config(
         config_path=getattr(args, "config", None),
         data_dir=getattr(args, "data_dir", None),
         profile=getattr(args, "profile", None),
         environ=os.environ,
         cwd=cwd,
     )
+    _LOADED[:] = [config]
+    return config
+
+
+#: The config this command loaded: an error that reaches ``main`` raw can still name its database.
+_LOADED: list[Config] = []
+
+
+def loaded_sqlite_path() -> str | None:
+    """The SQLite run database of the config this command loaded (None: none loaded, or PostgreSQL)."""
+    if not _LOADED or not _LOADED[0].database_url.startswith("sqlite:///"):
+        return None
+    from urllib.parse import unquote
+
+    return os.path.abspath(unquote(_LOADED[0].database_url[len("sqlite:///"):]))
 
 
 #: Runtimes the writing commands opened: closed before the process exits (``close_opened``), so
@@ -98,11 +114,15 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
 
 def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunView]:
     """Settle the non-terminal runs a reader is about to show (at most ``limit`` of them), so a run
-    whose task ended is shown ended even when no supervisor runs; returns the views to show."""
+    whose task ended is shown ended even when no supervisor runs; returns the views to show. On a
+    read-only file system nothing is settled: the committed state is shown."""
     from ql_core.ports.journal import StoreBusyError, ConflictError
 
+    from ql_core.db.integrity import on_read_only_fs
+
     shown: list[RunView] = []
-    budget = limit
+    # A data dir on a read-only file system can only be read: show what is committed, settle nothing.
+    budget = 0 if on_read_only_fs(rt.config.data_dir) else limit
     for view in views:
         if not view.terminal and budget > 0:
             budget -= 1

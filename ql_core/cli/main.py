@@ -219,6 +219,10 @@ def classify(exc: BaseException, command: str | None) -> tuple[str, str, int]:
     if family == "receipts":
         return family, (f"receipt store: {str(exc) or type(exc).__name__}; `ql doctor` checks the data dir's "
                         f"receipts directory"), 1
+    if family == "database":
+        explained = _explain_database(exc)
+        if explained is not None:
+            return family, explained, 1
     if family is not None:
         return family, str(exc) or type(exc).__name__, 1
     if isinstance(exc, OSError):
@@ -232,6 +236,18 @@ def classify(exc: BaseException, command: str | None) -> tuple[str, str, int]:
     where = f"`ql {command}`" if command else "ql"
     return "internal", (f"internal error in {where}: {type(exc).__name__}" + (f": {text}" if text else "")
                         + "; this is a bug: rerun with QL_DEBUG=1 for the traceback and report it"), 1
+
+
+def _explain_database(exc: BaseException) -> str | None:
+    """The one line for a SQLite error that reached us raw (or wrapped by SQLAlchemy): a damaged file
+    or a full or read-only disk, named with the database this command configured."""
+    import sqlite3
+
+    from ql_core.cli.common import loaded_sqlite_path
+    from ql_core.db.integrity import explain_sqlite_error
+
+    orig = exc if isinstance(exc, sqlite3.Error) else getattr(exc, "orig", None)
+    return explain_sqlite_error(orig, loaded_sqlite_path()) if isinstance(orig, sqlite3.Error) else None
 
 
 def _known_family(exc: BaseException) -> str | None:

@@ -271,6 +271,47 @@ for _how in ("garbage", "index"):
     case(f"damaged_database/doctor_{_how}")(_doctor_damage)
 
 
+def _undecodable_dir(base: Path) -> tuple[Path, str]:
+    """A data dir whose running attempt's ``executor`` text holds bytes that are not UTF-8 (the page
+    stays well-formed: SQLite's integrity check passes, every read of the row fails)."""
+    d = base / "data"
+    seed_data_dir(d, env_for(base), ["true"])
+    # Ends on its own (no process outlives the test); its row stays active until something settles it.
+    started = ql_proc(dd(d, "--json", "run", "--detach", "--", "sleep", "2"), env_for(base))
+    assert started.returncode == 0, started.stderr
+    from tests.cli.cli_support import json_lines
+
+    run_id = json_lines(started.stdout)[-1]["run_id"]
+    conn = sqlite3.connect(d / "ql.db")
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ql_run_attempt'").fetchone()
+    finally:
+        conn.close()
+    with open(d / "ql.db", "r+b") as fh:
+        fh.seek((root - 1) * page)
+        data = fh.read(page)
+        assert b"local" in data
+        fh.seek((root - 1) * page)
+        fh.write(data.replace(b"local", b"\xffoca\xfe"))  # same length: the record stays well-formed
+    return d, run_id
+
+
+for _cmd in ("list", "status", "logs", "cancel", "reconcile", "run", "doctor"):
+    def _undecodable(base: Path, cmd: str = _cmd) -> Case:
+        d, run_id = _undecodable_dir(base)
+        args = {"list": ["list"], "status": ["status", run_id], "logs": ["logs", run_id],
+                "cancel": ["cancel", run_id], "reconcile": ["reconcile"], "run": ["run", "--", "true"],
+                "doctor": ["doctor"]}[cmd]
+        says = ("is damaged", "not UTF-8", "restore it from a backup")
+        if cmd == "run":  # the new run's rows are fine: it runs; the damage is someone else's row
+            return Case(dd(d, *args), env_for(base), 0)
+        return Case(dd(d, *args), env_for(base), 1, says=("FAIL database", *says) if cmd == "doctor" else says,
+                    never_says=("Could not decode", "\ufffd", "bug"), reports_on_stdout=cmd == "doctor")
+    case(f"damaged_text/{_cmd}")(_undecodable)
+
+
 # -- ql.toml that is not a config file ----------------------------------------------------------------
 def _config_case(base: Path, make: Callable[[Path], Path], says: tuple[str, ...]) -> Case:
     path = make(base)
@@ -318,6 +359,116 @@ for _name, (_make, _says) in CONFIGS.items():
     case(f"config/{_name}")(lambda base, make=_make, says=_says: _config_case(base, make, says))
 
 
+# -- ./ql.toml that is there but cannot be read: an error, never the built-in defaults ------------------
+def _broken_default(kind: str) -> Callable[[Path], None]:
+    def make(base: Path) -> None:
+        toml = base / "ql.toml"
+        if kind == "dangling_symlink":
+            toml.symlink_to(base / "real.toml")  # the real config was moved: the link points nowhere
+        elif kind == "symlink_loop":
+            toml.symlink_to("ql.toml")
+        elif kind == "directory":
+            toml.mkdir()
+        else:
+            os.mkfifo(toml)  # opened non-blocking: a FIFO must never hang ql
+    return make
+
+
+BROKEN_DEFAULT = {"dangling_symlink": ("dangling symlink",), "symlink_loop": ("symlink loop",),
+                  "directory": ("is a directory",), "fifo": ("is a FIFO",)}
+for _kind, _says in BROKEN_DEFAULT.items():
+    for _cmd in ("list", "run", "doctor"):
+        def _default(base: Path, kind: str = _kind, says: tuple[str, ...] = _says, cmd: str = _cmd) -> Case:
+            _broken_default(kind)(base)
+            env = env_for(base)
+            args = {"list": ["list"], "run": ["run", "--", "true"], "doctor": ["doctor"]}[cmd]
+            # With the defaults, run would create ~/.local/state/ql and run the task there (as root).
+            return Case(args, env, 2, says=(f"{base}/ql.toml", *says, "never runs with built-in defaults"),
+                        cwd=base, not_created=(base / "home" / ".local",), timeout=30)
+        case(f"default_config/{_kind}_{_cmd}")(_default)
+
+
+# -- QL_DATA_DIR=/dev/null: the same exit code, 2, from every command -------------------------------------
+DEV_NULL_ARGS = {"run": ["run", "--", "true"], "list": ["list"], "status": ["status", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "events": ["events", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "logs": ["logs", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "cancel": ["cancel", "01a22b46-155c-7d09-872b-21304a383465"], "reconcile": ["reconcile"],
+                 "supervise": ["supervise"], "audit": ["audit", "receipts"], "doctor": ["doctor"],
+                 "plugins": ["plugins"], "db_upgrade": ["db", "upgrade"]}
+for _cmd, _args in DEV_NULL_ARGS.items():
+    def _dev_null(base: Path, args: list[str] = _args) -> Case:
+        return Case(args, env_for(base, QL_DATA_DIR="/dev/null"), 2, says=("/dev/null", "virtual file system"),
+                    never_says=("true",))
+    case(f"dev_null_data_dir/{_cmd}")(_dev_null)
+
+
+# -- a full disk (a 2 MiB tmpfs) and a read-only one -----------------------------------------------------------
+def _full_disk_dir(base: Path) -> tuple[Path, Callable[[], None]]:
+    d = base / "data"
+    umount = _mount_tmpfs(d, "size=2m,mode=0700")
+    seed_data_dir(d, env_for(base))
+    fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return d, umount
+
+
+for _cmd in ("run", "list", "reconcile"):
+    def _full(base: Path, cmd: str = _cmd) -> Case:
+        d, umount = _full_disk_dir(base)
+        args = {"run": ["run", "--", "true"], "list": ["list"], "reconcile": ["reconcile"]}[cmd]
+        return Case(dd(d, *args), env_for(base), 1, says=("is full", "free some space"),
+                    never_says=("disk I/O error", "permissions"), cleanup=[umount])
+    case(f"full_disk/{_cmd}", root=True)(_full)
+
+
+def _read_only_dir(base: Path) -> tuple[Path, Callable[[], None]]:
+    d = used_dir(base)
+    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+    remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(d)], capture_output=True)
+    if remounted.returncode:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        pytest.skip(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
+    return d, lambda: subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+for _cmd in ("list", "status", "run", "reconcile", "db_upgrade"):
+    def _read_only(base: Path, cmd: str = _cmd) -> Case:
+        d, umount = _read_only_dir(base)
+        if cmd in ("list", "status"):  # a reader just reads
+            args = ["list"] if cmd == "list" else ["status", _newest_run(d, base)]
+            return Case(dd(d, *args), env_for(base), 0, says=("succeeded",), cleanup=[umount])
+        args = {"run": ["run", "--", "true"], "reconcile": ["reconcile"], "db_upgrade": ["db", "upgrade"]}[cmd]
+        return Case(dd(d, *args), env_for(base), 1, says=("read-only file system", "remount it read-write"),
+                    never_says=("owner", "permissions", "unable to open"), cleanup=[umount])
+    case(f"read_only_mount/{_cmd}", root=True)(_read_only)
+
+
+def _newest_run(d: Path, base: Path) -> str:
+    from tests.cli.cli_support import json_lines
+
+    return json_lines(ql_proc(dd(d, "--json", "list", "--limit", "1"), env_for(base)).stdout)[0]["run_id"]
+
+
+# -- a data dir path that is not UTF-8 ------------------------------------------------------------------------
+for _cmd in ("doctor", "list", "missing_list"):
+    def _non_utf8(base: Path, cmd: str = _cmd) -> Case:
+        d = Path(os.fsdecode(os.fsencode(base) + b"/caf\xe9"))
+        seed_data_dir(d, env_for(base))
+        if cmd == "missing_list":
+            return Case(dd(d / "nope", "list"), env_for(base), 1, says=("caf\\xe9",),
+                        never_says=("bug", "UnicodeEncodeError", "\udce9"))
+        args = ["doctor"] if cmd == "doctor" else ["list"]
+        return Case(dd(d, *args), env_for(base), 0, says=("caf\\xe9",) if cmd == "doctor" else (),
+                    never_says=("bug", "UnicodeEncodeError", "FAIL"), reports_on_stdout=cmd == "doctor")
+    case(f"non_utf8_data_dir/{_cmd}")(_non_utf8)
+
+
 # -- data dir paths that cannot be data dirs ------------------------------------------------------------
 @case("data_dir/component_too_long")
 def _long_component(base: Path) -> Case:
@@ -335,8 +486,8 @@ def _long_path(base: Path) -> Case:
 for _cmd in ("list", "run", "doctor"):
     def _proc(base: Path, cmd: str = _cmd) -> Case:
         args = {"list": ["list"], "run": ["run", "--", "true"], "doctor": ["doctor"]}[cmd]
-        return Case(dd("/proc/self", *args), env_for(base), 2 if cmd != "doctor" else 1,
-                    says=("virtual file system /proc",), reports_on_stdout=cmd == "doctor")
+        # A config error for every command, doctor too (exit 2, one line): no command can use it.
+        return Case(dd("/proc/self", *args), env_for(base), 2, says=("virtual file system /proc",))
     case(f"data_dir/proc_self_{_cmd}")(_proc)
 
 
@@ -499,7 +650,11 @@ def test_corpus_is_complete() -> None:
               "damaged_database/reconcile", "damaged_database/doctor_index", "config/binary", "config/utf16",
               "config/deeply_nested", "config/nul_in_data_dir", "data_dir/component_too_long",
               "data_dir/proc_self_list", "env/QL_LOG_LEVEL_bogus", "stdout_closed/run", "config/fifo",
-              "config/dev_zero", "node_id/fifo_list", "ql_db_fifo/doctor"]
+              "config/dev_zero", "node_id/fifo_list", "ql_db_fifo/doctor",
+              "default_config/dangling_symlink_run", "default_config/symlink_loop_run", "default_config/directory_run",
+              "default_config/fifo_run", "full_disk/run", "full_disk/list", "read_only_mount/list",
+              "read_only_mount/run", "damaged_text/reconcile", "damaged_text/doctor", "non_utf8_data_dir/doctor",
+              *(f"dev_null_data_dir/{cmd}" for cmd in DEV_NULL_ARGS)]
     assert [w for w in wanted if w not in CASES] == []
     assert len(CASES) >= 80
 
