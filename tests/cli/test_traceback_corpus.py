@@ -10,6 +10,7 @@ Cases that need root (tmpfs mounts, another user) are skipped elsewhere; the res
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import struct
@@ -406,15 +407,19 @@ for _cmd, _args in DEV_NULL_ARGS.items():
 def _full_disk_dir(base: Path) -> tuple[Path, Callable[[], None]]:
     d = base / "data"
     umount = _mount_tmpfs(d, "size=2m,mode=0700")
-    seed_data_dir(d, env_for(base))
-    fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        seed_data_dir(d, env_for(base))
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        finally:
+            os.close(fd)
+    except BaseException:
+        umount()  # the case never ran: nothing else would unmount it
+        raise
     return d, umount
 
 
@@ -427,21 +432,23 @@ for _cmd in ("run", "list", "reconcile"):
     case(f"full_disk/{_cmd}", root=True)(_full)
 
 
-def _read_only_dir(base: Path) -> tuple[Path, Callable[[], None]]:
+def _read_only_dir(base: Path) -> tuple[Path, str, Callable[[], None]]:
+    """A used data dir, bind-mounted read-only over itself, and its newest run (found before)."""
     d = used_dir(base)
+    run_id = _newest_run(d, base)
     subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
     remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(d)], capture_output=True)
     if remounted.returncode:
         subprocess.run(["umount", "-l", str(d)], check=False)
         pytest.skip(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
-    return d, lambda: subprocess.run(["umount", "-l", str(d)], check=False)
+    return d, run_id, lambda: subprocess.run(["umount", "-l", str(d)], check=False)
 
 
 for _cmd in ("list", "status", "run", "reconcile", "db_upgrade"):
     def _read_only(base: Path, cmd: str = _cmd) -> Case:
-        d, umount = _read_only_dir(base)
+        d, run_id, umount = _read_only_dir(base)
         if cmd in ("list", "status"):  # a reader just reads
-            args = ["list"] if cmd == "list" else ["status", _newest_run(d, base)]
+            args = ["list"] if cmd == "list" else ["status", run_id]
             return Case(dd(d, *args), env_for(base), 0, says=("succeeded",), cleanup=[umount])
         args = {"run": ["run", "--", "true"], "reconcile": ["reconcile"], "db_upgrade": ["db", "upgrade"]}[cmd]
         return Case(dd(d, *args), env_for(base), 1, says=("read-only file system", "remount it read-write"),
