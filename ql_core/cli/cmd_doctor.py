@@ -137,18 +137,14 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
 
 def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
-    from ql_core.plugins import explain_unregistered, load_plugin_host
+    from ql_core.errors import PluginError
+    from ql_core.plugins import load_plugin_host, require_selected_seams
 
     host = load_plugin_host(config.plugins, optional=config.seam_plugins, use_cache=False)
-    chosen = []
-    for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
-                          ("journal", host.journal_backends), ("artifact_store", host.artifact_stores)):
-        name = getattr(config, key)
-        if name is None:
-            continue
-        if name not in registry.names():
-            raise AssertionError(explain_unregistered(key, name, config, host))
-        chosen.append(f"{key}={name}")
+    try:
+        chosen = require_selected_seams(config, host)
+    except PluginError as exc:
+        raise AssertionError(str(exc)) from None
     return f"loaded {', '.join(host.loaded) or 'none'}; selected {', '.join(chosen)}"
 
 

@@ -56,6 +56,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         environ=os.environ,
         cwd=cwd,
     )
+    from ql_core.plugins import check_plugin_names
+
+    # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
+    # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
+    check_plugin_names(config, os.environ)
     _LOADED[:] = [config]
     return config
 
@@ -81,9 +86,14 @@ _OPENED: list[Runtime] = []
 def runtime_from_args(args: argparse.Namespace) -> Runtime:
     """An opened runtime for a command that writes (run, cancel, reconcile, supervise): the data dir
     and its database are created and migrated when missing."""
+    from ql_core.plugins import load_plugin_host, require_selected_seams
     from ql_core.runtime import Runtime
 
-    rt = Runtime.open(config_from_args(args))
+    config = config_from_args(args)
+    # A config whose seams no plugin registers fails here, before the data dir and its database
+    # are created: a failing config leaves no trace. (Runtime.open checks again; loading is cheap.)
+    require_selected_seams(config, load_plugin_host(config.plugins, os.environ, optional=config.seam_plugins))
+    rt = Runtime.open(config)
     _OPENED.append(rt)
     return rt
 

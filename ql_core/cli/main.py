@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
         kind, message, code = classify(exc, command)
-        if debug:
+        if debug and kind == "internal":  # an expected failure's line is the whole story
             import traceback
 
             traceback.print_exc()

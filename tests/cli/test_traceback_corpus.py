@@ -476,6 +476,54 @@ for _cmd in ("doctor", "list", "missing_list"):
     case(f"non_utf8_data_dir/{_cmd}")(_non_utf8)
 
 
+# -- plugin names that name nothing: refused by every command, before anything is created ------------------
+PLUGIN_TABLES = {
+    # Ignored before: the task ran as root and doctor said healthy.
+    "misspelled_table": (b'[plugin.lcoal]\nrun_as = "nobody"\n', ("[plugin.lcoal]", "did you mean 'local'")),
+    "unknown_table": (b"[plugin.nosuch]\n", ("[plugin.nosuch]", "not installed")),
+    "misspelled_disable": (b'disable_plugins = ["wachfiles"]\n', ("disable_plugins", "did you mean 'watchfiles'")),
+}
+for _name, (_toml, _says) in PLUGIN_TABLES.items():
+    for _cmd in ("run", "list", "doctor", "plugins"):
+        def _table(base: Path, toml: bytes = _toml, says: tuple[str, ...] = _says, cmd: str = _cmd) -> Case:
+            (base / "ql.toml").write_bytes(toml)
+            args = {"run": ["run", "--", "true"], "list": ["list"], "doctor": ["doctor"], "plugins": ["plugins"]}[cmd]
+            return Case(dd(base / "data", *args), env_for(base), 2, says=says, cwd=base,
+                        not_created=(base / "data",))
+        case(f"plugin_config/{_name}_{_cmd}")(_table)
+
+PLUGIN_ENV = {
+    # Was "QL_PLUGINS does not allow plugin local": true, but not the mistake.
+    "QL_PLUGINS_unknown": ({"QL_PLUGINS": "nosuch"}, ("QL_PLUGINS", "'nosuch'", "not installed"),
+                           ("does not allow",)),
+    # Was "set executor = ... in <config>": the fix is in the environment.
+    "QL_DISABLE_PLUGINS_local": ({"QL_DISABLE_PLUGINS": "local"}, ("remove 'local' from QL_DISABLE_PLUGINS",),
+                                 ("set executor",)),
+    "QL_DISABLE_PLUGINS_unknown": ({"QL_DISABLE_PLUGINS": "lcoal"}, ("QL_DISABLE_PLUGINS", "did you mean 'local'"),
+                                   ()),
+}
+for _name, (_extra, _says, _never) in PLUGIN_ENV.items():
+    def _plugin_env(base: Path, extra: dict[str, str] = _extra, says: tuple[str, ...] = _says,
+                    never: tuple[str, ...] = _never) -> Case:
+        return Case(dd(base / "data", "run", "--", "true"), env_for(base, **extra), 2, says=says, never_says=never,
+                    not_created=(base / "data",))
+    case(f"plugin_env/{_name}")(_plugin_env)
+
+
+@case("plugin_config/unregistered_executor_creates_nothing")
+def _unregistered(base: Path) -> Case:
+    (base / "ql.toml").write_bytes(b'executor = "nosuch"\n')
+    return Case(dd(base / "data", "run", "--", "true"), env_for(base), 2, says=("executor 'nosuch'",), cwd=base,
+                not_created=(base / "data",))
+
+
+@case("env/QL_DEBUG_config_error")
+def _debug_config(base: Path) -> Case:
+    # QL_DEBUG adds a traceback to internal errors only: an ordinary config error stays one line.
+    (base / "ql.toml").write_bytes(b"frobnicate = 1\n")
+    return Case(["list"], env_for(base, QL_DEBUG="1"), 2, says=("unknown key 'frobnicate'",), cwd=base)
+
+
 # -- data dir paths that cannot be data dirs ------------------------------------------------------------
 @case("data_dir/component_too_long")
 def _long_component(base: Path) -> Case:
