@@ -34,6 +34,8 @@ __all__ = [
     "explain_unregistered",
     "check_plugin_names",
     "require_selected_seams",
+    "check_plugin_config",
+    "needs_plugin_check",
 ]
 
 ENTRY_POINT_GROUP = "ql.plugins"
@@ -445,3 +447,30 @@ def require_selected_seams(config: Config, host: PluginHost) -> list[str]:
             raise PluginError(explain_unregistered(key, name, config, host))
         chosen.append(f"{key}={name}")
     return chosen
+
+
+def needs_plugin_check(config: Config) -> bool:
+    """True when the config gives a plugin something to check: a ``[plugin.<name>]`` table, or a
+    plugin beyond the profile's own (``plugins = ["watchfiles"]``). The profile's defaults alone are
+    checked when they start; a config without either costs no extra plugin load."""
+    return bool(config.plugin_settings) or bool(set(config.plugins) - set(config.profile.default_plugins))
+
+
+def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None) -> PluginHost:
+    """Load the plugins this config uses (and the plugin of every ``[plugin.<name>]`` table) and ask
+    each, through ``ql_check_config``, whether it accepts its settings and has what it needs.
+
+    Raises the plugin's :class:`~ql_core.errors.ConfigError` / :class:`PluginError` (one line); any
+    other exception is a :class:`PluginError` naming the plugin. Returns the host it loaded.
+    """
+    host = load_plugin_host(config.plugins, environ, optional=[*config.seam_plugins, *config.plugin_settings])
+    for impl in host.pm.hook.ql_check_config.get_hookimpls():
+        try:
+            impl.function(config=config)
+        except QlError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"plugin {impl.plugin_name!r} failed to check its settings: {type(exc).__name__}: "
+                              f"{exc}; fix or reinstall the package that provides it, or disable it with "
+                              f"QL_DISABLE_PLUGINS={impl.plugin_name}") from exc
+    return host

@@ -61,6 +61,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
     # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
     check_plugin_names(config, os.environ)
+    from ql_core.plugins import check_plugin_config, needs_plugin_check
+
+    if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
+        check_plugin_config(config, os.environ)
     _LOADED[:] = [config]
     return config
 
@@ -86,13 +90,15 @@ _OPENED: list[Runtime] = []
 def runtime_from_args(args: argparse.Namespace) -> Runtime:
     """An opened runtime for a command that writes (run, cancel, reconcile, supervise): the data dir
     and its database are created and migrated when missing."""
-    from ql_core.plugins import load_plugin_host, require_selected_seams
+    from ql_core.plugins import check_plugin_config, require_selected_seams
     from ql_core.runtime import Runtime
 
     config = config_from_args(args)
-    # A config whose seams no plugin registers fails here, before the data dir and its database
-    # are created: a failing config leaves no trace. (Runtime.open checks again; loading is cheap.)
-    require_selected_seams(config, load_plugin_host(config.plugins, os.environ, optional=config.seam_plugins))
+    if not os.path.lexists(os.path.join(config.data_dir, "node_id")):
+        # First use: a config that cannot run (a seam no plugin registers, a setting a plugin refuses)
+        # fails before the data dir and its database are created — a failing config leaves no trace.
+        # Later starts skip this second plugin load: Runtime.open checks the same.
+        require_selected_seams(config, check_plugin_config(config, os.environ))
     rt = Runtime.open(config)
     _OPENED.append(rt)
     return rt

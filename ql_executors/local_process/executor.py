@@ -221,8 +221,9 @@ def _check_cwd(cwd: str) -> None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), cwd)
 
 
-def run_as_user(name: object) -> tuple[int, int]:
-    """Validate ``[plugin.local] run_as``: an existing user other than root, a root host, setpriv."""
+def run_as_user(name: object, *, here: bool = True) -> tuple[int, int]:
+    """Validate ``[plugin.local] run_as``: an existing user other than root, and (``here``: this
+    process will run tasks) a root host and setpriv."""
     import pwd
     import shutil
 
@@ -236,6 +237,8 @@ def run_as_user(name: object) -> tuple[int, int]:
         raise ConfigError(f"[plugin.local] run_as: no user {name!r} on this system; create it or fix the name") from None
     if entry.pw_uid == 0:
         raise ConfigError("[plugin.local] run_as must not be root: it exists to run tasks as another user")
+    if not here:
+        return entry.pw_uid, entry.pw_gid
     if os.geteuid() != 0:
         raise ConfigError(f"[plugin.local] run_as needs the ql host to run as root (it runs as uid {os.geteuid()}); "
                           f"remove run_as or start the host as root")

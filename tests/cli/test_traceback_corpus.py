@@ -482,6 +482,10 @@ PLUGIN_TABLES = {
     "misspelled_table": (b'[plugin.lcoal]\nrun_as = "nobody"\n', ("[plugin.lcoal]", "did you mean 'local'")),
     "unknown_table": (b"[plugin.nosuch]\n", ("[plugin.nosuch]", "not installed")),
     "misspelled_disable": (b'disable_plugins = ["wachfiles"]\n', ("disable_plugins", "did you mean 'watchfiles'")),
+    # Passed doctor (exit 0) while every ql run failed with exit 2.
+    "unknown_key": (b"[plugin.local]\nstandbye = true\n", ("[plugin.local]", "'standbye'", "allowed")),
+    "bad_value": (b'[plugin.local]\nlauncher = "fast"\n', ("[plugin.local] launcher", "'fast'")),
+    "no_such_run_as_user": (b'[plugin.local]\nrun_as = "no-such-user"\n', ("run_as", "no user 'no-such-user'")),
 }
 for _name, (_toml, _says) in PLUGIN_TABLES.items():
     for _cmd in ("run", "list", "doctor", "plugins"):
@@ -515,6 +519,23 @@ def _unregistered(base: Path) -> Case:
     (base / "ql.toml").write_bytes(b'executor = "nosuch"\n')
     return Case(dd(base / "data", "run", "--", "true"), env_for(base), 2, says=("executor 'nosuch'",), cwd=base,
                 not_created=(base / "data",))
+
+
+def test_an_enabled_plugin_whose_package_is_missing_is_refused_by_every_command(open_tmp: Path) -> None:
+    """plugins = ["watchfiles"] without the watchfiles package: 'healthy' and 'active' until ql supervise
+    logged it. The package is made unimportable for the real ql process (as if uninstalled)."""
+    import sys
+
+    (open_tmp / "ql.toml").write_text('plugins = ["watchfiles"]\n')
+    script = ("import sys; sys.modules['watchfiles'] = None; from ql_core.cli.main import main; "
+              "raise SystemExit(main(sys.argv[1:]))")
+    for args in (["doctor"], ["plugins"], ["list"], ["run", "--", "true"]):
+        out = subprocess.run([sys.executable, "-c", script, *dd(open_tmp / "data", *args)], env=env_for(open_tmp),
+                             cwd=open_tmp, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "watchfiles package is not installed" in out.stderr and "pip install" in out.stderr, out.stderr
+    assert not (open_tmp / "data").exists()
 
 
 @case("env/QL_DEBUG_config_error")
