@@ -456,14 +456,16 @@ def needs_plugin_check(config: Config) -> bool:
     return bool(config.plugin_settings) or bool(set(config.plugins) - set(config.profile.default_plugins))
 
 
-def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None) -> PluginHost:
+def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None, *,
+                        use_cache: bool = True) -> PluginHost:
     """Load the plugins this config uses (and the plugin of every ``[plugin.<name>]`` table) and ask
     each, through ``ql_check_config``, whether it accepts its settings and has what it needs.
 
     Raises the plugin's :class:`~ql_core.errors.ConfigError` / :class:`PluginError` (one line); any
     other exception is a :class:`PluginError` naming the plugin. Returns the host it loaded.
     """
-    host = load_plugin_host(config.plugins, environ, optional=[*config.seam_plugins, *config.plugin_settings])
+    host = load_plugin_host(config.plugins, environ, optional=[*config.seam_plugins, *config.plugin_settings],
+                            use_cache=use_cache)
     for impl in host.pm.hook.ql_check_config.get_hookimpls():
         try:
             impl.function(config=config)

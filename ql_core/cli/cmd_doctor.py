@@ -138,9 +138,9 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
 def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
     from ql_core.errors import PluginError
-    from ql_core.plugins import load_plugin_host, require_selected_seams
+    from ql_core.plugins import check_plugin_config, require_selected_seams
 
-    host = load_plugin_host(config.plugins, optional=config.seam_plugins, use_cache=False)
+    host = check_plugin_config(config, use_cache=False)  # each plugin also checks what it needs
     try:
         chosen = require_selected_seams(config, host)
     except PluginError as exc:
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args, printable
     from ql_core.cli.main import classify
 
-    config = config_from_args(args)
+    config = config_from_args(args, reports_plugins=True)
     shown = effective_config(config)
     text = [f"config   {shown['source']} (profile {shown['profile']})",
             f"data dir {shown['data_dir']}", f"database {shown['database_url']}",

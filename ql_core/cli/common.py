@@ -41,8 +41,12 @@ def early_stop():  # type: ignore[no-untyped-def]
     return _early_stop
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The config the command line asks for: options, then ``QL_*`` variables, then the file."""
+def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False) -> Config:
+    """The config the command line asks for: options, then ``QL_*`` variables, then the file.
+
+    Plugin names that name nothing and settings a plugin refuses are configuration errors here.
+    ``reports_plugins`` (doctor, plugins): a plugin that cannot load or lacks its package is left to
+    the command, which reports it as a failed check or a problem row."""
     from ql_core.config import load_config
 
     try:
@@ -64,7 +68,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     from ql_core.plugins import check_plugin_config, needs_plugin_check
 
     if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
-        check_plugin_config(config, os.environ)
+        from ql_core.errors import PluginError
+
+        try:
+            check_plugin_config(config, os.environ)
+        except PluginError:
+            if not reports_plugins:
+                raise
     _LOADED[:] = [config]
     return config
 
