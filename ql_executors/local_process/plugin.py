@@ -22,7 +22,7 @@ def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool
     ``here``: this process runs tasks (run_as then also needs root and setpriv)."""
     from ql_core.errors import ConfigError
 
-    from .executor import LAUNCHER_CHOICES, run_as_user
+    from .settings import LAUNCHER_CHOICES, run_as_user
 
     unknown = sorted(set(settings) - {"run_as", "launcher", "standby"})
     if unknown:
