@@ -27,6 +27,10 @@ niceness = 10
 ```
 The file must be UTF-8 TOML, a regular file of at most 1 MiB; it is opened
 without blocking (a FIFO or device named by mistake is refused, never read).
+Anything at ``./ql.toml`` is the config: a dangling symlink, a loop, a
+directory or a FIFO there is an error, never a fall back to the defaults.
+A data dir on a virtual file system (``/dev/null``) is refused here, so every
+command refuses it alike.
 Every rejection is a :class:`~ql_core.errors.ConfigError` (exit 2) naming the
 key or the file and the fix; nothing is silently ignored.
 """

@@ -60,16 +60,13 @@ def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False)
         environ=os.environ,
         cwd=cwd,
     )
-    from ql_core.plugins import check_plugin_names
+    from ql_core.errors import PluginError
+    from ql_core.plugins import check_plugin_config, check_plugin_names, needs_plugin_check
 
     # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
     # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
     check_plugin_names(config, os.environ)
-    from ql_core.plugins import check_plugin_config, needs_plugin_check
-
     if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
-        from ql_core.errors import PluginError
-
         try:
             check_plugin_config(config, os.environ)
         except PluginError:
@@ -142,9 +139,8 @@ def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunVi
     """Settle the non-terminal runs a reader is about to show (at most ``limit`` of them), so a run
     whose task ended is shown ended even when no supervisor runs; returns the views to show. On a
     read-only file system nothing is settled: the committed state is shown."""
-    from ql_core.ports.journal import StoreBusyError, ConflictError
-
     from ql_core.db.integrity import on_read_only_fs
+    from ql_core.ports.journal import StoreBusyError, ConflictError
 
     shown: list[RunView] = []
     # A data dir on a read-only file system can only be read: show what is committed, settle nothing.
