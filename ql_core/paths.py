@@ -105,11 +105,18 @@ def ensure_data_dir(data_dir: Path) -> Path:
         raise DataDirError(f"data dir {data_dir} belongs to {owner_of(data_dir)}, not to you (uid {os.geteuid()}): "
                            f"files ql created there would belong to the wrong user; run ql as its owner, or "
                            f"point --data-dir / QL_DATA_DIR at a directory of your own")
+    # Said here, before SQLite's "unable to open database file" would blame owner and permissions.
     if _read_only_fs(data_dir):
-        # Said here, before SQLite's "unable to open database file" would blame owner and permissions.
         raise DataDirError(f"data dir {data_dir} is on a read-only file system: this command writes there (runs, "
                            f"receipts, logs); remount it read-write, or point --data-dir / QL_DATA_DIR at a writable "
                            f"directory (reading commands such as ql list still work)")
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        mode = stat.S_IMODE(st.st_mode)
+        why = (f"its mode is {mode:04o}: chmod u+rwx it" if (mode & 0o700) != 0o700 else
+               f"its mode {mode:04o} allows it, so it is immutable (chattr +i; `lsattr -d` shows it) or an ACL or "
+               f"security policy forbids it: chattr -i it, or fix that policy")
+        raise DataDirError(f"data dir {data_dir} cannot be written: this command writes there (runs, receipts, "
+                           f"logs); {why}")
     return Path(os.path.realpath(data_dir))
 
 

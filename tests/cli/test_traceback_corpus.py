@@ -456,6 +456,17 @@ for _cmd in ("list", "status", "run", "reconcile", "db_upgrade"):
     case(f"read_only_mount/{_cmd}", root=True)(_read_only)
 
 
+@case("immutable_data_dir/run", root=True)
+def _immutable(base: Path) -> Case:
+    d = used_dir(base)
+    if subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not supported here")
+    # Even root cannot create a file there; the mode (0700) does not say why.
+    return Case(dd(d, "run", "--", "true"), env_for(base), 1, says=("cannot be written", "chattr -i"),
+                never_says=("unable to open",),
+                cleanup=[lambda: subprocess.run(["chattr", "-i", str(d)], check=False)])
+
+
 def _newest_run(d: Path, base: Path) -> str:
     from tests.cli.cli_support import json_lines
 
