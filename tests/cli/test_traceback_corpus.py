@@ -497,6 +497,7 @@ PLUGIN_TABLES = {
     "unknown_key": (b"[plugin.local]\nstandbye = true\n", ("[plugin.local]", "'standbye'", "allowed")),
     "bad_value": (b'[plugin.local]\nlauncher = "fast"\n', ("[plugin.local] launcher", "'fast'")),
     "no_such_run_as_user": (b'[plugin.local]\nrun_as = "no-such-user"\n', ("run_as", "no user 'no-such-user'")),
+    "file_takes_no_settings": (b"[plugin.file]\nroot = \"/tmp\"\n", ("[plugin.file] takes no settings",)),
 }
 for _name, (_toml, _says) in PLUGIN_TABLES.items():
     for _cmd in ("run", "list", "doctor", "plugins"):
