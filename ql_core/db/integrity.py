@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import quote
 
-__all__ = ["SqliteHealth", "check_sqlite", "FULL_CHECK_MAX_BYTES", "explain_sqlite_error", "on_read_only_fs",
+__all__ = ["SqliteHealth", "check_sqlite", "FULL_CHECK_MAX_BYTES", "TEXT_CHECK_MAX_BYTES", "explain_sqlite_error", "on_read_only_fs",
            "open_frozen"]
 
 #: Up to this size the full ``integrity_check`` runs; above it ``quick_check``.
@@ -31,6 +31,9 @@ FULL_CHECK_MAX_BYTES: Final = 256 * 1024 * 1024
 #: Problems reported per check (SQLite lists every bad page; the first few say enough).
 _MAX_ROWS: Final = 5
 _BUSY_TIMEOUT_S: Final = 5.0
+#: Up to this size every row's text is also read once (a text column that is not UTF-8 passes
+#: SQLite's checks); Python decodes it, about twice the time of the integrity check itself.
+TEXT_CHECK_MAX_BYTES: Final = 64 * 1024 * 1024
 #: Below this many free bytes an I/O error of SQLite's is the full file system: SQLite needs room for
 #: its write-ahead log and shared-memory index (32 KiB each to start) and reports a full tmpfs as
 #: SQLITE_IOERR_SHMSIZE, "disk I/O error".
@@ -68,7 +71,7 @@ def check_sqlite(path: str | os.PathLike[str]) -> SqliteHealth:
             raise
         conn, rows = _run_check(path, check, immutable=True)
     try:
-        if rows == ["ok"] and check == "integrity_check":
+        if rows == ["ok"] and size <= TEXT_CHECK_MAX_BYTES:
             # SQLite's check sees pages and indexes, not text: a column whose bytes are not UTF-8 (a
             # damaged row) passes it, yet every command reading the row fails. Read every row once.
             rows = _undecodable_text(conn) or rows
@@ -92,10 +95,18 @@ def _undecodable_text(conn: sqlite3.Connection) -> list[str]:
     problems: list[str] = []
     tables = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                                "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+    def quote_name(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
     for table in tables:
-        quoted = '"' + table.replace('"', '""') + '"'
+        # Only the columns that hold text: nothing else is decoded.
+        text = [str(r[1]) for r in conn.execute(f"PRAGMA table_info({quote_name(table)})")
+                if any(t in str(r[2]).upper() for t in ("CHAR", "TEXT", "CLOB"))]
+        if not text:
+            continue
         try:
-            cursor = conn.execute(f"SELECT * FROM {quoted}")
+            cursor = conn.execute(f"SELECT {', '.join(map(quote_name, text))} FROM {quote_name(table)}")
             while cursor.fetchmany(512):
                 pass
         except sqlite3.OperationalError as exc:
