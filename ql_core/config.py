@@ -27,6 +27,10 @@ niceness = 10
 ```
 The file must be UTF-8 TOML, a regular file of at most 1 MiB; it is opened
 without blocking (a FIFO or device named by mistake is refused, never read).
+Anything at ``./ql.toml`` is the config: a dangling symlink, a loop, a
+directory or a FIFO there is an error, never a fall back to the defaults.
+A data dir on a virtual file system (``/dev/null``) is refused here, so every
+command refuses it alike.
 Every rejection is a :class:`~ql_core.errors.ConfigError` (exit 2) naming the
 key or the file and the fix; nothing is silently ignored.
 """
@@ -111,13 +115,73 @@ def _default_data_dir() -> Path:
     return Path(home) / ".local" / "state" / "ql"
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _default_config_path(base: Path) -> Path | None:
+    """``<cwd>/ql.toml`` if anything at all is there (None: nothing is).
+
+    Anything means anything: a dangling symlink, a symlink loop, a directory or a FIFO is found here
+    and refused when read, so a broken config is an error and never a silent fall back to the
+    built-in defaults (which would run tasks as root in the wrong data dir).
+    """
+    path = base / DEFAULT_CONFIG_NAME
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot tell whether {path} exists ({exc.strerror}); ql will not guess and run with "
+                          f"built-in defaults: run ql from a directory you may read, or pass --config / set "
+                          f"QL_CONFIG") from None
+    return path
+
+
+def _describe_unreadable(path: Path, exc: OSError | None, default: bool) -> str:
+    """Why the config file at ``path`` cannot be read, and what to do: one line."""
+    import errno
+    import stat as stat_mod
+
+    fix = ("fix or remove it (ql never runs with built-in defaults while ./ql.toml is there), or pass "
+           "--config / set QL_CONFIG" if default else "point --config / QL_CONFIG at the config file")
+    try:
+        is_link = stat_mod.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        is_link = False
+    target = ""
+    if is_link:
+        try:
+            target = f" -> {os.readlink(path)}"
+        except OSError:
+            pass
+    if exc is not None and exc.errno == errno.ELOOP:
+        return f"config file {path} is a symlink loop{target}; {fix}"
+    if exc is not None and exc.errno == errno.ENOENT:
+        if is_link:
+            return f"config file {path} is a dangling symlink{target} (its target does not exist); {fix}"
+        return f"config file {path} does not exist; {fix}"
+    if exc is not None:
+        from .errors import explain_os_error
+
+        return explain_os_error(exc, "cannot read config file", path, fix=fix)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    kind = ("a directory" if stat_mod.S_ISDIR(mode) else "a FIFO" if stat_mod.S_ISFIFO(mode)
+            else "a socket" if stat_mod.S_ISSOCK(mode) else "a device" if stat_mod.S_ISCHR(mode) or
+            stat_mod.S_ISBLK(mode) else "not a regular file")
+    via = f" (a symlink{target})" if is_link else ""
+    return f"config file {path}{via} is {kind}, not a regular file; {fix}"
+
+
+def _read_file(path: Path, *, default: bool = False) -> dict[str, Any]:
+    """The parsed file; ``default``: it is ``./ql.toml``, found rather than named."""
     from .paths import read_small_file
 
+    def refuse(exc: OSError | None) -> ConfigError:
+        return ConfigError(_describe_unreadable(path, exc, default))
+
     try:
-        raw = read_small_file(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; pass an existing --config or unset QL_CONFIG") from None
+        # Non-blocking, regular files only: a FIFO or device named by mistake never blocks ql.
+        raw = read_small_file(path, max_bytes=MAX_CONFIG_BYTES, what="config file", refuse=refuse)
     except (DataDirError, UnsafePathError) as exc:
         raise ConfigError(str(exc)) from None
     return _parse_toml(path, raw)
@@ -264,12 +328,13 @@ def load_config(
         path = Path(_check_path_text("--config", os.fspath(config_path)))
     elif env.get("QL_CONFIG"):
         path = Path(_check_path_text("QL_CONFIG", env["QL_CONFIG"]))
-    elif base is not None and (base / DEFAULT_CONFIG_NAME).is_file():
-        path = base / DEFAULT_CONFIG_NAME
+    elif base is not None:
+        path = _default_config_path(base)
     else:
         path = None
+    found = path is not None and config_path is None and not env.get("QL_CONFIG")
     source = str(path) if path else "built-in edge defaults"
-    settings = _validate(_read_file(path) if path else {}, source)
+    settings = _validate(_read_file(path, default=found) if path else {}, source)
 
     name = profile or env.get("QL_PROFILE") or settings.get("profile") or "edge"
     if name not in PROFILES:
@@ -289,6 +354,9 @@ def load_config(
         directory = _default_data_dir()
     directory = Path(os.path.abspath(directory))
     _check_path_length(directory)
+    from .paths import refuse_virtual_data_dir
+
+    refuse_virtual_data_dir(directory)  # here, so every command refuses QL_DATA_DIR=/dev/null alike
 
     url = env.get("QL_DATABASE_URL") or settings.get("database_url")
     if url is not None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
+    from .config import Config
     from .ports import ArtifactStore, Executor, JournalBackend, ReceiptStore, RunEventInfo, RuntimeContext, WakeupSource
 
 __all__ = [
@@ -117,6 +118,20 @@ class QlHookSpecs:
         ``ql control`` sweeps retention; each caller gets its own instance (one
         per thread). Run the contract suite
         :class:`ql_core.testing.ArtifactStoreContract` against it. Returns nothing.
+        """
+
+    @hookspec
+    def ql_check_config(self, config: Config) -> None:
+        """Called by every command that loads a config with ``[plugin.<name>]`` tables or plugins
+        beyond the profile's (and before a data dir is first used), for each loaded plugin.
+
+        Check your own ``config.plugin_settings.get("<your name>")`` table and what your plugin
+        needs to work (an optional package): raise :class:`~ql_core.errors.ConfigError` (a key or
+        value you do not accept: name the table, the key and the fix) or
+        :class:`~ql_core.errors.PluginError` (a missing dependency: name the install command).
+        Without it a wrong key is found only when the factory runs (``ql run`` fails, ``ql doctor``
+        says healthy). Must be cheap and side-effect free: no files, no processes, no imports of
+        heavy packages (``importlib.util.find_spec`` tells whether one is installed). Returns nothing.
         """
 
     @hookspec

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .errors import ConfigError, DataDirError, UnsafePathError, explain_os_error
@@ -35,6 +35,7 @@ __all__ = [
     "read_node_id",
     "existing_data_dir",
     "read_small_file",
+    "refuse_virtual_data_dir",
     "user_cache_dir",
 ]
 
@@ -58,7 +59,9 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def _refuse_virtual(path: Path) -> None:
+def refuse_virtual_data_dir(path: Path) -> None:
+    """A :class:`ConfigError` for a data dir under ``/proc``, ``/sys`` or ``/dev`` (``/dev/null``
+    included): no command can use one, so every command says so the same way (exit 2)."""
     real = os.path.realpath(path)
     for root in _VIRTUAL_ROOTS:
         if real == root or real.startswith(root + "/"):
@@ -81,10 +84,11 @@ def ensure_data_dir(data_dir: Path) -> Path:
 
     Refuses, with one line naming the fix: a path that is not a directory, a data dir on a
     virtual file system (``/proc``, ``/sys``, ``/dev``), one owned by another user (files created
-    there would belong to the wrong user), and any OS error creating it.
+    there would belong to the wrong user), one on a read-only file system, and any OS error
+    creating it.
     """
     data_dir = Path(os.path.abspath(data_dir))
-    _refuse_virtual(data_dir)
+    refuse_virtual_data_dir(data_dir)
     st = _stat_data_dir(data_dir)
     if st is None:
         try:
@@ -101,7 +105,26 @@ def ensure_data_dir(data_dir: Path) -> Path:
         raise DataDirError(f"data dir {data_dir} belongs to {owner_of(data_dir)}, not to you (uid {os.geteuid()}): "
                            f"files ql created there would belong to the wrong user; run ql as its owner, or "
                            f"point --data-dir / QL_DATA_DIR at a directory of your own")
+    # Said here, before SQLite's "unable to open database file" would blame owner and permissions.
+    if _read_only_fs(data_dir):
+        raise DataDirError(f"data dir {data_dir} is on a read-only file system: this command writes there (runs, "
+                           f"receipts, logs); remount it read-write, or point --data-dir / QL_DATA_DIR at a writable "
+                           f"directory (reading commands such as ql list still work)")
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        mode = stat.S_IMODE(st.st_mode)
+        why = (f"its mode is {mode:04o}: chmod u+rwx it" if (mode & 0o700) != 0o700 else
+               f"its mode {mode:04o} allows it, so it is immutable (chattr +i; `lsattr -d` shows it) or an ACL or "
+               f"security policy forbids it: chattr -i it, or fix that policy")
+        raise DataDirError(f"data dir {data_dir} cannot be written: this command writes there (runs, receipts, "
+                           f"logs); {why}")
     return Path(os.path.realpath(data_dir))
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def logs_root(data_dir: Path) -> Path:
@@ -128,7 +151,7 @@ def existing_data_dir(data_dir: Path) -> Path:
     from .errors import NotFoundError
 
     path = Path(os.path.abspath(data_dir))
-    _refuse_virtual(path)
+    refuse_virtual_data_dir(path)
     st = _stat_data_dir(path)
     if st is None:
         raise NotFoundError(f"no ql data dir at {path}: nothing has run there; check --data-dir / QL_DATA_DIR")
@@ -137,26 +160,33 @@ def existing_data_dir(data_dir: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def read_small_file(path: Path, *, max_bytes: int, what: str, follow_symlinks: bool = True) -> bytes:
+def read_small_file(path: Path, *, max_bytes: int, what: str, follow_symlinks: bool = True,
+                    refuse: Callable[[OSError | None], Exception] | None = None) -> bytes:
     """The bytes of a small regular file, read without ever blocking or reading without bound.
 
     Opened ``O_NONBLOCK`` (a FIFO cannot hang us), ``O_NOFOLLOW`` unless ``follow_symlinks``,
     checked to be a regular file of at most ``max_bytes`` before reading (``/dev/zero`` cannot
     exhaust memory). :class:`FileNotFoundError` is raised as is (callers decide what a missing
     file means); anything else is a :class:`~ql_core.errors.DataDirError` naming ``what`` and the fix.
+    ``refuse``: the caller's own error for a file that cannot be opened (the OSError, a missing
+    file included) or is not a regular file (None).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise
     except OSError as exc:
+        if refuse is not None:
+            raise refuse(exc) from None
+        if isinstance(exc, FileNotFoundError):
+            raise
         if exc.errno == errno.ELOOP and not follow_symlinks:
             raise UnsafePathError(f"{what} {path} is a symlink; ql never follows one there: remove it") from None
         raise DataDirError(explain_os_error(exc, f"cannot read {what}", path)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
+            if refuse is not None:
+                raise refuse(None)
             raise DataDirError(f"{what} {path} is not a regular file (a directory, FIFO, socket or device); "
                                f"point it at a regular file")
         if st.st_size > max_bytes:

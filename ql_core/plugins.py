@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Typ
 
 import pluggy
 
-from .errors import PluginError, QlError
+from .errors import ConfigError, PluginError, QlError
 from .hookspecs import PROJECT_NAME, QlHookSpecs
 
 if TYPE_CHECKING:
@@ -32,6 +32,10 @@ __all__ = [
     "select_plugin_names",
     "load_plugin_host",
     "explain_unregistered",
+    "check_plugin_names",
+    "require_selected_seams",
+    "check_plugin_config",
+    "needs_plugin_check",
 ]
 
 ENTRY_POINT_GROUP = "ql.plugins"
@@ -380,15 +384,95 @@ def explain_unregistered(key: str, name: str, config: Config, host: PluginHost) 
     have = ", ".join(registry.names()) if registry is not None and registry.names() else "none"
     installed = {p.name for p in installed_plugins()}
     why = ""
+    # The fix undoes the cause: an environment variable is fixed in the environment, not in ql.toml.
+    fix = (f"set {key} = \"<one of those>\" in {config.source}, or install the package that provides {name!r} "
+           f"and add its plugin to plugins = [...]")
     if name in config.disabled_plugins:
         why = f"; plugin {name!r} is disabled by disable_plugins in {config.source}"
+        fix = f"remove {name!r} from disable_plugins in {config.source}, or select another {kind}"
     elif name in _split(env.get("QL_DISABLE_PLUGINS")):
         why = f"; plugin {name!r} is disabled by QL_DISABLE_PLUGINS"
+        fix = f"remove {name!r} from QL_DISABLE_PLUGINS (or unset it)"
     elif _split(env.get("QL_PLUGINS")) and name not in _split(env.get("QL_PLUGINS")):
         why = f"; QL_PLUGINS does not allow plugin {name!r}"
+        fix = f"add {name!r} to QL_PLUGINS (or unset it)"
     elif name not in installed:
         why = f"; no installed plugin is called {name!r} (installed: {_installed_hint()})"
     return (f"{kind} {name!r} is not registered by the loaded plugins "
-            f"({', '.join(host.loaded) or 'none'}){why}; registered {kind}s: {have}. "
-            f"Fix: set {key} = \"<one of those>\" in {config.source}, or install the package that "
-            f"provides {name!r} and add its plugin to plugins = [...]")
+            f"({', '.join(host.loaded) or 'none'}){why}; registered {kind}s: {have}. Fix: {fix}")
+
+
+def check_plugin_names(config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse (:class:`~ql_core.errors.ConfigError`, exit 2) a plugin name that names no installed plugin:
+    a ``[plugin.<name>]`` table, an entry of ``disable_plugins``, ``QL_PLUGINS`` or ``QL_DISABLE_PLUGINS``.
+
+    Each would otherwise be ignored without a word: ``[plugin.lcoal] run_as = "nobody"`` left the
+    tasks running as root. Checked against the plugin cache first (no scan of the installed
+    distributions when it knows every name), then against the entry points themselves.
+    """
+    env = os.environ if environ is None else environ
+    named = [(f"[plugin.{name}] in {config.source}", name, f"fix the table's name in {config.source}, or install "
+              f"the package that provides that plugin") for name in config.plugin_settings]
+    named += [(f"disable_plugins in {config.source}", name, f"fix the name in {config.source}")
+              for name in config.disabled_plugins]
+    for variable in ("QL_PLUGINS", "QL_DISABLE_PLUGINS"):
+        named += [(variable, name, f"fix {variable} or unset it") for name in _split(env.get(variable))]
+    if not named:
+        return
+    cached = _read_cached_group(dict(env))
+    if cached is not None and all(name in cached for _, name, _ in named):
+        return
+    installed = [p.name for p in installed_plugins()]
+    for where, name, fix in named:
+        if name in installed:
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(name, installed, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{where} names plugin {name!r}, which is not installed{guess} (installed plugins: "
+                          f"{', '.join(installed) or 'none'}); {fix}")
+
+
+def require_selected_seams(config: Config, host: PluginHost) -> list[str]:
+    """``key=name`` of every seam the config selects; a :class:`PluginError` (one line naming the fix)
+    for the first one no loaded plugin registered."""
+    chosen = []
+    for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
+                          ("journal", host.journal_backends), ("artifact_store", host.artifact_stores)):
+        name = getattr(config, key)
+        if name is None:
+            continue
+        if name not in registry.names():
+            raise PluginError(explain_unregistered(key, name, config, host))
+        chosen.append(f"{key}={name}")
+    return chosen
+
+
+def needs_plugin_check(config: Config) -> bool:
+    """True when the config gives a plugin something to check: a ``[plugin.<name>]`` table, or a
+    plugin beyond the profile's own (``plugins = ["watchfiles"]``). The profile's defaults alone are
+    checked when they start; a config without either costs no extra plugin load."""
+    return bool(config.plugin_settings) or bool(set(config.plugins) - set(config.profile.default_plugins))
+
+
+def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None, *,
+                        use_cache: bool = True) -> PluginHost:
+    """Load the plugins this config uses (and the plugin of every ``[plugin.<name>]`` table) and ask
+    each, through ``ql_check_config``, whether it accepts its settings and has what it needs.
+
+    Raises the plugin's :class:`~ql_core.errors.ConfigError` / :class:`PluginError` (one line); any
+    other exception is a :class:`PluginError` naming the plugin. Returns the host it loaded.
+    """
+    host = load_plugin_host(config.plugins, environ, optional=[*config.seam_plugins, *config.plugin_settings],
+                            use_cache=use_cache)
+    for impl in host.pm.hook.ql_check_config.get_hookimpls():
+        try:
+            impl.function(config=config)
+        except QlError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"plugin {impl.plugin_name!r} failed to check its settings: {type(exc).__name__}: "
+                              f"{exc}; fix or reinstall the package that provides it, or disable it with "
+                              f"QL_DISABLE_PLUGINS={impl.plugin_name}") from exc
+    return host

@@ -137,18 +137,14 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
 
 def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
     """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
-    from ql_core.plugins import explain_unregistered, load_plugin_host
+    from ql_core.errors import PluginError
+    from ql_core.plugins import check_plugin_config, require_selected_seams
 
-    host = load_plugin_host(config.plugins, optional=config.seam_plugins, use_cache=False)
-    chosen = []
-    for key, registry in (("executor", host.executors), ("receipt_store", host.receipt_stores),
-                          ("journal", host.journal_backends), ("artifact_store", host.artifact_stores)):
-        name = getattr(config, key)
-        if name is None:
-            continue
-        if name not in registry.names():
-            raise AssertionError(explain_unregistered(key, name, config, host))
-        chosen.append(f"{key}={name}")
+    host = check_plugin_config(config, use_cache=False)  # each plugin also checks what it needs
+    try:
+        chosen = require_selected_seams(config, host)
+    except PluginError as exc:
+        raise AssertionError(str(exc)) from None
     return f"loaded {', '.join(host.loaded) or 'none'}; selected {', '.join(chosen)}"
 
 
@@ -201,7 +197,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args, printable
     from ql_core.cli.main import classify
 
-    config = config_from_args(args)
+    config = config_from_args(args, reports_plugins=True)
     shown = effective_config(config)
     text = [f"config   {shown['source']} (profile {shown['profile']})",
             f"data dir {shown['data_dir']}", f"database {shown['database_url']}",
@@ -329,7 +325,10 @@ def _check_database(config, database: Path | None, skip_unless_dir: Callable[[],
     try:
         health = _health(database)
     except (sqlite3.Error, OSError) as exc:
-        raise AssertionError(f"cannot read {database}: {exc}; if it is damaged, restore it from a backup "
+        from ql_core.db.integrity import explain_sqlite_error
+
+        raise AssertionError(explain_sqlite_error(exc, database) or
+                             f"cannot read {database}: {exc}; if it is damaged, restore it from a backup "
                              f"(docs/recovery.md)") from None
     if not health.ok:
         raise AssertionError(f"{database} is damaged ({health.check}: {'; '.join(health.problems)[:300]}); stop "

@@ -40,9 +40,10 @@ def _declarations() -> dict[str, list[tuple[str, str | None]]]:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args
     from ql_core.cli.main import classify
-    from ql_core.plugins import explain_unregistered, installed_plugins, load_plugin_host, select_plugin_names
+    from ql_core.plugins import check_plugin_config, explain_unregistered, installed_plugins, load_plugin_host, \
+        select_plugin_names
 
-    config = config_from_args(args)
+    config = config_from_args(args, reports_plugins=True)
     active = select_plugin_names(config.plugins)
     status = 0
     for plugin in installed_plugins():
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
                              f"until one is uninstalled: uninstall the distribution you do not want"))
     # The plugins a runtime would load together: registrations collide only then.
     try:
-        host = load_plugin_host(config.plugins, optional=config.seam_plugins)
+        host = check_plugin_config(config)  # loads them; each also checks what it needs (its package)
     except Exception as exc:  # noqa: BLE001 - reported as a problem
         text = classify(exc, "plugins")[1]
         if "registered twice" in text:

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown", "printable"]
+__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown",
+           "printable", "loaded_sqlite_path"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
@@ -40,21 +41,52 @@ def early_stop():  # type: ignore[no-untyped-def]
     return _early_stop
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The config the command line asks for: options, then ``QL_*`` variables, then the file."""
+def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False) -> Config:
+    """The config the command line asks for: options, then ``QL_*`` variables, then the file.
+
+    Plugin names that name nothing and settings a plugin refuses are configuration errors here.
+    ``reports_plugins`` (doctor, plugins): a plugin that cannot load or lacks its package is left to
+    the command, which reports it as a failed check or a problem row."""
     from ql_core.config import load_config
 
     try:
         cwd: str | None = os.getcwd()
     except OSError:
         cwd = None  # the working directory was removed: there is no ./ql.toml to find
-    return load_config(
+    config = load_config(
         config_path=getattr(args, "config", None),
         data_dir=getattr(args, "data_dir", None),
         profile=getattr(args, "profile", None),
         environ=os.environ,
         cwd=cwd,
     )
+    from ql_core.errors import PluginError
+    from ql_core.plugins import check_plugin_config, check_plugin_names, needs_plugin_check
+
+    # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
+    # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
+    check_plugin_names(config, os.environ)
+    if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
+        try:
+            check_plugin_config(config, os.environ)
+        except PluginError:
+            if not reports_plugins:
+                raise
+    _LOADED[:] = [config]
+    return config
+
+
+#: The config this command loaded: an error that reaches ``main`` raw can still name its database.
+_LOADED: list[Config] = []
+
+
+def loaded_sqlite_path() -> str | None:
+    """The SQLite run database of the config this command loaded (None: none loaded, or PostgreSQL)."""
+    if not _LOADED or not _LOADED[0].database_url.startswith("sqlite:///"):
+        return None
+    from urllib.parse import unquote
+
+    return os.path.abspath(unquote(_LOADED[0].database_url[len("sqlite:///"):]))
 
 
 #: Runtimes the writing commands opened: closed before the process exits (``close_opened``), so
@@ -65,9 +97,16 @@ _OPENED: list[Runtime] = []
 def runtime_from_args(args: argparse.Namespace) -> Runtime:
     """An opened runtime for a command that writes (run, cancel, reconcile, supervise): the data dir
     and its database are created and migrated when missing."""
+    from ql_core.plugins import check_plugin_config, require_selected_seams
     from ql_core.runtime import Runtime
 
-    rt = Runtime.open(config_from_args(args))
+    config = config_from_args(args)
+    if not os.path.lexists(os.path.join(config.data_dir, "node_id")):
+        # First use: a config that cannot run (a seam no plugin registers, a setting a plugin refuses)
+        # fails before the data dir and its database are created — a failing config leaves no trace.
+        # Later starts skip this second plugin load: Runtime.open checks the same.
+        require_selected_seams(config, check_plugin_config(config, os.environ))
+    rt = Runtime.open(config)
     _OPENED.append(rt)
     return rt
 
@@ -98,11 +137,14 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
 
 def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunView]:
     """Settle the non-terminal runs a reader is about to show (at most ``limit`` of them), so a run
-    whose task ended is shown ended even when no supervisor runs; returns the views to show."""
+    whose task ended is shown ended even when no supervisor runs; returns the views to show. On a
+    read-only file system nothing is settled: the committed state is shown."""
+    from ql_core.db.integrity import on_read_only_fs
     from ql_core.ports.journal import StoreBusyError, ConflictError
 
     shown: list[RunView] = []
-    budget = limit
+    # A data dir on a read-only file system can only be read: show what is committed, settle nothing.
+    budget = 0 if on_read_only_fs(rt.config.data_dir) else limit
     for view in views:
         if not view.terminal and budget > 0:
             budget -= 1
@@ -116,12 +158,13 @@ def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunVi
     return shown
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
 
 
 def printable(text: str | None) -> str:
     """``text`` safe for a terminal: control characters (newlines, escapes), bidi overrides and
-    backslashes are escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``); other text is unchanged."""
+    backslashes are escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``), and so is a byte of a non-UTF-8 file
+    name (``\\xe9``); other text is unchanged."""
     if not text:
         return ""
 
@@ -132,6 +175,8 @@ def printable(text: str | None) -> str:
         if ch in "\n\r\t":
             return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
         code = ord(ch)
+        if 0xdc80 <= code <= 0xdcff:  # a byte of a non-UTF-8 file name (surrogateescape): the byte itself
+            return f"\\x{code - 0xdc00:02x}"
         return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
     return _UNPRINTABLE.sub(escape, text)

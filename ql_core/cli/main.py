@@ -181,7 +181,9 @@ def _report(message: str, *, kind: str, exit_code: int, json_mode: bool, prefix:
     """Print one error line on stderr (or one JSON object with ``--json``); never raises."""
     import json
 
-    message = _one_line(message)
+    from ql_core.cli.output import escape_undecodable
+
+    message = escape_undecodable(_one_line(message))  # a non-UTF-8 path prints as \xNN, never a crash
     if json_mode:
         line = json.dumps({"error": kind, "message": message, "exit_code": exit_code}, separators=(",", ":"))
     else:
@@ -217,6 +219,10 @@ def classify(exc: BaseException, command: str | None) -> tuple[str, str, int]:
     if family == "receipts":
         return family, (f"receipt store: {str(exc) or type(exc).__name__}; `ql doctor` checks the data dir's "
                         f"receipts directory"), 1
+    if family == "database":
+        explained = _explain_database(exc)
+        if explained is not None:
+            return family, explained, 1
     if family is not None:
         return family, str(exc) or type(exc).__name__, 1
     if isinstance(exc, OSError):
@@ -230,6 +236,18 @@ def classify(exc: BaseException, command: str | None) -> tuple[str, str, int]:
     where = f"`ql {command}`" if command else "ql"
     return "internal", (f"internal error in {where}: {type(exc).__name__}" + (f": {text}" if text else "")
                         + "; this is a bug: rerun with QL_DEBUG=1 for the traceback and report it"), 1
+
+
+def _explain_database(exc: BaseException) -> str | None:
+    """The one line for a SQLite error that reached us raw (or wrapped by SQLAlchemy): a damaged file
+    or a full or read-only disk, named with the database this command configured."""
+    import sqlite3
+
+    from ql_core.cli.common import loaded_sqlite_path
+    from ql_core.db.integrity import explain_sqlite_error
+
+    orig = exc if isinstance(exc, sqlite3.Error) else getattr(exc, "orig", None)
+    return explain_sqlite_error(orig, loaded_sqlite_path()) if isinstance(orig, sqlite3.Error) else None
 
 
 def _known_family(exc: BaseException) -> str | None:
@@ -321,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
         kind, message, code = classify(exc, command)
-        if debug:
+        if debug and kind == "internal":  # an expected failure's line is the whole story
             import traceback
 
             traceback.print_exc()

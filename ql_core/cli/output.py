@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any, TextIO
 
-__all__ = ["Output"]
+__all__ = ["Output", "escape_undecodable"]
+
+
+def escape_undecodable(text: str) -> str:
+    """``text`` with the bytes a file name could not decode (``\\udcXX`` surrogates, as Python reads a
+    non-UTF-8 path) written ``\\xXX``: printable on any stream, and the byte the user would look for."""
+    return _UNDECODABLE.sub(lambda m: f"\\x{ord(m.group(0)) - 0xdc00:02x}", text)
+
+
+#: What ``os.fsdecode`` makes of a byte that is not UTF-8 (surrogateescape).
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 class Output:
@@ -41,7 +52,7 @@ class Output:
         if self.broken:
             return
         try:
-            self.stream.write(data)
+            self.stream.write(escape_undecodable(data))
             self.stream.flush()
         except (BrokenPipeError, ValueError):
             if not self.tolerate_broken_pipe:

@@ -42,6 +42,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, forget_after_fork
+from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
@@ -51,7 +52,6 @@ __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "
 LAUNCHER_LOST_STATUS = 125
 #: ``[plugin.local] launcher``: ``auto`` (compiled where it can be built, else the shell script),
 #: ``compiled`` (required: an error names why it cannot be built) or ``shell`` (launcher.sh).
-LAUNCHER_CHOICES = ("auto", "compiled", "shell")
 #: How long :meth:`LocalProcessExecutor.abort` gives a task between TERM and KILL.
 ABORT_TERM_GRACE_S = 2.0
 
@@ -219,29 +219,6 @@ def _check_cwd(cwd: str) -> None:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), cwd)
     if not os.access(cwd, os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), cwd)
-
-
-def run_as_user(name: object) -> tuple[int, int]:
-    """Validate ``[plugin.local] run_as``: an existing user other than root, a root host, setpriv."""
-    import pwd
-    import shutil
-
-    from ql_core.errors import ConfigError
-
-    if not isinstance(name, str) or not name:
-        raise ConfigError('[plugin.local] run_as must be a user name, e.g. run_as = "qltask"')
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise ConfigError(f"[plugin.local] run_as: no user {name!r} on this system; create it or fix the name") from None
-    if entry.pw_uid == 0:
-        raise ConfigError("[plugin.local] run_as must not be root: it exists to run tasks as another user")
-    if os.geteuid() != 0:
-        raise ConfigError(f"[plugin.local] run_as needs the ql host to run as root (it runs as uid {os.geteuid()}); "
-                          f"remove run_as or start the host as root")
-    if shutil.which("setpriv") is None:
-        raise ConfigError("[plugin.local] run_as needs setpriv (util-linux) on PATH")
-    return entry.pw_uid, entry.pw_gid
 
 
 class LocalProcessExecutor:

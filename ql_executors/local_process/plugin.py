@@ -6,23 +6,24 @@ built by its factory only when a runtime needs it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ql_core.hookspecs import RegisterExecutor, hookimpl
 
 if TYPE_CHECKING:
+    from ql_core.config import Config
     from ql_core.ports import Executor, RuntimeContext
 
-__all__ = ["ql_register_executors"]
+__all__ = ["ql_register_executors", "ql_check_config"]
 
 
-def _executor(context: RuntimeContext) -> Executor:
+def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
+    """``(launcher, standby, run_as ids)`` of a ``[plugin.local]`` table; ConfigError naming the key.
+    ``here``: this process runs tasks (run_as then also needs root and setpriv)."""
     from ql_core.errors import ConfigError
 
-    from .compiled import CompiledLauncherError
-    from .executor import LAUNCHER_CHOICES, LocalProcessExecutor, run_as_user
+    from .settings import LAUNCHER_CHOICES, run_as_user
 
-    settings = context.plugin_config("local")
     unknown = sorted(set(settings) - {"run_as", "launcher", "standby"})
     if unknown:
         raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as, standby")
@@ -34,7 +35,16 @@ def _executor(context: RuntimeContext) -> Executor:
     if not isinstance(standby, bool):
         raise ConfigError("[plugin.local] standby must be true or false (docs/launcher.md: standby launchers)")
     run_as = settings.get("run_as")
-    run_as_ids = run_as_user(run_as) if run_as is not None else None
+    return launcher, standby, (run_as_user(run_as, here=here) if run_as is not None else None)
+
+
+def _executor(context: RuntimeContext) -> Executor:
+    from ql_core.errors import ConfigError
+
+    from .compiled import CompiledLauncherError
+    from .executor import LocalProcessExecutor
+
+    launcher, standby, run_as_ids = _settings(context.plugin_config("local"))
     try:
         return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby)
     except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
@@ -45,3 +55,10 @@ def _executor(context: RuntimeContext) -> Executor:
 @hookimpl
 def ql_register_executors(register: RegisterExecutor) -> None:
     register("local", _executor)
+
+
+@hookimpl
+def ql_check_config(config: Config) -> None:
+    """Every command refuses a ``[plugin.local]`` key or value the executor would refuse (a reader
+    run by another user than the root host is not refused for run_as needing root)."""
+    _settings(dict(config.plugin_settings.get("local", {})), here=False)

@@ -79,8 +79,18 @@ class SqliteConnections:
                 _create_private(self.path)
             conn = sqlite3.connect(f"file:{self.path.as_posix()}?mode=rw", uri=True, timeout=self._busy_s,
                                    isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError:
+                conn.close()
+                from ql_core.db.integrity import on_read_only_fs, open_frozen
+
+                if self.create or not on_read_only_fs(self.path.parent):
+                    raise
+                # A reader (ql list) on a read-only file system just reads: nothing can change it.
+                conn = open_frozen(self.path)
+            else:
+                conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA trusted_schema=OFF")
@@ -210,10 +220,12 @@ def _store_error(exc: sqlite3.Error, path: Path) -> StoreError:
         return StoreBusyError(f"the run database {path} is busy; retry")
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"a concurrent writer changed the same run ({type(exc).__name__})")
+    from ql_core.db.integrity import explain_sqlite_error
+
+    explained = explain_sqlite_error(exc, path)  # damaged, a full or read-only disk: one line, the fix
+    if explained is not None:
+        return StoreError(explained)
     text = str(exc).lower()
-    if "malformed" in text or "not a database" in text or "corrupt" in text:
-        return StoreError(f"the run database {path} is damaged ({exc}); stop ql, move it aside, "
-                          f"restore it from a backup (see docs/recovery.md)")
     if "unable to open" in text or "readonly" in text or "read-only" in text:
         return StoreError(f"cannot open the run database {path} for writing ({exc}); check the data dir's "
                           f"owner and permissions (`ql doctor`)")

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING
 from ql_core.hookspecs import RegisterReceiptStore, hookimpl
 
 if TYPE_CHECKING:
+    from ql_core.config import Config
     from ql_core.ports import ReceiptStore, RuntimeContext
 
-__all__ = ["ql_register_receipt_stores"]
+__all__ = ["ql_register_receipt_stores", "ql_check_config"]
+
+_NO_SETTINGS = "[plugin.file] takes no settings; receipts always live in <data_dir>/receipts: remove the table"
 
 
 def _file_store(context: RuntimeContext) -> ReceiptStore:
@@ -22,7 +25,7 @@ def _file_store(context: RuntimeContext) -> ReceiptStore:
     from ql_core.receipts.file_store import FileReceiptStore
 
     if context.plugin_config("file"):
-        raise ConfigError("[plugin.file] takes no settings; receipts always live in <data_dir>/receipts")
+        raise ConfigError(_NO_SETTINGS)
     root = receipts_root(context.data_dir)
     if not context.existing_only:
         ensure_private_dir(root)
@@ -32,3 +35,12 @@ def _file_store(context: RuntimeContext) -> ReceiptStore:
 @hookimpl
 def ql_register_receipt_stores(register: RegisterReceiptStore) -> None:
     register("file", _file_store)
+
+
+@hookimpl
+def ql_check_config(config: Config) -> None:
+    """Every command refuses a ``[plugin.file]`` table, not only the writers that build the store."""
+    if config.plugin_settings.get("file"):
+        from ql_core.errors import ConfigError
+
+        raise ConfigError(_NO_SETTINGS)

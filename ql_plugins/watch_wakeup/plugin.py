@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ql_core.hookspecs import RegisterWakeupSource, hookimpl
 
 if TYPE_CHECKING:
+    from ql_core.config import Config
     from ql_core.ports import OnChange, RuntimeContext, WakeupSource
 
-__all__ = ["ql_register_wakeup_sources", "WatchfilesSource", "WatchfilesWatch", "INSTALL_HINT"]
+__all__ = ["ql_register_wakeup_sources", "ql_check_config", "WatchfilesSource", "WatchfilesWatch", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'ql-runner[watch]'"
 #: watchfiles' change codes (watchfiles.Change) -> ql's names.
@@ -125,3 +126,21 @@ def _source(context: RuntimeContext) -> WakeupSource:
 @hookimpl
 def ql_register_wakeup_sources(register: RegisterWakeupSource) -> None:
     register("watchfiles", _source)
+
+
+@hookimpl
+def ql_check_config(config: Config) -> None:
+    """A config that enables this plugin without the watchfiles package is refused by every command
+    (``ql doctor`` included), not found out by ``ql supervise`` logging that wake-ups are off."""
+    import importlib.util
+
+    if config.plugin_settings.get("watchfiles"):
+        from ql_core.errors import ConfigError
+
+        raise ConfigError(f"[plugin.watchfiles] takes no settings (got {', '.join(sorted(config.plugin_settings['watchfiles']))}); "
+                          f"remove the table")
+    if importlib.util.find_spec("watchfiles") is None:
+        from ql_core.errors import PluginError
+
+        raise PluginError(f"plugin 'watchfiles' is enabled but the watchfiles package is not installed: "
+                          f"{INSTALL_HINT}, or remove 'watchfiles' from plugins in {config.source}")

@@ -10,6 +10,7 @@ Cases that need root (tmpfs mounts, another user) are skipped elsewhere; the res
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import struct
@@ -271,6 +272,47 @@ for _how in ("garbage", "index"):
     case(f"damaged_database/doctor_{_how}")(_doctor_damage)
 
 
+def _undecodable_dir(base: Path) -> tuple[Path, str]:
+    """A data dir whose running attempt's ``executor`` text holds bytes that are not UTF-8 (the page
+    stays well-formed: SQLite's integrity check passes, every read of the row fails)."""
+    d = base / "data"
+    seed_data_dir(d, env_for(base), ["true"])
+    # Ends on its own (no process outlives the test); its row stays active until something settles it.
+    started = ql_proc(dd(d, "--json", "run", "--detach", "--", "sleep", "2"), env_for(base))
+    assert started.returncode == 0, started.stderr
+    from tests.cli.cli_support import json_lines
+
+    run_id = json_lines(started.stdout)[-1]["run_id"]
+    conn = sqlite3.connect(d / "ql.db")
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ql_run_attempt'").fetchone()
+    finally:
+        conn.close()
+    with open(d / "ql.db", "r+b") as fh:
+        fh.seek((root - 1) * page)
+        data = fh.read(page)
+        assert b"local" in data
+        fh.seek((root - 1) * page)
+        fh.write(data.replace(b"local", b"\xffoca\xfe"))  # same length: the record stays well-formed
+    return d, run_id
+
+
+for _cmd in ("list", "status", "logs", "cancel", "reconcile", "run", "doctor"):
+    def _undecodable(base: Path, cmd: str = _cmd) -> Case:
+        d, run_id = _undecodable_dir(base)
+        args = {"list": ["list"], "status": ["status", run_id], "logs": ["logs", run_id],
+                "cancel": ["cancel", run_id], "reconcile": ["reconcile"], "run": ["run", "--", "true"],
+                "doctor": ["doctor"]}[cmd]
+        says = ("is damaged", "not UTF-8", "restore it from a backup")
+        if cmd == "run":  # the new run's rows are fine: it runs; the damage is someone else's row
+            return Case(dd(d, *args), env_for(base), 0)
+        return Case(dd(d, *args), env_for(base), 1, says=("FAIL database", *says) if cmd == "doctor" else says,
+                    never_says=("Could not decode", "\ufffd", "bug"), reports_on_stdout=cmd == "doctor")
+    case(f"damaged_text/{_cmd}")(_undecodable)
+
+
 # -- ql.toml that is not a config file ----------------------------------------------------------------
 def _config_case(base: Path, make: Callable[[Path], Path], says: tuple[str, ...]) -> Case:
     path = make(base)
@@ -318,6 +360,209 @@ for _name, (_make, _says) in CONFIGS.items():
     case(f"config/{_name}")(lambda base, make=_make, says=_says: _config_case(base, make, says))
 
 
+# -- ./ql.toml that is there but cannot be read: an error, never the built-in defaults ------------------
+def _broken_default(kind: str) -> Callable[[Path], None]:
+    def make(base: Path) -> None:
+        toml = base / "ql.toml"
+        if kind == "dangling_symlink":
+            toml.symlink_to(base / "real.toml")  # the real config was moved: the link points nowhere
+        elif kind == "symlink_loop":
+            toml.symlink_to("ql.toml")
+        elif kind == "directory":
+            toml.mkdir()
+        else:
+            os.mkfifo(toml)  # opened non-blocking: a FIFO must never hang ql
+    return make
+
+
+BROKEN_DEFAULT = {"dangling_symlink": ("dangling symlink",), "symlink_loop": ("symlink loop",),
+                  "directory": ("is a directory",), "fifo": ("is a FIFO",)}
+for _kind, _says in BROKEN_DEFAULT.items():
+    for _cmd in ("list", "run", "doctor"):
+        def _default(base: Path, kind: str = _kind, says: tuple[str, ...] = _says, cmd: str = _cmd) -> Case:
+            _broken_default(kind)(base)
+            env = env_for(base)
+            args = {"list": ["list"], "run": ["run", "--", "true"], "doctor": ["doctor"]}[cmd]
+            # With the defaults, run would create ~/.local/state/ql and run the task there (as root).
+            return Case(args, env, 2, says=(f"{base}/ql.toml", *says, "never runs with built-in defaults"),
+                        cwd=base, not_created=(base / "home" / ".local",), timeout=30)
+        case(f"default_config/{_kind}_{_cmd}")(_default)
+
+
+# -- QL_DATA_DIR=/dev/null: the same exit code, 2, from every command -------------------------------------
+DEV_NULL_ARGS = {"run": ["run", "--", "true"], "list": ["list"], "status": ["status", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "events": ["events", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "logs": ["logs", "01a22b46-155c-7d09-872b-21304a383465"],
+                 "cancel": ["cancel", "01a22b46-155c-7d09-872b-21304a383465"], "reconcile": ["reconcile"],
+                 "supervise": ["supervise"], "audit": ["audit", "receipts"], "doctor": ["doctor"],
+                 "plugins": ["plugins"], "db_upgrade": ["db", "upgrade"]}
+for _cmd, _args in DEV_NULL_ARGS.items():
+    def _dev_null(base: Path, args: list[str] = _args) -> Case:
+        return Case(args, env_for(base, QL_DATA_DIR="/dev/null"), 2, says=("/dev/null", "virtual file system"),
+                    never_says=("true",))
+    case(f"dev_null_data_dir/{_cmd}")(_dev_null)
+
+
+# -- a full disk (a 2 MiB tmpfs) and a read-only one -----------------------------------------------------------
+def _full_disk_dir(base: Path) -> tuple[Path, Callable[[], None]]:
+    d = base / "data"
+    umount = _mount_tmpfs(d, "size=2m,mode=0700")
+    try:
+        seed_data_dir(d, env_for(base))
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        finally:
+            os.close(fd)
+    except BaseException:
+        umount()  # the case never ran: nothing else would unmount it
+        raise
+    return d, umount
+
+
+for _cmd in ("run", "list", "reconcile"):
+    def _full(base: Path, cmd: str = _cmd) -> Case:
+        d, umount = _full_disk_dir(base)
+        args = {"run": ["run", "--", "true"], "list": ["list"], "reconcile": ["reconcile"]}[cmd]
+        return Case(dd(d, *args), env_for(base), 1, says=("is full", "free some space"),
+                    never_says=("disk I/O error", "permissions"), cleanup=[umount])
+    case(f"full_disk/{_cmd}", root=True)(_full)
+
+
+def _read_only_dir(base: Path) -> tuple[Path, str, Callable[[], None]]:
+    """A used data dir, bind-mounted read-only over itself, and its newest run (found before)."""
+    d = used_dir(base)
+    run_id = _newest_run(d, base)
+    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+    remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(d)], capture_output=True)
+    if remounted.returncode:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        pytest.skip(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
+    return d, run_id, lambda: subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+for _cmd in ("list", "status", "run", "reconcile", "db_upgrade"):
+    def _read_only(base: Path, cmd: str = _cmd) -> Case:
+        d, run_id, umount = _read_only_dir(base)
+        if cmd in ("list", "status"):  # a reader just reads
+            args = ["list"] if cmd == "list" else ["status", run_id]
+            return Case(dd(d, *args), env_for(base), 0, says=("succeeded",), cleanup=[umount])
+        args = {"run": ["run", "--", "true"], "reconcile": ["reconcile"], "db_upgrade": ["db", "upgrade"]}[cmd]
+        return Case(dd(d, *args), env_for(base), 1, says=("read-only file system", "remount it read-write"),
+                    never_says=("owner", "permissions", "unable to open"), cleanup=[umount])
+    case(f"read_only_mount/{_cmd}", root=True)(_read_only)
+
+
+@case("immutable_data_dir/run", root=True)
+def _immutable(base: Path) -> Case:
+    d = used_dir(base)
+    if subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not supported here")
+    # Even root cannot create a file there; the mode (0700) does not say why.
+    return Case(dd(d, "run", "--", "true"), env_for(base), 1, says=("cannot be written", "chattr -i"),
+                never_says=("unable to open",),
+                cleanup=[lambda: subprocess.run(["chattr", "-i", str(d)], check=False)])
+
+
+def _newest_run(d: Path, base: Path) -> str:
+    from tests.cli.cli_support import json_lines
+
+    return json_lines(ql_proc(dd(d, "--json", "list", "--limit", "1"), env_for(base)).stdout)[0]["run_id"]
+
+
+# -- a data dir path that is not UTF-8 ------------------------------------------------------------------------
+for _cmd in ("doctor", "list", "missing_list"):
+    def _non_utf8(base: Path, cmd: str = _cmd) -> Case:
+        d = Path(os.fsdecode(os.fsencode(base) + b"/caf\xe9"))
+        seed_data_dir(d, env_for(base))
+        if cmd == "missing_list":
+            return Case(dd(d / "nope", "list"), env_for(base), 1, says=("caf\\xe9",),
+                        never_says=("bug", "UnicodeEncodeError", "\udce9"))
+        args = ["doctor"] if cmd == "doctor" else ["list"]
+        return Case(dd(d, *args), env_for(base), 0, says=("caf\\xe9",) if cmd == "doctor" else (),
+                    never_says=("bug", "UnicodeEncodeError", "FAIL"), reports_on_stdout=cmd == "doctor")
+    case(f"non_utf8_data_dir/{_cmd}")(_non_utf8)
+
+
+# -- plugin names that name nothing: refused by every command, before anything is created ------------------
+PLUGIN_TABLES = {
+    # Ignored before: the task ran as root and doctor said healthy.
+    "misspelled_table": (b'[plugin.lcoal]\nrun_as = "nobody"\n', ("[plugin.lcoal]", "did you mean 'local'")),
+    "unknown_table": (b"[plugin.nosuch]\n", ("[plugin.nosuch]", "not installed")),
+    "misspelled_disable": (b'disable_plugins = ["wachfiles"]\n', ("disable_plugins", "did you mean 'watchfiles'")),
+    # Passed doctor (exit 0) while every ql run failed with exit 2.
+    "unknown_key": (b"[plugin.local]\nstandbye = true\n", ("[plugin.local]", "'standbye'", "allowed")),
+    "bad_value": (b'[plugin.local]\nlauncher = "fast"\n', ("[plugin.local] launcher", "'fast'")),
+    "no_such_run_as_user": (b'[plugin.local]\nrun_as = "no-such-user"\n', ("run_as", "no user 'no-such-user'")),
+    "file_takes_no_settings": (b"[plugin.file]\nroot = \"/tmp\"\n", ("[plugin.file] takes no settings",)),
+}
+for _name, (_toml, _says) in PLUGIN_TABLES.items():
+    for _cmd in ("run", "list", "doctor", "plugins"):
+        def _table(base: Path, toml: bytes = _toml, says: tuple[str, ...] = _says, cmd: str = _cmd) -> Case:
+            (base / "ql.toml").write_bytes(toml)
+            args = {"run": ["run", "--", "true"], "list": ["list"], "doctor": ["doctor"], "plugins": ["plugins"]}[cmd]
+            return Case(dd(base / "data", *args), env_for(base), 2, says=says, cwd=base,
+                        not_created=(base / "data",))
+        case(f"plugin_config/{_name}_{_cmd}")(_table)
+
+PLUGIN_ENV = {
+    # Was "QL_PLUGINS does not allow plugin local": true, but not the mistake.
+    "QL_PLUGINS_unknown": ({"QL_PLUGINS": "nosuch"}, ("QL_PLUGINS", "'nosuch'", "not installed"),
+                           ("does not allow",)),
+    # Was "set executor = ... in <config>": the fix is in the environment.
+    "QL_DISABLE_PLUGINS_local": ({"QL_DISABLE_PLUGINS": "local"}, ("remove 'local' from QL_DISABLE_PLUGINS",),
+                                 ("set executor",)),
+    "QL_DISABLE_PLUGINS_unknown": ({"QL_DISABLE_PLUGINS": "lcoal"}, ("QL_DISABLE_PLUGINS", "did you mean 'local'"),
+                                   ()),
+}
+for _name, (_extra, _says, _never) in PLUGIN_ENV.items():
+    def _plugin_env(base: Path, extra: dict[str, str] = _extra, says: tuple[str, ...] = _says,
+                    never: tuple[str, ...] = _never) -> Case:
+        return Case(dd(base / "data", "run", "--", "true"), env_for(base, **extra), 2, says=says, never_says=never,
+                    not_created=(base / "data",))
+    case(f"plugin_env/{_name}")(_plugin_env)
+
+
+@case("plugin_config/unregistered_executor_creates_nothing")
+def _unregistered(base: Path) -> Case:
+    (base / "ql.toml").write_bytes(b'executor = "nosuch"\n')
+    return Case(dd(base / "data", "run", "--", "true"), env_for(base), 2, says=("executor 'nosuch'",), cwd=base,
+                not_created=(base / "data",))
+
+
+def test_an_enabled_plugin_whose_package_is_missing_is_refused_by_every_command(open_tmp: Path) -> None:
+    """plugins = ["watchfiles"] without the watchfiles package: 'healthy' and 'active' until ql supervise
+    logged it. The package is made unimportable for the real ql process (as if uninstalled)."""
+    import sys
+
+    (open_tmp / "ql.toml").write_text('plugins = ["watchfiles"]\n')
+    script = ("import sys; sys.modules['watchfiles'] = None; from ql_core.cli.main import main; "
+              "raise SystemExit(main(sys.argv[1:]))")
+    for args in (["doctor"], ["plugins"], ["list"], ["run", "--", "true"]):
+        out = subprocess.run([sys.executable, "-c", script, *dd(open_tmp / "data", *args)], env=env_for(open_tmp),
+                             cwd=open_tmp, capture_output=True, text=True, timeout=60)
+        assert "Traceback" not in out.stdout + out.stderr
+        if args[0] in ("doctor", "plugins"):  # they report it: a failed check, a problem row
+            assert out.returncode == 1 and out.stderr == "", (args, out.stdout, out.stderr)
+            text = out.stdout
+            assert ("FAIL plugins" if args[0] == "doctor" else "problem:") in text, text
+        else:
+            assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, (args, out.stdout, out.stderr)
+            text = out.stderr
+        assert "watchfiles package is not installed" in text and "pip install" in text, text
+    assert not (open_tmp / "data").exists()
+
+
+@case("env/QL_DEBUG_config_error")
+def _debug_config(base: Path) -> Case:
+    # QL_DEBUG adds a traceback to internal errors only: an ordinary config error stays one line.
+    (base / "ql.toml").write_bytes(b"frobnicate = 1\n")
+    return Case(["list"], env_for(base, QL_DEBUG="1"), 2, says=("unknown key 'frobnicate'",), cwd=base)
+
+
 # -- data dir paths that cannot be data dirs ------------------------------------------------------------
 @case("data_dir/component_too_long")
 def _long_component(base: Path) -> Case:
@@ -335,8 +580,8 @@ def _long_path(base: Path) -> Case:
 for _cmd in ("list", "run", "doctor"):
     def _proc(base: Path, cmd: str = _cmd) -> Case:
         args = {"list": ["list"], "run": ["run", "--", "true"], "doctor": ["doctor"]}[cmd]
-        return Case(dd("/proc/self", *args), env_for(base), 2 if cmd != "doctor" else 1,
-                    says=("virtual file system /proc",), reports_on_stdout=cmd == "doctor")
+        # A config error for every command, doctor too (exit 2, one line): no command can use it.
+        return Case(dd("/proc/self", *args), env_for(base), 2, says=("virtual file system /proc",))
     case(f"data_dir/proc_self_{_cmd}")(_proc)
 
 
@@ -499,7 +744,11 @@ def test_corpus_is_complete() -> None:
               "damaged_database/reconcile", "damaged_database/doctor_index", "config/binary", "config/utf16",
               "config/deeply_nested", "config/nul_in_data_dir", "data_dir/component_too_long",
               "data_dir/proc_self_list", "env/QL_LOG_LEVEL_bogus", "stdout_closed/run", "config/fifo",
-              "config/dev_zero", "node_id/fifo_list", "ql_db_fifo/doctor"]
+              "config/dev_zero", "node_id/fifo_list", "ql_db_fifo/doctor",
+              "default_config/dangling_symlink_run", "default_config/symlink_loop_run", "default_config/directory_run",
+              "default_config/fifo_run", "full_disk/run", "full_disk/list", "read_only_mount/list",
+              "read_only_mount/run", "damaged_text/reconcile", "damaged_text/doctor", "non_utf8_data_dir/doctor",
+              *(f"dev_null_data_dir/{cmd}" for cmd in DEV_NULL_ARGS)]
     assert [w for w in wanted if w not in CASES] == []
     assert len(CASES) >= 80
 

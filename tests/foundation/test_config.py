@@ -210,3 +210,43 @@ def test_a_fifo_config_is_refused_without_blocking(tmp_path: Path) -> None:
 def test_data_dirs_too_long_for_the_file_system(data_dir: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         load_config(data_dir=data_dir)
+
+
+@pytest.mark.parametrize("kind,fragment", [
+    ("dangling_symlink", "dangling symlink"),
+    ("symlink_loop", "symlink loop"),
+    ("directory", "is a directory"),
+    ("fifo", "is a FIFO"),
+])
+def test_anything_at_the_default_config_path_is_the_config(tmp_path: Path, kind: str, fragment: str) -> None:
+    """Found in the working directory and unreadable: an error, never the built-in defaults."""
+    import os
+    import threading
+
+    toml = tmp_path / "ql.toml"
+    if kind == "dangling_symlink":
+        toml.symlink_to(tmp_path / "moved-away.toml")
+    elif kind == "symlink_loop":
+        toml.symlink_to("ql.toml")
+    elif kind == "directory":
+        toml.mkdir()
+    else:
+        os.mkfifo(toml)
+    result: list[BaseException] = []
+    worker = threading.Thread(target=lambda: result.append(pytest.raises(
+        ConfigError, load_config, cwd=tmp_path, data_dir=tmp_path / "d").value))
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "load_config blocked on ./ql.toml"
+    message = str(result[0])
+    assert fragment in message and str(toml) in message and "built-in defaults" in message, message
+
+
+def test_nothing_at_the_default_config_path_means_the_built_in_defaults(tmp_path: Path) -> None:
+    assert load_config(cwd=tmp_path, data_dir=tmp_path / "d").source == "built-in edge defaults"
+
+
+@pytest.mark.parametrize("data_dir", ["/dev/null", "/proc/self", "/sys/kernel"])
+def test_a_data_dir_on_a_virtual_file_system_is_a_config_error(data_dir: str) -> None:
+    with pytest.raises(ConfigError, match="virtual file system"):
+        load_config(data_dir=data_dir)
