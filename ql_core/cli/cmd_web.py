@@ -59,7 +59,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
                  + (", token required" if token is not None else "") + "); SIGTERM or Ctrl-C stops")
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                proxy_headers=False))
-        server.run(sockets=[sock])
+        # uvicorn stops on SIGTERM/SIGINT, then raises the signal again for the handler it found: make
+        # that one a no-op, so a requested stop exits 0 instead of dying by the signal.
+        import signal
+
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         out.emit({"type": "stopped"}, "ql web: stopped")
         return 0
     finally:
