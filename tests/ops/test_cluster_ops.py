@@ -108,3 +108,39 @@ def test_workers_on_an_edge_profile_names_the_fix(tmp_path) -> None:  # type: ig
     assert ql(["--data-dir", data, "run", "--", "sh", "-c", "exit 0"], env=env).returncode == 0
     done = ql(["--data-dir", data, "workers"], env=env)
     assert done.returncode == 2 and "cluster-control" in done.stderr
+
+
+def test_ql_web_on_the_control_profile_in_a_real_browser(harness: Harness, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The workers-and-queue page and a cluster run's shipped log, from a real `ql web` process."""
+    from tests.ops.browser import Browser
+    from tests.ops.support import ql_env, stop
+    from tests.ops.test_web import _require_chromium, _start_web
+
+    binary = _require_chromium()
+    h = harness
+    h.start_control()
+    h.start_worker("a")
+    run_id = h.submit(["sh", "-c", "echo started; echo still going; sleep 60"])
+    h.wait_attempt(run_id, ("running",))
+    env = ql_env(h.root, QL_CONFIG=str(h.control_config()))
+    web, url = _start_web([], env, tmp_path / "web.log")
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    browser = Browser(binary, profile)
+    try:
+        browser.goto(f"{url}workers")
+        workers = browser.evaluate("document.getElementById('workers').innerText")
+        assert "a\t" in workers and "alive" in workers
+        assert browser.evaluate("document.getElementById('queue').innerText").startswith("queued runs\t0")
+        browser.screenshot(tmp_path / "workers.png")
+        browser.goto(url)
+        assert run_id in browser.evaluate("document.getElementById('runs').innerText")
+        browser.goto(f"{url}runs/{run_id}")
+        wait_for(lambda: "still going\n" in (browser.evaluate("document.getElementById('log').textContent") or ""),
+                 what="the shipped log in the page", timeout=60)
+        assert "sleep 60" not in browser.evaluate("document.documentElement.outerHTML")
+        browser.screenshot(tmp_path / "cluster-run.png")
+    finally:
+        browser.close()
+        assert stop(web) == 0
+    assert (tmp_path / "workers.png").read_bytes()[:4] == b"\x89PNG"

@@ -166,3 +166,25 @@ def test_without_the_web_extra_the_error_names_it(tmp_path: Path) -> None:
     env["PYTHONPATH"] = str(blocker)
     done = ql(["--data-dir", data, "web"], env=env, timeout=60)
     assert done.returncode == 2 and "ql-runner[web]" in done.stderr, done.stderr
+
+
+def test_the_standalone_profile_serves_the_same_pages(tmp_path: Path) -> None:
+    env = ql_env(tmp_path)
+    data = str(tmp_path / "data")
+    done = ql(["--data-dir", data, "--profile", "standalone", "--json", "run", "--name", "solo", "--", "sh", "-c",
+               "echo standalone-out; exit 4"], env=env)
+    assert done.returncode == 4
+    run_id = json.loads(done.stdout.splitlines()[-1])["run_id"]
+    web, url = _start_web(["--data-dir", data, "--profile", "standalone"], env, tmp_path / "web.log")
+    try:
+        status, body = http_get(url + "?status=failed")
+        assert status == 200 and run_id in body and "solo" in body
+        status, body = http_get(f"{url}runs/{run_id}")
+        assert status == 200 and "run.failed" in body and "<td>4</td>" in body
+        status, body = http_get(f"{url}runs/{run_id}/log?offset=9")
+        assert status == 200 and '"text": "e-out\\n"' in body and "event: end" in body
+        assert http_get(f"{url}runs/{run_id}/log?offset=-1")[0] == 400
+        assert http_get(f"{url}runs/nope")[0] == 404
+        assert http_get(url + "?status=bogus")[0] == 400
+    finally:
+        assert stop(web) == 0
