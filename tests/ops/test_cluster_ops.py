@@ -118,10 +118,15 @@ def test_ql_web_on_the_control_profile_in_a_real_browser(harness: Harness, tmp_p
 
     binary = _require_chromium()
     h = harness
-    h.start_control()
-    h.start_worker("a")
+    control = h.start_control()
+    worker = h.start_worker("a")
     run_id = h.submit(["sh", "-c", "echo started; echo still going; sleep 60"])
     h.wait_attempt(run_id, ("running",))
+    # Without --metrics-listen neither role listens on any port.
+    import psutil
+
+    for proc in (control, worker):
+        assert [c for c in psutil.Process(proc.pid).net_connections(kind="inet") if c.status == "LISTEN"] == []
     env = ql_env(h.root, QL_CONFIG=str(h.control_config()))
     web, url = _start_web([], env, tmp_path / "web.log")
     profile = tmp_path / "chromium-profile"
