@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from .ports import RunEventInfo
     from .runtime import Runtime
 
-__all__ = ["QlMetrics", "enable", "active", "disable", "serve", "parse_listen", "observe_round", "count",
-           "MAX_REASONS", "INSTALL_HINT"]
+__all__ = ["QlMetrics", "enable", "active", "disable", "serve", "parse_listen", "attach_active", "round_scope",
+           "observe_round", "count", "MAX_REASONS", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'ql-runner[metrics]'"
 #: Distinct ``reason`` label values kept per process; later ones are counted as ``other``.
@@ -40,8 +40,8 @@ _REASON_SHAPE = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 #: Latencies from milliseconds to minutes (a loaded edge box may take seconds to notice an exit).
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, float("inf"))
 _WORK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, float("inf"))
-#: Worker counter keys (ql_plugins.cluster_fenced.worker ``_count``) -> (metric attribute, label value).
-_WORKER_KEYS = {"claimed": ("claims", None), "renewed": ("renewals", None), "self_fenced": ("self_fenced", None)}
+#: Worker counter keys (ql_plugins.cluster_fenced.worker ``_count``) -> the counter's attribute.
+_WORKER_KEYS = {"claimed": "claims", "renewed": "renewals", "self_fenced": "self_fenced"}
 #: Sweeper round keys (ql_plugins.cluster_fenced.control) that are expired leases, by what became of them.
 _EXPIRY_KEYS = ("requeued", "lost", "retried")
 _COMPLETION_ANSWERS = frozenset({"applied", "already_completed", "already_terminal", "fenced"})
@@ -206,7 +206,7 @@ class _Observer:
         if size is None:
             try:
                 size = self.rt.log_path(event.run_id).stat().st_size
-            except (OSError, Exception):  # noqa: BLE001 - a cluster run's log is elsewhere: no size here
+            except Exception:  # noqa: BLE001 - no local log (a cluster run's is elsewhere): nothing to count
                 return
         self.m.log_bytes.inc(max(0, int(size)))
 
@@ -363,7 +363,7 @@ def count(key: str, n: int = 1) -> None:
     if m is None or n <= 0:
         return
     if key in _WORKER_KEYS:
-        getattr(m, _WORKER_KEYS[key][0]).inc(n)
+        getattr(m, _WORKER_KEYS[key]).inc(n)
     elif key.startswith("answer_") and key[7:] in _COMPLETION_ANSWERS:
         m.completions.labels(answer=key[7:]).inc(n)
         if key == "answer_fenced":
