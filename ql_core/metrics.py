@@ -91,8 +91,8 @@ class QlMetrics:
         # cluster: the worker and the sweeper report through count()
         self.claims = pc.Counter("ql_cluster_claims", "Attempts claimed by this worker", registry=r)
         self.renewals = pc.Counter("ql_cluster_renewals", "Run leases renewed by this worker", registry=r)
-        self.self_fenced = pc.Counter("ql_cluster_self_fenced", "Attempts this worker fenced itself (lease "
-                                      "deadline passed without a renewal)", registry=r)
+        self.self_fenced = pc.Counter("ql_cluster_self_fenced", "Attempts this worker stopped because their lease "
+                                      "was gone or might be (own deadline passed, or answered fenced)", registry=r)
         self.completions = pc.Counter("ql_cluster_completions", "Completion submissions answered, by answer",
                                       ["answer"], registry=r)
         self.fenced_completions = pc.Counter("ql_cluster_fenced_completions", "Completions the control plane "
