@@ -286,14 +286,14 @@ def disable() -> None:
         _active = None
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, option: str = "--metrics-listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); a usage error names the fix."""
     from .errors import UsageError
 
     host, sep, port_text = value.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise UsageError(f"--metrics-listen wants HOST:PORT (e.g. 127.0.0.1:9464), got {value[:80]!r}")
+        raise UsageError(f"{option} wants HOST:PORT (e.g. 127.0.0.1:9464), got {value[:80]!r}")
     return host, int(port_text)
 
 

@@ -21,6 +21,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    import signal
+    import threading
+
+    stopped = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stopped.set()
+
+    # First: a SIGTERM while we open the data dir must stop us cleanly (exit 0), not kill us. uvicorn
+    # installs its own handlers while it serves and, once stopped, raises the signal again for this one.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _serve(args, out, stopped)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(args: argparse.Namespace, out: Output, stopped: threading.Event) -> int:
     import socket
 
     from ql_core.cli.common import reader_from_args
@@ -28,10 +47,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.metrics import parse_listen
     from ql_core.web.auth import PLUGIN_TABLE, is_loopback, load_token, token_required_error
 
-    try:
-        host, port = parse_listen(args.listen)
-    except QlError as exc:
-        raise type(exc)(str(exc).replace("--metrics-listen", "--listen")) from None
+    host, port = parse_listen(args.listen, "--listen")
     rt = reader_from_args(args)
     try:
         token = load_token(rt.config.plugin_settings.get(PLUGIN_TABLE, {}))
@@ -40,7 +56,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from ql_core.web import create_app
 
         app = create_app(rt, token=token)
-        import uvicorn
+        try:
+            import uvicorn
+        except ImportError:
+            from ql_core.web import INSTALL_HINT
+
+            raise ConfigError(f"`ql web` needs uvicorn, which is not installed: {INSTALL_HINT}") from None
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -59,16 +80,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
                  + (", token required" if token is not None else "") + "); SIGTERM or Ctrl-C stops")
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                proxy_headers=False))
-        # uvicorn stops on SIGTERM/SIGINT, then raises the signal again for the handler it found: make
-        # that one a no-op, so a requested stop exits 0 instead of dying by the signal.
-        import signal
-
-        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        if not stopped.is_set():
             server.run(sockets=[sock])
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        sock.close()
         out.emit({"type": "stopped"}, "ql web: stopped")
         return 0
     finally:
