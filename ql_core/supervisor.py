@@ -23,6 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
+from . import metrics
 from .log import logger
 from .reconciler import CursorStuckError, Reconciler, RoundReport
 
@@ -92,7 +93,9 @@ class Supervisor:
     def run_round(self) -> RoundReport:
         """One round now, in the caller's thread, never concurrently with the loop's."""
         with self._in_round:
-            report = self.reconciler.round()
+            with metrics.round_scope() as scope:  # duration and counts for --metrics-listen (no-op when off)
+                report = self.reconciler.round()
+            metrics.observe_round(scope, report)
             self.rounds += 1
         if self.on_round is not None:
             self.on_round(report)

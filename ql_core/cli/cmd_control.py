@@ -10,12 +10,16 @@ HELP = "cluster control (profile cluster-control): sweep leases, deadlines and r
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
+                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.service import serve
+    from ql_core.metrics import serve as serve_metrics
     from ql_core.ports.journal import ControlService
 
+    serve_metrics(args.metrics_listen)  # before the runtime opens: its events are observed from the start
     return serve(args, role="control", capability=ControlService, method="run_control",
                  profile_hint='profile = "cluster-control" with journal = "cluster-fenced"')

@@ -17,6 +17,9 @@ EPILOG = ("The stop handlers are installed first: a SIGTERM that arrives while q
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, metavar="S", help="seconds between rounds (default: profile)")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
+                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -45,7 +48,13 @@ def _supervise(args: argparse.Namespace, out: Output, stop: threading.Event) -> 
 
     if args.interval is not None and not 0.05 <= args.interval <= 3600:
         raise UsageError("--interval must be between 0.05 and 3600 seconds")
+    if args.metrics_listen:
+        from ql_core import metrics
+
+        metrics.serve(args.metrics_listen)
     rt = runtime_from_args(args)
+    if args.metrics_listen:
+        metrics.attach_active(rt)
     if stop.is_set():  # asked to stop while we were starting: nothing ran, nothing to drain
         rt.close()
         out.emit({"type": "stopped", "drained": True, "rounds": 0}, "ql: stopped before the first round")

@@ -10,12 +10,16 @@ HELP = "cluster worker (profile cluster-worker): claim and run queued runs until
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
+                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.service import serve
+    from ql_core.metrics import serve as serve_metrics
     from ql_core.ports.journal import WorkerService
 
+    serve_metrics(args.metrics_listen)  # before the runtime opens: its events are observed from the start
     return serve(args, role="worker", capability=WorkerService, method="run_worker",
                  profile_hint='profile = "cluster-worker" with journal = "cluster-fenced"')

@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "plugins": "ql_core.cli.cmd_plugins",
     "doctor": "ql_core.cli.cmd_doctor",
     "db": "ql_core.cli.cmd_db",
+    "workers": "ql_core.cli.cmd_workers", "web": "ql_core.cli.cmd_web",
 }
 
 _FAIL = ("1", "an operational failure (one line on stderr names the cause and the fix)")
@@ -68,6 +69,8 @@ EXIT_CODES: dict[str, list[tuple[str, str]]] = {
                 _USAGE],
     "doctor": [("0", "every check passed"), ("1", "a check failed (its line says why and the fix)"), _USAGE],
     "db": [("0", "the schema is at head"), _FAIL, _USAGE],
+    "workers": [("0", "the workers were listed (none is not an error)"), _FAIL, _USAGE],
+    "web": [("0", "stopped by SIGTERM/SIGINT"), _FAIL, _USAGE],
 }
 
 #: The longest error line we print (a driver's message can be a page long).

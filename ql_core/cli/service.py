@@ -21,11 +21,13 @@ def serve(args: argparse.Namespace, *, role: str, capability: type, method: str,
     previous: dict[int, Callable | int | None] = {
         sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        from ql_core import metrics
         from ql_core.cli.common import runtime_from_args
         from ql_core.errors import UsageError
 
         rt = runtime_from_args(args)
         try:
+            metrics.attach_active(rt)  # --metrics-listen: observe this runtime (a no-op when off)
             if not isinstance(rt.journal, capability):
                 raise UsageError(f"`ql {role}` needs a journal backend that serves it; the configured one "
                                  f"({rt.config.journal}, profile {rt.profile.name}) does not: use {profile_hint}")

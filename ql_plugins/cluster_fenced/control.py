@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from ql_core import metrics
 from ql_core.log import logger
 
 __all__ = ["run_sweeper", "Sweeper"]
@@ -96,6 +97,8 @@ class Sweeper:
             self._sweep_artifacts(counts)
         self.rounds += 1
         self.totals.update(counts)
+        for key in ("requeued", "lost", "retried"):  # expired leases, for --metrics-listen (a no-op when off)
+            metrics.count(key, counts[key])
         return dict(counts)
 
     def run(self, stop: threading.Event) -> int:

@@ -502,6 +502,12 @@ class PostgresJournal:
             return "requested"  # committed, and the run is already ended (nothing was running)
         return str(result.answer)
 
+    def ops_snapshot(self) -> dict[str, Any]:
+        """Workers, queue and shipping for `ql workers`, `ql web` and the metrics (see :mod:`.ops_view`)."""
+        from .ops_view import snapshot
+
+        return snapshot(self.connections)
+
     # -- ql control (ControlService) -------------------------------------------------------------
     def run_control(self, runtime: object, stop: threading.Event) -> int:
         from .control import run_sweeper

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
 from ql_core.errors import QlError
+from ql_core import metrics
 from ql_core.log import logger
 from ql_core.states import RUN_TERMINAL
 
@@ -222,6 +223,7 @@ class Worker:
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
+        metrics.count(key, n)  # a no-op unless --metrics-listen (ql_core.metrics)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -670,6 +672,7 @@ class Worker:
                 held.renew_due = time.monotonic() + min(1.0, self.ttl_s / 10)
                 continue
             if res.answer is LeaseAnswer.OK:
+                self._count("renewed")
                 self._lease_ok(held, res, sent)
             else:
                 logger.warning("attempt {}: lease fenced ({})", held.attempt_id, res.reason)
