@@ -4,7 +4,7 @@ Run: ``python bench/bench_history.py [--sizes 0,100,10000,100000,1000000] [--idl
 [--dir /var/tmp]`` (prints the command it ran first).
 
 For each size N, a fresh data dir gets N succeeded runs built by
-:func:`ql_core.testing.history.fill_history`: the rows the journal's create and terminal commits write
+:func:`ql_plugins.edge_sqlite.history_fill.fill_history`: the rows the journal's create and terminal commits write
 (run, attempt, log artifact, 4 events, the log's recorded size; no journal row — consumed), written
 with the edge-sqlite store's own prebuilt INSERT statements by ``executemany``, 20 000 runs per
 transaction, instead of three commits and a process per task. Then, in one run of this script:
@@ -60,7 +60,7 @@ def open_runtime(data_dir: Path, profile: str = "standalone", **limits: Any) -> 
 
 
 def build(work: Path, n: int) -> tuple[Path, float]:
-    from ql_core.testing.history import fill_history
+    from ql_plugins.edge_sqlite.history_fill import fill_history
 
     data = work / f"data-{n}"
     data.mkdir(mode=0o700)

@@ -230,7 +230,7 @@ def dbview_tally(rt, name: str) -> int:  # type: ignore[no-untyped-def]
 def test_a_purge_backlog_drains_in_budgeted_pages(rt_factory) -> None:
     """A backlog bigger than one page: a round purges page after page (one transaction each) until its
     budget is spent, says ``retention_more`` when it stopped with work left, and rounds drain it all."""
-    from ql_core.testing.history import fill_history
+    from ql_plugins.edge_sqlite.history_fill import fill_history
 
     start = int(time.time() * 1000) - 10_000
     # A generous budget: one round purges the whole backlog, page by page (not a count cap).

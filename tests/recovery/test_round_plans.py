@@ -17,7 +17,7 @@ from typing import Any
 from recovery_support import insert_attempts
 
 from ql_core.reconciler import Reconciler
-from ql_core.testing.history import fill_history
+from ql_plugins.edge_sqlite.history_fill import fill_history
 
 #: Plan steps that read no history, by the statement they appear in (matched by a fragment of it).
 ALLOWED: dict[str, tuple[str, str]] = {

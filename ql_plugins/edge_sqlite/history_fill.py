@@ -20,7 +20,7 @@ def fill_history(store: Any, n: int, *, owner: str, start_ms: int, step_ms: int 
     """Append ``n`` succeeded runs created at ``start_ms``, ``start_ms + step_ms``, ...; their ids."""
     from ql_core.ids import new_id
     from ql_core.paths import log_relative_path
-    from ql_plugins.edge_sqlite import statements as sql
+    from . import statements as sql
 
     run_ids: list[str] = []
     made = 0
