@@ -15,7 +15,9 @@ What is true: a standby dead before its message was sent ran nothing, and the ho
 ``failed``/``SPAWN_FAILED``, submit returns, the command never ran. One killed after the message
 was queued may have run the command or not: ``lost`` (no receipt) — or, if it ran to its end
 before the kill, the command's own status. A stopped one is only slow: once continued, the run
-ends with the command's status. The submitting host goes on in every case.
+ends with the command's status. The submitting host goes on in every case — also on the classic
+path, whose launcher dead before its go-ahead must not kill, by SIGPIPE, a host that gave SIGPIPE
+back its default action.
 """
 
 from __future__ import annotations
@@ -147,3 +149,23 @@ def test_a_standby_stopped_at_any_step_only_delays_its_run(rt: Any, tmp_path: Pa
     assert (view.status, view.reason, view.exit_code) == ("failed", None, 3) and marker.exists()
     assert len(_terminal_events(rt, view.run_id)) == 1
     assert pids[0] not in zombie_children(os.getpid())
+
+
+@pytest.mark.parametrize("awaited", [False, True], ids=["pipe", "socket"])
+def test_a_classic_launcher_dead_before_its_go_ahead_never_kills_a_host_without_sigpipe_ignored(
+        data_dir: Path, tmp_path: Path, awaited: bool) -> None:
+    """The classic path's go-ahead (the token, on a pipe or, awaited, a socket) to a launcher that
+    died after its handle commit: EPIPE, never a SIGPIPE that kills a host whose SIGPIPE has its
+    default action; the run ends failed/SPAWN_FAILED, the command never ran, the host goes on."""
+    import json
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("sigpipe_host.py")), str(data_dir),
+                           str(marker), "1" if awaited else "0"], capture_output=True, timeout=300, cwd=data_dir)
+    assert done.returncode == 0, (done.returncode, done.stderr.decode(errors="replace")[-2000:])
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert report == {"status": "failed", "reason": "SPAWN_FAILED", "exit_code": None, "after": "succeeded",
+                      "terminal": 1}, report
+    assert not marker.exists()
