@@ -24,6 +24,7 @@ cancel and wait always go back to that executor.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import threading
@@ -429,6 +430,13 @@ class Runtime:
             ended = self.completion.end_never_ran(sub.attempt_id, reason="SPAWN_FAILED")
             if ended.status in ("cancelled", "timed_out"):
                 return sub
+            if _launcher_gone(exc):
+                # The standby died, or stopped taking messages, between being taken and the hand-over
+                # (killed, a full or broken channel): the run truthfully ended failed, nothing ran.
+                # That is no error of the caller's, and a host must never die of it: submit stands.
+                logger.warning("run {}: its standby launcher was gone before the hand-over ({}); nothing ran, "
+                               "the run is marked {}", sub.run_id, _errno_name(exc), ended.status or "failed")
+                return sub
             raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
                           f"is marked failed") from None
         finally:
@@ -452,7 +460,19 @@ class Runtime:
             os.close(log_fd)
         sub.task = task
         self._record_spawned(executor, sub, task)
-        executor.release(task)  # only now may the command start: its handle is durable
+        try:
+            executor.release(task)  # only now may the command start: its handle is durable
+        except OSError as exc:
+            if not _launcher_gone(exc):
+                raise
+            # The launcher died before its go-ahead (its channel is broken): it never got the token,
+            # so its command never started. The run ends so, and the host goes on.
+            sub.task = None
+            executor.abort(task)
+            assert sub.attempt_id is not None
+            ended = self.completion.end_never_ran(sub.attempt_id, reason="SPAWN_FAILED")
+            logger.warning("run {}: its launcher was gone before its go-ahead ({}); nothing ran, the run is "
+                           "marked {}", sub.run_id, _errno_name(exc), ended.status or "failed")
         return sub
 
     def _record_spawned(self, executor: Executor, sub: Submission, task: SpawnedTask) -> None:
@@ -759,6 +779,22 @@ def _dir_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+#: What sending a launcher its go-ahead (a standby its run) fails with when the launcher, not the
+#: host or the caller, is the cause: it died (EPIPE, ECONNRESET, ENOTCONN, ECONNREFUSED) or its
+#: channel takes nothing now (EAGAIN, ENOBUFS). Nothing was delivered, so nothing ran.
+_LAUNCHER_GONE = frozenset((errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ECONNREFUSED, errno.EAGAIN,
+                            errno.EWOULDBLOCK, errno.ENOBUFS))
+
+
+def _launcher_gone(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _LAUNCHER_GONE
+
+
+def _errno_name(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code, type(exc).__name__) if isinstance(code, int) else type(exc).__name__
 
 
 def _spawn_failure(exc: BaseException) -> str:

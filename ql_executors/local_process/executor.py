@@ -41,7 +41,7 @@ from .launch import (
     standby_message,
     standby_message_size,
 )
-from .child import Child, forget_after_fork
+from .child import Child, forget_after_fork, reap_exited
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
 
@@ -390,9 +390,17 @@ class LocalProcessExecutor:
             self._standbys.handed_over()
 
     def close(self) -> None:
-        """Discard the idle standby launcher (it exits having run nothing). Idempotent."""
+        """Discard the idle standby launcher (it exits having run nothing), and reap every launcher
+        of this process that has exited unwaited (those still running are reaped by the next
+        launcher start in this process). Idempotent."""
         if self._standbys is not None:
             self._standbys.close()
+        reap_exited(limit=None)
+
+    def reap_exited(self) -> int:
+        """Reap up to :data:`~.child.REAP_SCAN` launchers of this process that exited unwaited (each
+        launcher start does the same); their runs still end through their receipts."""
+        return reap_exited()
 
     def inspect(self, handle: str | None) -> IdentityState:
         parsed = decode_handle(handle)

@@ -239,12 +239,31 @@ def release(channel: int | socket.socket, token: str) -> None:
     """
     line = (token + "\n").encode("ascii")
     if isinstance(channel, socket.socket):
-        channel.sendall(line)
+        channel.sendall(line, socket.MSG_NOSIGNAL)  # a dead launcher is EPIPE, never our SIGPIPE
         return
     try:
-        os.write(channel, line)
+        _write_no_sigpipe(channel, line)
     finally:
         os.close(channel)
+
+
+def _write_no_sigpipe(fd: int, data: bytes) -> None:
+    """``os.write`` to a pipe whose reader (a launcher) may have died: ``EPIPE`` is raised, and the
+    SIGPIPE the kernel sends this thread for it is taken back — a host that restored SIGPIPE's
+    default action (CPython ignores it; many CLIs do not) must never die of its launcher's death."""
+    import signal
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    pending_before = signal.SIGPIPE in signal.sigpending()
+    try:
+        os.write(fd, data)
+    except BrokenPipeError:
+        if not pending_before:  # ours (thread-directed, pending while blocked): consume it
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        raise
+    finally:
+        if signal.SIGPIPE not in blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGPIPE})
 
 
 def acknowledge(channel: socket.socket, committed: bool) -> None:
@@ -253,7 +272,7 @@ def acknowledge(channel: socket.socket, committed: bool) -> None:
     receipt). A publisher already gone (killed with its group) is no error: the commit stands."""
     try:
         if committed:
-            channel.sendall(b"ok\n")  # 3 bytes into an empty socket buffer: never blocks
+            channel.sendall(b"ok\n", socket.MSG_NOSIGNAL)  # 3 bytes into an empty buffer: never blocks
     except OSError:
         pass
     finally:

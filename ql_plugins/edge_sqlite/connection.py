@@ -1,5 +1,9 @@
 """SQLite connections for the edge-sqlite run store: stdlib ``sqlite3``, one connection per thread.
 
+A thread's connection is closed when the thread ends (its thread-local slot is dropped, and the
+slot's finalizer closes the connection), so a long-lived host that starts a thread per task holds
+one connection per *live* thread that used the runtime — never one per thread it ever ran.
+
 Tuned for a crash-safe single node: WAL journal, ``synchronous=FULL`` (a
 committed terminal state survives power loss as well as a crash), a busy
 timeout, foreign keys, and write transactions that take the write lock up
@@ -21,6 +25,7 @@ import os
 import sqlite3
 import stat
 import threading
+import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import unquote
@@ -62,8 +67,11 @@ class SqliteConnections:
         self._busy_s = busy_timeout_ms / 1000
         self._busy_ms = int(busy_timeout_ms)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        #: Every open connection, by its slot (a live thread's, until that thread ends).
+        self._all: dict[int, sqlite3.Connection] = {}
+        # Re-entrant: a slot's finalizer may run in any thread, even one that holds the lock
+        # (a garbage collection inside ``connection()``).
+        self._lock = threading.RLock()
         self._closed = False
         self._trace: Callable[[int, str], None] | None = None
 
@@ -97,28 +105,46 @@ class SqliteConnections:
         return conn
 
     def connection(self) -> sqlite3.Connection:
-        """This thread's connection (opened on first use; used only by this thread)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+        """This thread's connection (opened on first use; used only by this thread; closed when
+        the thread ends, or with :meth:`close`)."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
             if self._closed:
                 raise StoreError("the run store is closed")
             try:
                 conn = self._connect()
             except sqlite3.Error as exc:
                 raise _store_error(exc, self.path) from None
-            self._local.conn = conn
+            slot = _Slot(conn)
             with self._lock:
-                self._all.append(conn)
+                if self._closed:  # closed while we connected: do not leave this one open
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.close()
+                    raise StoreError("the run store is closed")
+                self._all[id(slot)] = conn
                 if self._trace is not None:
                     self._attach(conn, self._trace)
-        return conn
+            # The thread-local dict is dropped when this thread ends, and the slot with it: close
+            # its connection then (weakly bound to us: a slot must not keep the store alive).
+            weakref.finalize(slot, _release, weakref.ref(self), id(slot), conn)
+            self._local.slot = slot
+        return slot.conn
+
+    def open_connections(self) -> int:
+        """How many connections are open now (diagnostics, tests): one per live thread that used it."""
+        with self._lock:
+            return len(self._all)
+
+    def _forget(self, key: int) -> sqlite3.Connection | None:
+        with self._lock:
+            return self._all.pop(key, None)
 
     def trace(self, callback: Callable[[int, str], None] | None) -> None:
         """Diagnostics: ``callback(connection_id, sql)`` for every statement on every connection
         (current and future), None to stop. Only statements — parameters are never passed."""
         with self._lock:
             self._trace = callback
-            for conn in self._all:
+            for conn in self._all.values():
                 self._attach(conn, callback)
 
     @staticmethod
@@ -129,7 +155,7 @@ class SqliteConnections:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._all = self._all, []
+            conns, self._all = list(self._all.values()), {}
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
@@ -201,6 +227,26 @@ class SqliteConnections:
             # In a child process, so this long-lived process never loads SQLAlchemy, Alembic and
             # SQLModel (≈ 50 MiB); the child shares the lock, which then outlives our death.
             migrate_url_in_child(f"sqlite:///{self.path}", keep_fds=(lock_fd,))
+
+
+class _Slot:
+    """A thread's connection, held in the thread-local storage: dropped when the thread ends."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+
+def _release(store_ref: weakref.ref[SqliteConnections], key: int, conn: sqlite3.Connection) -> None:
+    """A thread ended (or its store went away): close its connection unless ``close`` already did.
+    Runs in whatever thread drops the slot, with no transaction open on it (transactions are
+    context managers of the thread that owns the connection)."""
+    store = store_ref()
+    if store is not None and store._forget(key) is None:  # noqa: SLF001 - this module's own object
+        return  # the store was closed: close() closed it
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
 
 
 def _create_private(path: Path) -> None:

@@ -2,7 +2,7 @@
 
     python recovery_host.py DATA_DIR SEED N
 
-Each task is ``sleep 0.XX; exit CODE`` with CODE recorded in the run's name (``code=CODE``) in the
+Each task is ``echo ran; sleep 0.XX; exit CODE`` with CODE recorded in the run's name (``code=CODE``) in the
 create commit, so the test knows every run's true exit code even if this host dies at any moment.
 """
 
@@ -24,7 +24,10 @@ def main() -> None:
     for _ in range(n):
         code = rng.choice([0, 0, 0, 1, 2, 3, 42, 255])
         duration = rng.randint(0, 60)
-        subs.append(rt.submit([f"sleep {duration / 100:.2f}; exit {code}"], shell=True, name=f"code={code}"))
+        # "ran" in the log is the proof that the command started (a run ended without its status
+        # must show an empty log when nothing ran).
+        subs.append(rt.submit([f"echo ran; sleep {duration / 100:.2f}; exit {code}"], shell=True,
+                              name=f"code={code}"))
     print("submitted", flush=True)
     for sub in subs:
         rt.wait(sub)
