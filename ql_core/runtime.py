@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .clock import now_ms
+from .clock import boot_ms, elapsed_ms_ceil, now_ms
 from .config import Config
 from .crashpoints import crashpoint
 from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError, UsageError
@@ -63,6 +63,18 @@ BUSY_RETRY_S = 0.2
 REATTACH_POLL_S = 0.2
 
 
+def _remaining_s(sub: Submission) -> float:
+    """Seconds until ``sub``'s deadline, on the boot clock from its committed start (a wall clock
+    stepped while it runs moves nothing); the wall clock when the start has no boot-clock time."""
+    assert sub.deadline_at_ms is not None
+    timeout_ms = sub.deadline_at_ms - sub.started_at_ms
+    if sub.started_boot_ms is not None:
+        elapsed = elapsed_ms_ceil(sub.started_boot_ms)
+        if elapsed is not None:
+            return (timeout_ms - elapsed) / 1000
+    return (sub.deadline_at_ms - now_ms()) / 1000
+
+
 @dataclass
 class Submission:
     """A submitted run. ``task`` is set while this runtime is the task's parent (the live path).
@@ -83,6 +95,10 @@ class Submission:
     task: SpawnedTask | None = field(default=None, repr=False)
     #: Spawned for a host that waits for it: its receipt is held back for our acknowledgement.
     awaited: bool = False
+    #: CLOCK_BOOTTIME (ms) read with ``started_at_ms``: durations (the deadline) are measured from it.
+    started_boot_ms: int | None = None
+    #: The log artifact's quota (None: the profile's).
+    log_max_bytes: int | None = None
 
 
 class Runtime:
@@ -353,7 +369,9 @@ class Runtime:
         assert self.config.executor is not None
         run_id, attempt_id, log_id = new_id(), new_id(), new_id()
         token = new_token()  # 256 bits, 43 chars of [A-Za-z0-9_-]
-        now = now_ms()
+        # The committed start, read on both clocks at once: stored times are wall-clock, durations
+        # (the deadline, the finish time the launcher writes) count on the boot clock from here.
+        now, boot = now_ms(), boot_ms()
         deadline = now + int(timeout_s * 1000) if timeout_s is not None else None
         new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=name,
                      executor=self.config.executor, runtime_owner=self.node_id,
@@ -375,7 +393,8 @@ class Runtime:
         for event in events:
             self.plugins.notify_event(event)
         return Submission(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, callback_sequence=1,
-                          started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token)
+                          started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token,
+                          started_boot_ms=boot, log_max_bytes=new.log_max_bytes)
 
     def _prepare_locations(self, sub: Submission, *, drop: Callable[[], None] | None = None) -> tuple[str, int]:
         """The receipt location and the open log artifact of ``sub`` (after its create commit). On
@@ -411,7 +430,12 @@ class Runtime:
                             callback_sequence=sub.callback_sequence, token=sub.token,
                             started_at_ms=sub.started_at_ms, command=command, shell=shell,
                             log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
-                            receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited)
+                            receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited,
+                            timeout_ms=(sub.deadline_at_ms - sub.started_at_ms
+                                        if sub.deadline_at_ms is not None else None),
+                            cancel_grace_ms=int(self.profile.cancel_grace_s * 1000),
+                            log_max_bytes=sub.log_max_bytes or self.profile.log_max_bytes,
+                            started_boot_ms=sub.started_boot_ms)
 
     def _start_standby(self, executor: Executor, sub: Submission, task: SpawnedTask, command: tuple[str, ...], *,
                        shell: bool, cwd: str | None, env: dict[str, str] | None) -> Submission:
@@ -527,8 +551,9 @@ class Runtime:
             try:
                 if not intent:
                     intent = self._has_intent(sub.run_id)
-                if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
-                    # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
+                if not intent and sub.deadline_at_ms is not None and _remaining_s(sub) <= 0:
+                    # In-memory timer: a fast path only; the launcher and recovery enforce the
+                    # persisted deadline too.
                     self.canceller.request(sub.run_id, "timeout")
                     intent = True
                 if intent:
@@ -539,7 +564,7 @@ class Runtime:
                                sub.run_id, type(exc).__name__)
             timeout = BUSY_RETRY_S if busy else tick_s
             if not intent and not busy and sub.deadline_at_ms is not None:
-                timeout = min(timeout, max(0.0, (sub.deadline_at_ms - now_ms()) / 1000))
+                timeout = min(timeout, max(0.0, _remaining_s(sub)))
             observed = executor.wait(sub.task, timeout)
             if observed is not None:
                 return observed
