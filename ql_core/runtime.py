@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .ports.executor import Executor, ExitObservation, SpawnedTask, SpawnRequest
     from .ports.journal import JournalBackend
     from .ports.receipt_store import ReceiptStore
-    from .records import EventRecord
+    from .records import AttemptRecord, EventRecord
 
 __all__ = ["Runtime", "Submission", "RunView"]
 
@@ -153,7 +153,8 @@ class Runtime:
 
         return CompletionService(self.journal, node_id=self.node_id, retries=self.profile.completion_retries,
                                  notify=self.plugins.notify_event,
-                                 executor_known=lambda name: self.executor_for(name) is not None)
+                                 executor_known=lambda name: self.executor_for(name) is not None,
+                                 elapsed=self.attempt_elapsed_ms)
 
     @functools.cached_property
     def consumer(self) -> ReceiptConsumer | None:
@@ -251,6 +252,37 @@ class Runtime:
                 else:
                     self._executors[name] = None
             return self._executors[name]
+
+    def attempt_elapsed_ms(self, attempt: AttemptRecord) -> int | None:
+        """How long ``attempt`` has run since its committed start, measured by its executor on a
+        clock that does not step (ports.executor, "Durations"); None when it cannot tell (no such
+        method, no recorded start, another boot or another node): callers then use the wall clock."""
+        if attempt.started_at_ms is None or not attempt.handle:
+            return None
+        measure = getattr(self.executor_for(attempt.executor), "elapsed_ms", None)
+        if not callable(measure):
+            return None
+        try:
+            elapsed = measure(attempt.handle)
+        except Exception:  # noqa: BLE001 - a plugin's failure to measure: the wall clock decides
+            return None
+        return elapsed if isinstance(elapsed, int) and not isinstance(elapsed, bool) and elapsed >= 0 else None
+
+    def deadline_passed(self, run_id: str) -> bool:
+        """Has ``run_id``'s deadline passed? A duration: the current attempt's time since its
+        committed start on its executor's clock that does not step, compared with the deadline's
+        distance from that start — never two wall clocks (the submitter's, ours). The wall clock
+        only when the executor cannot measure (then the task cannot have survived a reboot, or it
+        runs elsewhere)."""
+        run = self.journal.run(run_id)
+        if run is None or run.deadline_at_ms is None:
+            return False
+        attempt = self.journal.attempt(run.current_attempt_id) if run.current_attempt_id else None
+        if attempt is not None and attempt.started_at_ms is not None:
+            elapsed = self.attempt_elapsed_ms(attempt)
+            if elapsed is not None:
+                return elapsed >= run.deadline_at_ms - attempt.started_at_ms
+        return now_ms() >= run.deadline_at_ms
 
     def _require_executor(self) -> tuple[Executor, ReceiptStore]:
         if self.executor is None or self.receipts is None:
@@ -604,7 +636,7 @@ class Runtime:
         process identity — what a supervisor round would do for it, bounded to this one run."""
         if view.terminal or self.consumer is None or view.current_attempt is None:
             return
-        if view.deadline_at_ms is not None and view.cancel_reason is None and now_ms() >= view.deadline_at_ms:
+        if view.deadline_at_ms is not None and view.cancel_reason is None and self.deadline_passed(view.run_id):
             self.canceller.request(view.run_id, "timeout")
         if view.cancel_reason is not None or view.deadline_at_ms is not None:
             self.canceller.dispatch_one(view.run_id)

@@ -467,7 +467,7 @@ def standby_message(
     word = b"shell+c" if task.mode == "shell" else b"argv+c"
     fields = [_STANDBY_MAGIC, shard, run_id.encode(), attempt_id.encode(), str(callback_sequence).encode(),
               str(started_at_ms).encode(), word + b"a" if awaited else word,
-              limits_word(limits if limits is not None else Limits()).encode(), task.cwd,
+              limits_word(limits).encode() if limits is not None else b",,,,", task.cwd,
               str(len(task.words)).encode(), *task.words, str(len(task.env)).encode(), *task.env,
               token.encode("ascii")]
     return b"\0".join(fields) + b"\0"

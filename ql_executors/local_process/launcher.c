@@ -185,11 +185,15 @@ static int read_line(int fd, char *line, int cap) {
     }
 }
 
-/* The launcher catches every forwarded signal, even one its host ignored (nohup, setsid ... &):
- * a cancel's TERM must reach CMD and start the KILL grace, and CMD gets the defaults anyway. */
-static void set_forwarded(void (*handler)(int)) {
+/* A launcher with a run catches every forwarded signal, even one its host ignored (nohup,
+ * `setsid ... &`): a cancel's TERM must reach CMD and start the KILL grace, and CMD gets the
+ * defaults anyway. An idle standby (skip_ignored) leaves those ignored: such a signal ends
+ * nothing, as for any process of that host. */
+static void set_forwarded(void (*handler)(int), int skip_ignored) {
     for (int i = 0; i < N_FORWARDED; i++) {
         struct sigaction sa;
+        if (skip_ignored && sigaction(FORWARDED[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+            continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = handler;
         sigemptyset(&sa.sa_mask);
@@ -931,7 +935,7 @@ int main(int argc, char **argv) {
      * receipt) — a stray TERM to an idle standby must not become the next run's 143, and a cancel
      * that reaches it after its run's create commit ends that run through the host (cancelled). */
     idle_standby = standby;
-    set_forwarded(on_signal);
+    set_forwarded(on_signal, standby);
 
     /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
      * EOF or anything invalid: exit 125, nothing run, no receipt. */
@@ -940,6 +944,7 @@ int main(int argc, char **argv) {
         if (!receive_spec(channel, &t))
             return LOST;
         idle_standby = 0; /* from here on it holds a run: signals are remembered, as above */
+        set_forwarded(on_signal, 0); /* and forwarded, even those its host ignored */
     } else {
         int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
         if (len < 0 || !valid_token(token, (size_t)len))
@@ -995,7 +1000,7 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &forwarded, NULL);
     child_pid = 0;
     /* Nothing is left to forward to; publication cannot be cut short by a group signal. */
-    set_forwarded(SIG_IGN);
+    set_forwarded(SIG_IGN, 0);
     sigprocmask(SIG_SETMASK, &saved_mask, NULL);
     int wstatus;
     for (;;) {

@@ -38,7 +38,7 @@ unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attemp
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
 	_ql_mine _ql_flags _ql_await _ql_ack _ql_limits _ql_lstart _ql_ltimeout _ql_lgrace _ql_lquota \
-	_ql_lack _ql_u _ql_dogs _ql_killer _ql_l _ql_p _ql_found _ql_n _ql_spare _ql_r _ql_ms _ql_go
+	_ql_lack _ql_u _ql_dogs _ql_killer _ql_l _ql_p _ql_found _ql_n _ql_spare _ql_r _ql_ms _ql_termed
 # Signals we forward; the command starts with default dispositions for them (see the two modes).
 _ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
 
@@ -101,16 +101,15 @@ case $_ql_flags in *c*) exec 3<&0 0</dev/null ;; esac
 command set +o posix 2>/dev/null
 
 # Signals may arrive before the child exists; they are remembered and forwarded once it does.
-_ql_child= _ql_pending= _ql_sig=
+_ql_child= _ql_pending= _ql_sig= _ql_termed=
 _ql_on_signal() {
 	_ql_sig=1
 	if [ -n "$_ql_child" ]; then
 		kill -s "$1" "$_ql_child" 2>/dev/null
-		# What `ql cancel` sends: the group gets KILL GRACE_MS later if CMD is still there.
-		if [ "$1" = TERM ] && [ -n "$_ql_lgrace" ] && [ -z "$_ql_killer" ]; then
-			_ql_grace_killer &
-			_ql_killer=$!
-		fi
+		# What `ql cancel` sends: the group gets KILL GRACE_MS later if CMD is still there. The
+		# killer is started by the wait loop, not here: a job started while CMD's job is done and
+		# already waited for makes dash free CMD's job, and its status would be lost.
+		[ "$1" = TERM ] && _ql_termed=1
 	else
 		_ql_pending="$_ql_pending $1"
 	fi
@@ -220,14 +219,14 @@ _ql_self() {
 # group KILL would take it too. A launcher that does not lead its group (not started by ql) kills
 # CMD alone.
 _ql_kill_group() {
-	[ -n "$_ql_child" ] && kill -s KILL "$_ql_child" 2>/dev/null
-	[ -n "$_ql_leader" ] || return 0
+	# CMD itself last: once it is gone the launcher ends its helpers, this one too.
+	[ -n "$_ql_leader" ] || { _ql_kill_cmd; return 0; }
 	_ql_n=0
 	while [ "$_ql_n" -lt 64 ]; do
 		_ql_n=$((_ql_n + 1)) _ql_found=
 		for _ql_f in /proc/[0123456789]*/stat; do
 			_ql_r=${_ql_f#/proc/} _ql_r=${_ql_r%/stat}
-			case " $$ $_ql_spare $_ql_dogs " in *" $_ql_r "*) continue ;; esac
+			case " $$ $_ql_spare $_ql_dogs $_ql_child " in *" $_ql_r "*) continue ;; esac
 			{ IFS= read -r _ql_l <"$_ql_f"; } 2>/dev/null || continue
 			_ql_stat_of "${_ql_l##*)}"
 			[ "$_ql_u" = "$$" ] || continue
@@ -235,9 +234,13 @@ _ql_kill_group() {
 			case $_ql_x in Z | X) continue ;; esac
 			kill -s KILL "$_ql_r" 2>/dev/null && _ql_found=1
 		done
-		[ -n "$_ql_found" ] || return 0
+		[ -n "$_ql_found" ] || break
 		_ql_sleep_ms 10
 	done
+	_ql_kill_cmd
+}
+_ql_kill_cmd() {
+	if [ -n "$_ql_child" ]; then kill -s KILL "$_ql_child" 2>/dev/null; fi
 }
 # End helper $1 and its children (a sleep): stopped first, so that it forks nothing more.
 _ql_kill_tree() {
@@ -300,6 +303,13 @@ _ql_quota() {
 		fi
 	done
 	exit 0
+}
+# Called by the wait loops while CMD still runs (see _ql_on_signal): start the KILL's timer once.
+_ql_arm_killer() {
+	if [ -n "$_ql_termed" ] && [ -n "$_ql_lgrace" ] && [ -z "$_ql_killer" ]; then
+		_ql_grace_killer &
+		_ql_killer=$!
+	fi
 }
 _ql_dogs=
 # Each helper is one fork (`name &`, a brace-bodied function) that ignores the forwarded signals
@@ -380,6 +390,7 @@ else
 		# soon).
 		_ql_nap=0.01
 		while kill -0 "$_ql_pid"; do
+			_ql_arm_killer
 			[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
 			read -r -t "$_ql_nap" -n 1 -u "$_ql_pipe" _ql_x
 			# Over 128: the sleep timed out (or a trap ran). Anything else is EOF on the
@@ -396,6 +407,7 @@ else
 		# process is not ours and we stop.
 		_ql_spins=0
 		while kill -0 "$_ql_pid"; do
+			_ql_arm_killer
 			if [ -n "$_ql_sig" ]; then _ql_spins=0; else _ql_spins=$((_ql_spins + 1)); fi
 			[ "$_ql_spins" -gt 3 ] && break
 			_ql_sig=
