@@ -71,7 +71,7 @@ if [ -n "$_ql_n" ]; then
 	_ql_ok=1
 	if [ "$_ql_n" = 8 ]; then
 		# LIMITS: exactly five comma-separated fields (four commas), each empty or an integer.
-		case $_ql_limits in *,*,*,*,*,*) _ql_ok= ;; *,*,*,*) ;; *) _ql_ok= ;; esac
+		case $_ql_limits in *,*,*,*,*,*) _ql_ok= ;; *,*,*,*,*) ;; *) _ql_ok= ;; esac
 		_ql_lstart=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
 		_ql_ltimeout=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
 		_ql_lgrace=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
@@ -216,13 +216,14 @@ _ql_self() {
 # KILL for every running member of the launcher's group but the launcher, the caller (_ql_spare),
 # the other helpers started before it (_ql_dogs) and their children (a sleep), scanned in /proc
 # until none is left (at most 64 scans): the launcher must live on to publish the receipt, and a
-# group KILL would take it too. A launcher that does not lead its group (not started by ql) kills
-# CMD alone.
+# group KILL would take it too. CMD is stopped first and killed last, and each scan stops what it
+# finds before it kills any of it: nothing sees another die and goes on (a `sh -c '...; exit 0'`
+# whose child was killed would end 0), and once CMD is gone the launcher ends its helpers, this
+# one too. A launcher that does not lead its group (not started by ql) kills CMD alone.
 _ql_kill_group() {
-	# CMD itself last: once it is gone the launcher ends its helpers, this one too.
-	[ -n "$_ql_leader" ] || { _ql_kill_cmd; return 0; }
+	if [ -n "$_ql_child" ]; then kill -s STOP "$_ql_child" 2>/dev/null; fi
 	_ql_n=0
-	while [ "$_ql_n" -lt 64 ]; do
+	while [ -n "$_ql_leader" ] && [ "$_ql_n" -lt 64 ]; do
 		_ql_n=$((_ql_n + 1)) _ql_found=
 		for _ql_f in /proc/[0123456789]*/stat; do
 			_ql_r=${_ql_f#/proc/} _ql_r=${_ql_r%/stat}
@@ -232,14 +233,13 @@ _ql_kill_group() {
 			[ "$_ql_u" = "$$" ] || continue
 			case " $_ql_spare $_ql_dogs " in *" $_ql_p "*) continue ;; esac
 			case $_ql_x in Z | X) continue ;; esac
-			kill -s KILL "$_ql_r" 2>/dev/null && _ql_found=1
+			kill -s STOP "$_ql_r" 2>/dev/null && _ql_found="$_ql_found $_ql_r"
 		done
 		[ -n "$_ql_found" ] || break
+		# shellcheck disable=SC2086
+		kill -s KILL $_ql_found 2>/dev/null
 		_ql_sleep_ms 10
 	done
-	_ql_kill_cmd
-}
-_ql_kill_cmd() {
 	if [ -n "$_ql_child" ]; then kill -s KILL "$_ql_child" 2>/dev/null; fi
 }
 # End helper $1 and its children (a sleep): stopped first, so that it forks nothing more.
