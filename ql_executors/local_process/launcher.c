@@ -7,8 +7,10 @@
  * docs/launcher.md first); ql builds this file once per machine when a C compiler is available
  * (ql_executors/local_process/compiled.py) and falls back to launcher.sh otherwise. What differs:
  *
- * - No helper processes: signals are reset to their defaults in the child before exec (what
- *   `env --default-signal` does for the shell), the status comes from waitpid on our own child
+ * - No helper processes: every signal is reset to its default and the mask emptied in the child
+ *   before exec (env --default-signal does the first for the shell; no shell tool does the
+ *   second), the LIMITS are enforced from one poll() loop (see "Protections" below and
+ *   docs/launcher.md), the status comes from waitpid on our own child
  *   (no `kill -0` polling, no pid-reuse guard needed), and the receipt is written with openat,
  *   write, fsync, linkat, unlinkat and a directory fsync (what printf, sync, ln and rm do); an
  *   fsync that fails for a reason other than "unsupported" publishes nothing.

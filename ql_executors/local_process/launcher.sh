@@ -242,9 +242,17 @@ _ql_kill_group() {
 	done
 	if [ -n "$_ql_child" ]; then kill -s KILL "$_ql_child" 2>/dev/null; fi
 }
-# End helper $1 and its children (a sleep): stopped first, so that it forks nothing more.
+# End helper $1 and its children (a sleep): stopped first, so that it forks nothing more. Its
+# children are listed by /proc/PID/task/PID/children where the kernel has it (one read), else
+# found by a scan of /proc.
 _ql_kill_tree() {
 	kill -s STOP "$1" 2>/dev/null || return 0
+	if { read -r _ql_l <"/proc/$1/task/$1/children"; } 2>/dev/null || [ -f "/proc/$1/task/$1/children" ]; then
+		# shellcheck disable=SC2086
+		[ -z "$_ql_l" ] || kill -s KILL $_ql_l 2>/dev/null
+		kill -s KILL "$1" 2>/dev/null
+		return 0
+	fi
 	for _ql_f in /proc/[0123456789]*/stat; do
 		{ IFS= read -r _ql_l <"$_ql_f"; } 2>/dev/null || continue
 		_ql_stat_of "${_ql_l##*)}"
