@@ -212,11 +212,12 @@ def test_the_publisher_stops_waiting_for_ok_after_ack_wait(held) -> None:
 
 
 def test_the_command_gets_default_dispositions_and_no_blocked_signal(held, shell: list[str]) -> None:
-    """A host that ignores HUP and INT (nohup, `setsid ... &`) and blocks them: the command starts
-    with every signal at its default; the compiled launcher also clears the mask."""
+    """A host that ignores HUP, INT and ALRM (nohup, `setsid ... &`) and blocks them: the command
+    starts with every signal at its default; the compiled launcher also clears the mask."""
     if launcher_mode(shell) == "foreground":
         pytest.skip("in foreground mode (no GNU env) a signal ignored on entry stays ignored (POSIX shells)")
-    dropped = {signal.SIGHUP, signal.SIGINT}
+    # HUP and INT (forwarded ones), ALRM (one the launcher never touches otherwise).
+    dropped = {signal.SIGHUP, signal.SIGINT, signal.SIGALRM}
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in dropped}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, dropped | {signal.SIGUSR1})
     try:

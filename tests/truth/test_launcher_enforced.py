@@ -152,3 +152,42 @@ def test_a_flood_with_no_follower_is_cut_while_it_runs(env: dict[str, str], data
         time.sleep(0.02)
     assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
     _wait(lambda: _status(env, rec["run_id"])["status"] == "cancelled", "the cancel")
+
+
+def _ignoring_and_blocking() -> None:
+    """What a `nohup` / `setsid ... &` host passes on, and more: HUP and INT ignored and blocked."""
+    import signal
+
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGINT, signal.SIGALRM})
+
+
+@pytest.mark.parametrize("how", ["cancel", "group INT"])
+def test_a_task_of_a_host_that_ignores_and_blocks_signals_dies_of_them(
+        env: dict[str, str], data_dir: Path, how: str) -> None:
+    import signal
+    import subprocess
+
+    from tests.conftest import QL
+
+    if how == "group INT" and "shell" in Path(env["QL_CONFIG"]).read_text():
+        pytest.skip("launcher.sh cannot unblock a signal its host blocked (docs/launcher.md); a cancel still works")
+    marker = f"27.{secrets.randbelow(10**6):06d}"
+    out = subprocess.run([*QL, "--json", "run", "--detach", "--", "sleep", marker], env=env, capture_output=True,
+                         text=True, timeout=BOUND_S, preexec_fn=_ignoring_and_blocking)
+    assert out.returncode == 0, out.stderr
+    rec = json_lines(out.stdout)[0]
+    _wait(lambda: _pids_with(marker), "the task to start")
+    if how == "cancel":
+        assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
+        expected = ("cancelled", 143)
+    else:
+        status = Path(f"/proc/{_pids_with(marker)[0]}/status").read_text()
+        assert "SigIgn:\t0000000000000000" in status and "SigBlk:\t0000000000000000" in status, status
+        os.killpg(os.getpgid(_pids_with(marker)[0]), signal.SIGINT)
+        expected = ("failed", 130)
+    _wait(lambda: not _pids_with(marker), "the task to die of the signal")
+    assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == expected[1]
+    view = _status(env, rec["run_id"])
+    assert (view["status"], view["exit_code"]) == expected
