@@ -149,10 +149,10 @@ def test_timeout_intent_then_a_late_success_is_timed_out(runtime: Any, running_p
     assert "run.cancel_moot" not in [e["type"] for e in events]
 
 
-def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, running: Any,
+def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, running_past_deadline: Any,
                                                                   ql_env: dict[str, str]) -> None:
     """The persisted deadline, not an in-memory timer: `ql reconcile` commits the intent first."""
-    sub = running(timeout_s=0.2)
+    sub = running_past_deadline(timeout_s=0.2)
     wait_for(lambda: now_ms() > sub.deadline_at_ms, what="the deadline to pass")
     # Publish the success first, finished after the deadline: the reconcile round commits the
     # timeout intent (step 1) before it reads any receipt (step 3), whatever the scan order.
