@@ -293,8 +293,13 @@ _ql_deadline() {
 		_ql_sleep_ms "$_ql_ltimeout"
 	fi
 	if [ -n "$_ql_leader" ]; then kill -s TERM 0; elif [ -n "$_ql_child" ]; then kill -s TERM "$_ql_child"; fi
+	# Once more to CMD 0.2 s later: a deadline already past when the launcher starts fires while
+	# the child may still be between its fork and its exec, where a shell drops a trapped signal
+	# (docs/launcher.md, "Early signals"); a TERM it got already changes nothing.
+	_ql_sleep_ms 200
+	[ -z "$_ql_child" ] || kill -s TERM "$_ql_child" 2>/dev/null
 	if [ -n "$_ql_lgrace" ]; then
-		_ql_sleep_ms "$_ql_lgrace"
+		_ql_sleep_ms "$(($_ql_lgrace > 200 ? $_ql_lgrace - 200 : 0))"
 		_ql_kill_group
 	fi
 	exit 0

@@ -140,11 +140,13 @@ def test_the_deadline_terms_the_command_at_its_time_on_the_boot_clock(held) -> N
     assert 1000 <= task.duration_ms() < 1000 + DEADLINE_S * 1000
 
 
-def test_a_start_long_ago_on_the_boot_clock_is_a_deadline_already_passed(held) -> None:
+def test_a_start_long_ago_on_the_boot_clock_is_a_deadline_already_passed(held, shell: list[str]) -> None:
     """The deadline counts from the committed start (START_BOOT_MS), not from the launcher's start."""
     start = now_boot() - 5000
-    task = held(["sleep", "60"], Limits(start_boot_ms=start, timeout_ms=3000, grace_ms=10_000))
-    assert task.wait() == 128 + signal.SIGTERM
+    task = held(["sleep", "60"], Limits(start_boot_ms=start, timeout_ms=3000, grace_ms=3000))
+    # A shell launcher may lose a TERM that lands between its child's fork and exec (docs/launcher.md,
+    # "Early signals"; it sends it once more 0.2 s later): then the KILL after the grace ends it.
+    assert task.wait() in ((128 + signal.SIGTERM,) if is_compiled(shell) else (128 + signal.SIGTERM, 137))
     assert task.duration_ms() >= 5000
 
 
@@ -247,11 +249,17 @@ def test_a_command_from_a_nohup_host_dies_of_the_cancels_signals(held, shell: li
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    wait_for(lambda: any(os.path.basename(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]) == b"sleep"
-                         for p in _group(task.pid)), "the command to run")
+    wait_for(lambda: any(_program(p) == b"sleep" for p in _group(task.pid)), "the command to run")
     os.killpg(task.pid, signal.SIGINT)
     assert task.wait() == 128 + signal.SIGINT
     assert task.receipt()["exitCode"] == 128 + signal.SIGINT
+
+
+def _program(pid: int) -> bytes:
+    try:
+        return os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0])
+    except OSError:
+        return b""  # gone meanwhile
 
 
 def _group(pgid: int) -> list[int]:
