@@ -32,6 +32,21 @@ BOUND_S = 90
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
+# libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC=1 fails clock_nanosleep (EINVAL), which is
+# Python's time.sleep (subprocess's wait with a timeout sleeps too); select's timeout is not
+# affected. The faked `ql` processes get a time.sleep made of select (a sitecustomize on their
+# PYTHONPATH): nothing of what these tests are about, only what lets Python run under libfaketime.
+SITECUSTOMIZE = """
+import select, time
+
+def _sleep(seconds):
+    if seconds > 0:
+        select.select([], [], [], seconds)
+
+time.sleep = _sleep
+"""
+
+
 @pytest.fixture
 def faketime() -> str:
     if shutil.which("faketime") is None or not os.path.exists(LIBFAKETIME):
@@ -39,6 +54,13 @@ def faketime() -> str:
             pytest.fail("faketime is required under CI=true (apt-get install faketime)")
         pytest.skip("faketime is not installed")
     return LIBFAKETIME
+
+
+@pytest.fixture
+def sleep_shim(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("faketime-shim")
+    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return str(directory)
 
 
 @pytest.fixture(params=["compiled", "shell"])
@@ -52,15 +74,16 @@ def env(request: pytest.FixtureRequest, ql_env: dict[str, str], tmp_path: Path) 
     return env
 
 
-def _faked(env: dict[str, str], lib: str, **settings: str) -> dict[str, str]:
-    return dict(env, LD_PRELOAD=lib, FAKETIME_DONT_FAKE_MONOTONIC="1", **settings)
+def _faked(env: dict[str, str], lib: str, shim: str, **settings: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH", "")) if p)
+    return dict(env, LD_PRELOAD=lib, FAKETIME_DONT_FAKE_MONOTONIC="1", PYTHONPATH=path, **settings)
 
 
-def _stepping(env: dict[str, str], lib: str, tmp_path: Path) -> tuple[dict[str, str], Path]:
+def _stepping(env: dict[str, str], lib: str, shim: str, tmp_path: Path) -> tuple[dict[str, str], Path]:
     """An environment whose wall clock follows a file (read at every call): write "-1h" to step."""
     offset = tmp_path / "faketime.offset"
     offset.write_text("+0\n")
-    return _faked(env, lib, FAKETIME_TIMESTAMP_FILE=str(offset), FAKETIME_NO_CACHE="1"), offset
+    return _faked(env, lib, shim, FAKETIME_TIMESTAMP_FILE=str(offset), FAKETIME_NO_CACHE="1"), offset
 
 
 def _status(env: dict[str, str], run_id: str) -> dict:
@@ -114,8 +137,8 @@ def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], 
 
 
 def test_the_waiting_hosts_clock_stepped_back_does_not_extend_the_deadline(
-        faketime: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, tmp_path)
+        faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
+    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
     marker = f"20.{secrets.randbelow(10**6):06d}"
     rc, final = _run_stepped(faked, offset, "-1h", ["--timeout", "3", "--", "env", "-u", "LD_PRELOAD", "sleep",
                                                      marker], marker)
@@ -126,8 +149,8 @@ def test_the_waiting_hosts_clock_stepped_back_does_not_extend_the_deadline(
 
 
 def test_the_waiting_hosts_clock_stepped_forward_does_not_cut_the_task_short(
-        faketime: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, tmp_path)
+        faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
+    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
     marker = f"3.{secrets.randbelow(10**6):06d}"
     rc, final = _run_stepped(faked, offset, "+1h", ["--timeout", "60", "--", "env", "-u", "LD_PRELOAD", "sleep",
                                                      marker], marker)
@@ -138,13 +161,13 @@ def test_the_waiting_hosts_clock_stepped_forward_does_not_cut_the_task_short(
 
 
 def test_a_submitter_an_hour_behind_gets_its_timeout_after_the_real_duration(
-        faketime: str, env: dict[str, str]) -> None:
+        faketime: str, sleep_shim: str, env: dict[str, str]) -> None:
     """Submitted with a clock 1 h behind (its deadline looks long past to a correct clock); a
     `ql reconcile` on a correct clock right away leaves it running; it is timed out after its real
     10 s, by its launcher, with nobody looking. (10 s: room for the reconcile and the look at its
     status on a loaded machine, both before the deadline.)"""
     marker = f"30.{secrets.randbelow(10**6):06d}"
-    behind = _faked(env, faketime, FAKETIME="-1h")
+    behind = _faked(env, faketime, sleep_shim, FAKETIME="-1h")
     started = time.monotonic()
     out = run_ql(["--json", "run", "--detach", "--timeout", "10", "--", "env", "-u", "LD_PRELOAD", "sleep", marker],
                  behind)
