@@ -84,7 +84,8 @@ class CompletionService:
 
     def __init__(self, store: JournalBackend, *, node_id: str, retries: int,
                  notify: Callable[[RunEventInfo], None] | None = None,
-                 executor_known: Callable[[str], bool] = lambda name: True) -> None:
+                 executor_known: Callable[[str], bool] = lambda name: True,
+                 elapsed: Callable[[AttemptRecord], int | None] = lambda attempt: None) -> None:
         self._store = store
         self._node_id = node_id
         self._retries = retries
@@ -92,6 +93,9 @@ class CompletionService:
         #: Is an executor of that name installed here? A receipt of an attempt started by an executor
         #: this runtime does not have is not ours to accept (``wrong_executor``).
         self._executor_known = executor_known
+        #: The attempt's duration so far on a clock that does not step, if its executor can tell
+        #: (outcome.clamp_times: "now" on the start's clock).
+        self._elapsed = elapsed
 
     def _transition(self, attempt_id: str, decide: Callable[[Snapshot], tuple[CompletionResult, Transition | None]]
                     ) -> CompletionResult:
@@ -153,7 +157,8 @@ class CompletionService:
             return _rejected(CompletionRejection.INCONSISTENT_STATE)
         started, finished = clamp_times(started_at_ms=claim.started_at_ms, finished_at_ms=claim.finished_at_ms,
                                         created_at_ms=attempt.created_at_ms,
-                                        committed_started_at_ms=attempt.started_at_ms, now_ms=snap.now_ms)
+                                        committed_started_at_ms=attempt.started_at_ms, now_ms=snap.now_ms,
+                                        elapsed_ms=self._elapsed(attempt))
         verdict = decide_outcome(exit_code=claim.exit_code, finished_at_ms=finished,
                                  deadline_at_ms=run.deadline_at_ms, cancel_reason=run.cancel_reason,
                                  cancel_requested_at_ms=run.cancel_requested_at_ms, signalled=snap.signalled)

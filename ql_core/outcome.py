@@ -24,9 +24,12 @@ Rules, in order:
    the committed intent's state when ql signalled it (we know why it ended).
 
 Times from a receipt are clamped before they are compared: never before the
-attempt's committed start, never after the store's ``now`` (a receipt read
-now describes an end that already happened; a clock running ahead cannot
-push it past a deadline it did not miss).
+attempt's committed start, never after "now" (a receipt read now describes an
+end that already happened; a clock running ahead cannot push it past a
+deadline it did not miss). Deadlines and finish times are durations from the
+committed start: a launcher writes ``finishedAtMs`` as the start + the time
+elapsed on the boot clock, and "now" is the start + the elapsed time too when
+the executor can measure it — so no wall clock of any host decides a verdict.
 """
 
 from __future__ import annotations
@@ -105,15 +108,22 @@ def decide_never_ran(*, cancel_reason: str | None, signalled: bool, reason: str)
 
 
 def clamp_times(*, started_at_ms: int, finished_at_ms: int, created_at_ms: int,
-                committed_started_at_ms: int | None, now_ms: int) -> tuple[int, int]:
+                committed_started_at_ms: int | None, now_ms: int,
+                elapsed_ms: int | None = None) -> tuple[int, int]:
     """(started, finished) of a claim, bounded by what is known: created ≤ started ≤ finished ≤ now.
 
-    ``now_ms`` caps only when it is not before the attempt's own committed
-    times (a store clock behind them proves nothing).
+    "Now" is on the start's clock when the executor can measure the attempt's duration on a clock
+    that does not step (``elapsed_ms``: the boot clock, same boot): the committed start + that
+    duration — the time base the launcher wrote ``finishedAtMs`` in. Otherwise ``now_ms`` (the
+    store's wall clock) caps, and only when it is not before the attempt's own committed times (a
+    store clock behind them proves nothing).
     """
     floor = max(created_at_ms, committed_started_at_ms or 0)
     started = max(started_at_ms, created_at_ms)
     finished = max(finished_at_ms, floor, started)
+    if elapsed_ms is not None and committed_started_at_ms is not None:
+        cap = max(committed_started_at_ms + elapsed_ms, floor)
+        return min(started, cap), min(finished, cap)
     if now_ms >= floor:
         started = min(started, now_ms)
         finished = min(finished, now_ms)

@@ -160,8 +160,13 @@ class Reconciler:
 
     # -- step 1: deadlines ---------------------------------------------------------
     def _deadlines(self, report: RoundReport, limit: int) -> None:
+        # The store's wall clock picks candidates; a duration decides (Runtime.deadline_passed): a
+        # submitter whose clock was behind does not make a task time out early here. (One whose
+        # clock was ahead is not a candidate yet: its launcher enforces its deadline itself.)
         for run_id in self.rt.journal.due_deadlines(self.rt.node_id, now_ms(), limit):
             try:
+                if not self.rt.deadline_passed(run_id):
+                    continue
                 if str(self.rt.canceller.request(run_id, "timeout")) == "requested":
                     report.counts["timeouts_requested"] += 1
             except Exception as exc:  # noqa: BLE001 - the next round retries this deadline

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .clock import now_ms
+from .clock import boot_ms, elapsed_ms_ceil, now_ms
 from .config import Config
 from .crashpoints import crashpoint
 from .errors import NotFoundError, PersistBeforeSpawnError, PluginError, QlError, UsageError
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from .ports.executor import Executor, ExitObservation, SpawnedTask, SpawnRequest
     from .ports.journal import JournalBackend
     from .ports.receipt_store import ReceiptStore
-    from .records import EventRecord
+    from .records import AttemptRecord, EventRecord
 
 __all__ = ["Runtime", "Submission", "RunView"]
 
@@ -62,6 +62,18 @@ INTENT_POLL_S = 1.0
 BUSY_RETRY_S = 0.2
 #: How often :meth:`Runtime.wait` looks at a run it is not the parent of (re-attached, or queued).
 REATTACH_POLL_S = 0.2
+
+
+def _remaining_s(sub: Submission) -> float:
+    """Seconds until ``sub``'s deadline, on the boot clock from its committed start (a wall clock
+    stepped while it runs moves nothing); the wall clock when the start has no boot-clock time."""
+    assert sub.deadline_at_ms is not None
+    timeout_ms = sub.deadline_at_ms - sub.started_at_ms
+    if sub.started_boot_ms is not None:
+        elapsed = elapsed_ms_ceil(sub.started_boot_ms)
+        if elapsed is not None:
+            return (timeout_ms - elapsed) / 1000
+    return (sub.deadline_at_ms - now_ms()) / 1000
 
 
 @dataclass
@@ -84,6 +96,10 @@ class Submission:
     task: SpawnedTask | None = field(default=None, repr=False)
     #: Spawned for a host that waits for it: its receipt is held back for our acknowledgement.
     awaited: bool = False
+    #: CLOCK_BOOTTIME (ms) read with ``started_at_ms``: durations (the deadline) are measured from it.
+    started_boot_ms: int | None = None
+    #: The log artifact's quota (None: the profile's).
+    log_max_bytes: int | None = None
 
 
 class Runtime:
@@ -138,7 +154,8 @@ class Runtime:
 
         return CompletionService(self.journal, node_id=self.node_id, retries=self.profile.completion_retries,
                                  notify=self.plugins.notify_event,
-                                 executor_known=lambda name: self.executor_for(name) is not None)
+                                 executor_known=lambda name: self.executor_for(name) is not None,
+                                 elapsed=self.attempt_elapsed_ms)
 
     @functools.cached_property
     def consumer(self) -> ReceiptConsumer | None:
@@ -236,6 +253,37 @@ class Runtime:
                 else:
                     self._executors[name] = None
             return self._executors[name]
+
+    def attempt_elapsed_ms(self, attempt: AttemptRecord) -> int | None:
+        """How long ``attempt`` has run since its committed start, measured by its executor on a
+        clock that does not step (ports.executor, "Durations"); None when it cannot tell (no such
+        method, no recorded start, another boot or another node): callers then use the wall clock."""
+        if attempt.started_at_ms is None or not attempt.handle:
+            return None
+        measure = getattr(self.executor_for(attempt.executor), "elapsed_ms", None)
+        if not callable(measure):
+            return None
+        try:
+            elapsed = measure(attempt.handle)
+        except Exception:  # noqa: BLE001 - a plugin's failure to measure: the wall clock decides
+            return None
+        return elapsed if isinstance(elapsed, int) and not isinstance(elapsed, bool) and elapsed >= 0 else None
+
+    def deadline_passed(self, run_id: str) -> bool:
+        """Has ``run_id``'s deadline passed? A duration: the current attempt's time since its
+        committed start on its executor's clock that does not step, compared with the deadline's
+        distance from that start — never two wall clocks (the submitter's, ours). The wall clock
+        only when the executor cannot measure (then the task cannot have survived a reboot, or it
+        runs elsewhere)."""
+        run = self.journal.run(run_id)
+        if run is None or run.deadline_at_ms is None:
+            return False
+        attempt = self.journal.attempt(run.current_attempt_id) if run.current_attempt_id else None
+        if attempt is not None and attempt.started_at_ms is not None:
+            elapsed = self.attempt_elapsed_ms(attempt)
+            if elapsed is not None:
+                return elapsed >= run.deadline_at_ms - attempt.started_at_ms
+        return now_ms() >= run.deadline_at_ms
 
     def _require_executor(self) -> tuple[Executor, ReceiptStore]:
         if self.executor is None or self.receipts is None:
@@ -354,7 +402,9 @@ class Runtime:
         assert self.config.executor is not None
         run_id, attempt_id, log_id = new_id(), new_id(), new_id()
         token = new_token()  # 256 bits, 43 chars of [A-Za-z0-9_-]
-        now = now_ms()
+        # The committed start, read on both clocks at once: stored times are wall-clock, durations
+        # (the deadline, the finish time the launcher writes) count on the boot clock from here.
+        now, boot = now_ms(), boot_ms()
         deadline = now + int(timeout_s * 1000) if timeout_s is not None else None
         new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=name,
                      executor=self.config.executor, runtime_owner=self.node_id,
@@ -376,7 +426,8 @@ class Runtime:
         for event in events:
             self.plugins.notify_event(event)
         return Submission(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, callback_sequence=1,
-                          started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token)
+                          started_at_ms=now, deadline_at_ms=deadline, executor=self.config.executor, token=token,
+                          started_boot_ms=boot, log_max_bytes=new.log_max_bytes)
 
     def _prepare_locations(self, sub: Submission, *, drop: Callable[[], None] | None = None) -> tuple[str, int]:
         """The receipt location and the open log artifact of ``sub`` (after its create commit). On
@@ -412,7 +463,12 @@ class Runtime:
                             callback_sequence=sub.callback_sequence, token=sub.token,
                             started_at_ms=sub.started_at_ms, command=command, shell=shell,
                             log_path=paths.log_path(self.config.data_dir, sub.log_artifact_id),
-                            receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited)
+                            receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited,
+                            timeout_ms=(sub.deadline_at_ms - sub.started_at_ms
+                                        if sub.deadline_at_ms is not None else None),
+                            cancel_grace_ms=int(self.profile.cancel_grace_s * 1000),
+                            log_max_bytes=sub.log_max_bytes or self.profile.log_max_bytes,
+                            started_boot_ms=sub.started_boot_ms)
 
     def _start_standby(self, executor: Executor, sub: Submission, task: SpawnedTask, command: tuple[str, ...], *,
                        shell: bool, cwd: str | None, env: dict[str, str] | None) -> Submission:
@@ -547,8 +603,9 @@ class Runtime:
             try:
                 if not intent:
                     intent = self._has_intent(sub.run_id)
-                if not intent and sub.deadline_at_ms is not None and now_ms() >= sub.deadline_at_ms:
-                    # In-memory timer: a fast path only; recovery enforces the persisted deadline too.
+                if not intent and sub.deadline_at_ms is not None and _remaining_s(sub) <= 0:
+                    # In-memory timer: a fast path only; the launcher and recovery enforce the
+                    # persisted deadline too.
                     self.canceller.request(sub.run_id, "timeout")
                     intent = True
                 if intent:
@@ -559,7 +616,7 @@ class Runtime:
                                sub.run_id, type(exc).__name__)
             timeout = BUSY_RETRY_S if busy else tick_s
             if not intent and not busy and sub.deadline_at_ms is not None:
-                timeout = min(timeout, max(0.0, (sub.deadline_at_ms - now_ms()) / 1000))
+                timeout = min(timeout, max(0.0, _remaining_s(sub)))
             observed = executor.wait(sub.task, timeout)
             if observed is not None:
                 return observed
@@ -599,7 +656,7 @@ class Runtime:
         process identity — what a supervisor round would do for it, bounded to this one run."""
         if view.terminal or self.consumer is None or view.current_attempt is None:
             return
-        if view.deadline_at_ms is not None and view.cancel_reason is None and now_ms() >= view.deadline_at_ms:
+        if view.deadline_at_ms is not None and view.cancel_reason is None and self.deadline_passed(view.run_id):
             self.canceller.request(view.run_id, "timeout")
         if view.cancel_reason is not None or view.deadline_at_ms is not None:
             self.canceller.dispatch_one(view.run_id)

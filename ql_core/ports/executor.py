@@ -43,6 +43,10 @@ Contract (checked by :class:`ql_core.testing.ExecutorContract`):
   from the operating system (e.g. ``waitpid``), never from anything a task
   could write.
 
+- Durations (optional): an executor may offer ``elapsed_ms(handle) -> int | None``, the time
+  since the attempt's start measured on a clock that does not step (the local executor: the boot
+  clock, from the start recorded in its handle, same boot only). Core then decides "deadline
+  passed" from it instead of from two wall clocks; None means "cannot tell" (wall clock then).
 - Standby tasks (optional, :class:`StandbyExecutor`): an executor may start a
   task's process *before its run exists* — holding nothing of any run, its
   durable handle already final. Core then records that handle in the run's
@@ -120,6 +124,19 @@ class SpawnRequest:
     #: The spawning host will :meth:`Executor.wait` for this task and acknowledge the status it
     #: committed: the executor may hold the receipt back until then (acknowledged completion).
     awaited: bool = False
+    #: Protections the executor enforces *itself* while the task runs, host or no host, reader or
+    #: none (the local executor's launcher does: docs/launcher.md, "Protections"). None: not set.
+    #: The run's deadline as a duration from ``started_at_ms`` (``deadline_at_ms - started_at_ms``):
+    #: at that point the task's process group gets TERM, and KILL ``cancel_grace_ms`` later.
+    timeout_ms: int | None = None
+    #: How long after a TERM (a cancel's or the deadline's) the task's group gets KILL.
+    cancel_grace_ms: int | None = None
+    #: The log artifact's quota: the log never grows much past it (about one second of output).
+    log_max_bytes: int | None = None
+    #: ``CLOCK_BOOTTIME`` (ms) read together with ``started_at_ms``, on this host (same boot as the
+    #: task): durations are measured from it, so no wall-clock step moves the deadline, and the
+    #: receipt's ``finishedAtMs`` is ``started_at_ms`` + the boot-clock duration.
+    started_boot_ms: int | None = None
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ import subprocess
 import threading
 from dataclasses import replace
 
-from ql_core.clock import now_ms_ceil
+from ql_core.clock import boot_ms, elapsed_ms_ceil, now_ms_ceil
 from ql_core.ports.executor import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
 from ql_core.ports.journal import TaskSpec
 
@@ -32,6 +32,7 @@ from .compiled import CompiledLauncherError, compiled_launcher
 from .launch import (
     STANDBY_SPEC_MAX,
     EncodedTask,
+    Limits,
     acknowledge,
     encode_task,
     hand_over,
@@ -46,7 +47,7 @@ from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this
 from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
-           "decode_handle", "run_as_user"]
+           "decode_handle", "start_boot", "run_as_user"]
 
 #: launcher.sh's exit status when it could not learn the command's status (no receipt follows).
 LAUNCHER_LOST_STATUS = 125
@@ -56,19 +57,88 @@ LAUNCHER_LOST_STATUS = 125
 ABORT_TERM_GRACE_S = 2.0
 
 
-def encode_handle(handle: identity.ProcessHandle) -> str:
-    """The stored form of a handle: compact JSON of :func:`identity.handle_to_dict` (well under 512 bytes)."""
-    return json.dumps(identity.handle_to_dict(handle), separators=(",", ":"), sort_keys=True)
+#: The handle key of the attempt's start on the boot clock (CLOCK_BOOTTIME ms, :func:`start_boot`).
+START_BOOT_KEY = "start_boot_ms"
+
+
+def encode_handle(handle: identity.ProcessHandle, *, start_boot_ms: int | None = None) -> str:
+    """The stored form of a handle: compact JSON of :func:`identity.handle_to_dict` (well under 512
+    bytes), with the attempt's start on the boot clock when known (its boot is the handle's)."""
+    data = identity.handle_to_dict(handle)
+    if start_boot_ms is not None:
+        data[START_BOOT_KEY] = start_boot_ms
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def _handle_dict(data: str | None) -> dict | None:
+    if not data:
+        return None
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def decode_handle(data: str | None) -> identity.ProcessHandle | None:
     """Parse a stored handle; anything malformed is None (callers fail closed)."""
-    if not data:
+    parsed = _handle_dict(data)
+    if parsed is None:
         return None
+    parsed.pop(START_BOOT_KEY, None)
     try:
-        return identity.handle_from_dict(json.loads(data))
+        return identity.handle_from_dict(parsed)
     except ValueError:
         return None
+
+
+def start_boot(data: str | None) -> int | None:
+    """The attempt's start on the boot clock recorded in a handle, or None."""
+    parsed = _handle_dict(data)
+    value = parsed.get(START_BOOT_KEY) if parsed is not None else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _with_boot(request: SpawnRequest) -> SpawnRequest:
+    """A request without a boot-clock start (a caller other than ql's runtime): measured from now,
+    which is after its true start — its deadline late, never early."""
+    if request.started_boot_ms is not None:
+        return request
+    return replace(request, started_boot_ms=boot_ms())
+
+
+def _limits(request: SpawnRequest) -> Limits:
+    return Limits(start_boot_ms=request.started_boot_ms, timeout_ms=request.timeout_ms,
+                  grace_ms=request.cancel_grace_ms, quota_bytes=request.log_max_bytes)
+
+
+def _start_of(request: SpawnRequest) -> tuple[int, int] | None:
+    if request.started_boot_ms is None:
+        return None
+    return request.started_at_ms, request.started_boot_ms
+
+
+def _finished(start: tuple[int, int] | None) -> int:
+    """An upper bound of the finish time on the start's clock: ``started_at_ms`` + the boot-clock
+    duration since (what the launcher writes into the receipt); the wall clock without one."""
+    if start is not None:
+        elapsed = elapsed_ms_ceil(start[1])
+        if elapsed is not None:
+            return start[0] + elapsed
+    return now_ms_ceil()
+
+
+def _stamped(handle: str | None, boot: int | None) -> str | None:
+    """A standby's handle with the boot-clock time it was taken for a run (just before that run's
+    create commit, which records it): the duration recovery measures from there is at most the
+    create commit longer than the launcher's own, which counts from the committed start."""
+    parsed = _handle_dict(handle)
+    if parsed is None or boot is None:
+        return handle
+    parsed[START_BOOT_KEY] = boot
+    return json.dumps(parsed, separators=(",", ":"), sort_keys=True)
 
 
 class _Held:
@@ -76,10 +146,12 @@ class _Held:
     and its channel (the token pipe until released; for an awaited task the socket that carries the
     acknowledgement later)."""
 
-    __slots__ = ("__weakref__", "_channel", "_released", "_token", "child", "encoded")
+    __slots__ = ("__weakref__", "_channel", "_released", "_token", "child", "encoded", "start")
 
     def __init__(self, child: Child, channel: int | socket.socket, token: str) -> None:
         self.child = child
+        #: (started_at_ms, started_boot_ms) of its run: the finish time is measured from there.
+        self.start: tuple[int, int] | None = None
         #: A standby's task, encoded once by :meth:`LocalProcessExecutor.standby` for its message.
         self.encoded: tuple[TaskSpec, EncodedTask] | None = None
         self._channel: int | socket.socket | None = channel
@@ -273,6 +345,7 @@ class LocalProcessExecutor:
 
     def _spawn(self, request: SpawnRequest, *, log_fd: int) -> SpawnedTask:
         compiled = self.compiled_launcher()
+        request = _with_boot(request)
         env_path = (request.env if request.env is not None else os.environ).get("PATH")
         process, channel = spawn_launcher(
             shard_dir=request.receipt_location,
@@ -290,12 +363,15 @@ class LocalProcessExecutor:
             awaited=request.awaited,
             hints="" if compiled is not None else self._hints.for_path(env_path),
             compiled=compiled,
+            limits=_limits(request),
         )
         # The launcher now waits for its token: the command starts only in release(). Followed by a
         # pidfd from now on (child.py): it cannot exit before its go-ahead, so this is our launcher.
         held = _Held(Child(process), channel, request.token)
+        held.start = _start_of(request)
         handle = identity.capture_handle(process.pid)
-        return SpawnedTask(handle=encode_handle(handle) if handle is not None else None, live=held)
+        return SpawnedTask(handle=encode_handle(handle, start_boot_ms=request.started_boot_ms)
+                           if handle is not None else None, live=held)
 
     def compiled_launcher(self, *, again: bool = False) -> str | None:
         """The compiled launcher's path, or None for the shell launcher, resolved once (``again``:
@@ -360,7 +436,7 @@ class LocalProcessExecutor:
             return None
         held = _Held(ready.child, ready.channel, "")
         held.encoded = (spec, encoded)
-        return SpawnedTask(handle=ready.handle, live=held)
+        return SpawnedTask(handle=_stamped(ready.handle, boot_ms()), live=held)
 
     def start(self, task: SpawnedTask, request: SpawnRequest, *, log_fd: int) -> None:
         """Hand a standby its run; the go-ahead is the same message. Raises (OSError, ValueError)
@@ -373,10 +449,11 @@ class LocalProcessExecutor:
         if (request.command, request.shell, request.cwd, request.env) != (spec.command, spec.shell, spec.cwd,
                                                                           spec.env):
             raise ValueError("a standby task is started with the task it was taken for")
+        request = _with_boot(request)
         message = standby_message(
             shard_dir=request.receipt_location, run_id=request.run_id, attempt_id=request.attempt_id,
             callback_sequence=request.callback_sequence, started_at_ms=request.started_at_ms, task=encoded,
-            token=request.token, awaited=request.awaited)
+            token=request.token, awaited=request.awaited, limits=_limits(request))
         if request.cwd is not None:
             _check_cwd(request.cwd)  # as Popen's chdir would fail: before anything is sent
         cwd_fd = _host_cwd_fd()
@@ -385,6 +462,7 @@ class LocalProcessExecutor:
         finally:
             os.close(cwd_fd)
         held.encoded = None
+        held.start = _start_of(request)
         held.handed_over(awaited=request.awaited)
         if self._standbys is not None:
             self._standbys.handed_over()
@@ -424,7 +502,7 @@ class LocalProcessExecutor:
         reaped = held.child.wait(timeout_s)
         if reaped is None:
             return None
-        finished = now_ms_ceil()
+        finished = _finished(held.start)
         returncode = reaped.status
         if returncode is not None and returncode >= 0 and held.status_is_the_commands():
             # The launcher exited with the command's status and left a publisher waiting for our
@@ -459,6 +537,16 @@ class LocalProcessExecutor:
             child.signal_group(signum)
             if child.wait(wait_s) is not None:
                 return
+
+    def elapsed_ms(self, handle: str | None) -> int | None:
+        """How long the attempt of ``handle`` has run, on the boot clock (ports.executor,
+        "Durations"): from the start its handle records, in this boot only (after a reboot its
+        task cannot be running). None when the handle records none or the boot differs."""
+        since = start_boot(handle)
+        parsed = decode_handle(handle)
+        if since is None or parsed is None or parsed.source != "proc" or parsed.boot_id != identity.read_boot_id():
+            return None
+        return elapsed_ms_ceil(since)
 
     def host_handle(self) -> str | None:
         # The calling process's identity never changes while it runs: read once (per pid: a host

@@ -2,7 +2,11 @@
 
 The launcher contract (see the header of ``launcher.sh``)::
 
-    SHELL launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+    SHELL launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE [LIMITS] -- CMD [ARG...]
+
+``LIMITS`` (:func:`limits_word`) carries what the launcher enforces itself — the deadline on the
+boot clock, the KILL after a TERM's grace, the log quota — and how long an acknowledged publisher
+waits for "ok" (docs/launcher.md, "Protections"). Numbers only: no secret, no command.
 
 stdin is ``/dev/null``, stdout and stderr are the task's log descriptor, and the callback token arrives
 on file descriptor 3 as one line, so it is never in any process's argv or environment.
@@ -48,6 +52,9 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "TOKEN_PATTERN",
     "LaunchMode",
+    "ACK_WAIT_MS",
+    "Limits",
+    "limits_word",
     "launcher_args",
     "launcher_path",
     "spawn_launcher",
@@ -74,7 +81,37 @@ LAUNCH_FLAGS = "cepa"
 #: The largest spec message a standby launcher takes (launcher.c ``SPEC_MAX``); a larger task is
 #: spawned the classic way. Well under the default socket send buffer, so a send never blocks.
 STANDBY_SPEC_MAX = 192 * 1024
-_STANDBY_MAGIC = b"ql-standby-1"
+_STANDBY_MAGIC = b"ql-standby-2"
+
+#: How long an acknowledged launcher's publisher waits for the host's "ok" before it publishes the
+#: receipt anyway (launcher.c ``ACK_WAIT_MS_DEFAULT``, launcher.sh): a frozen host (SIGSTOP, a hung
+#: disk) must not keep a finished task's receipt back for ever. A receipt published after this and
+#: a status the host commits later are the same completion: the consumer discards the duplicate.
+ACK_WAIT_MS = 30_000
+
+
+class Limits(NamedTuple):
+    """What a launcher enforces itself (None: not enforced). ``start_boot_ms`` is CLOCK_BOOTTIME at
+    the attempt's committed start; ``timeout_ms`` counts from it on that clock."""
+
+    start_boot_ms: int | None = None
+    timeout_ms: int | None = None
+    grace_ms: int | None = None
+    quota_bytes: int | None = None
+    ack_wait_ms: int = ACK_WAIT_MS
+
+
+def limits_word(limits: Limits) -> str:
+    """The ``LIMITS`` word: ``START_BOOT_MS,TIMEOUT_MS,GRACE_MS,QUOTA_BYTES,ACK_WAIT_MS``, each a
+    canonical integer or empty for none (launcher.c, "LIMITS"). ``ValueError`` for a bad value."""
+    fields = []
+    for name, value in zip(Limits._fields, limits, strict=True):
+        if value is None:
+            fields.append("")
+            continue
+        _check_int(name, value, 0)
+        fields.append(str(value))
+    return ",".join(fields)
 
 # Moves the token pipe from stdin to fd 3, makes stdin /dev/null, then execs the launcher in place.
 _TRAMPOLINE = 'exec 3<&0 0</dev/null; exec "$@"'
@@ -142,8 +179,10 @@ def launcher_args(
     mode: LaunchMode,
     command: Sequence[str],
     flags: str = "",
+    limits: Limits | None = None,
 ) -> list[str]:
-    """Validated launcher arguments (everything after ``launcher.sh``); raises ``ValueError``."""
+    """Validated launcher arguments (everything after ``launcher.sh``); raises ``ValueError``.
+    Without ``limits`` the launcher enforces nothing itself (the LIMITS word is left out)."""
     shard = _check_attempt(shard_dir, run_id, attempt_id, callback_sequence, started_at_ms)
     cmd = list(command)
     if not all(isinstance(a, str) for a in cmd):
@@ -159,7 +198,8 @@ def launcher_args(
     if not isinstance(flags, str) or any(f not in LAUNCH_FLAGS or flags.count(f) > 1 for f in flags):
         raise ValueError(f"flags must be distinct letters of {LAUNCH_FLAGS!r}")
     word = f"{mode}+{flags}" if flags else mode
-    return [shard, run_id, attempt_id, str(callback_sequence), str(started_at_ms), word, "--", *cmd]
+    extra = [limits_word(limits)] if limits is not None else []
+    return [shard, run_id, attempt_id, str(callback_sequence), str(started_at_ms), word, *extra, "--", *cmd]
 
 
 def _spawn_with_fd3(
@@ -297,6 +337,7 @@ def spawn_launcher(
     awaited: bool = False,
     hints: str = "",
     compiled: str | None = None,
+    limits: Limits | None = None,
 ) -> Any:
     """Spawn the launcher for one attempt and return its ``Popen``.
 
@@ -326,6 +367,7 @@ def spawn_launcher(
         mode=mode,
         command=command,
         flags=("c" + hints + ("a" if awaited else "")) if (hold or awaited or compiled) else hints,
+        limits=limits,
     )
     if any(h not in "ep" for h in hints):
         raise ValueError("hints may only be 'e' and 'p'")
@@ -422,7 +464,7 @@ def encode_task(command: Sequence[str], *, shell: bool, cwd: str | os.PathLike[s
 
 def standby_message_size(task: EncodedTask) -> int:
     """An upper bound of :func:`standby_message`'s length for ``task`` (ids, token, PATH_MAX shard)."""
-    return 4096 + 512 + len(task.cwd) + sum(len(w) + 1 for w in task.words) + sum(len(e) + 1 for e in task.env)
+    return 4096 + 640 + len(task.cwd) + sum(len(w) + 1 for w in task.words) + sum(len(e) + 1 for e in task.env)
 
 
 def standby_message(
@@ -435,6 +477,7 @@ def standby_message(
     task: EncodedTask,
     token: str,
     awaited: bool,
+    limits: Limits | None = None,
 ) -> bytes:
     """The one message that hands a run to a standby launcher (format: launcher.c, "Standby mode").
     Validated as :func:`launcher_args` validates (``ValueError``: nothing may be sent)."""
@@ -442,7 +485,8 @@ def standby_message(
     shard = os.fsencode(_check_attempt(shard_dir, run_id, attempt_id, callback_sequence, started_at_ms))
     word = b"shell+c" if task.mode == "shell" else b"argv+c"
     fields = [_STANDBY_MAGIC, shard, run_id.encode(), attempt_id.encode(), str(callback_sequence).encode(),
-              str(started_at_ms).encode(), word + b"a" if awaited else word, task.cwd,
+              str(started_at_ms).encode(), word + b"a" if awaited else word,
+              limits_word(limits).encode() if limits is not None else b",,,,", task.cwd,
               str(len(task.words)).encode(), *task.words, str(len(task.env)).encode(), *task.env,
               token.encode("ascii")]
     return b"\0".join(fields) + b"\0"

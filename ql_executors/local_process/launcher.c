@@ -1,14 +1,16 @@
 /*
  * ql compiled launcher: the contract of launcher.sh, as one small C program.
  *
- *   ql-launcher SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+ *   ql-launcher SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE [LIMITS] -- CMD [ARG...]
  *
  * Same arguments, channel, exit statuses and receipt bytes as launcher.sh (read its header and
  * docs/launcher.md first); ql builds this file once per machine when a C compiler is available
  * (ql_executors/local_process/compiled.py) and falls back to launcher.sh otherwise. What differs:
  *
- * - No helper processes: signals are reset to their defaults in the child before exec (what
- *   `env --default-signal` does for the shell), the status comes from waitpid on our own child
+ * - No helper processes: every signal is reset to its default and the mask emptied in the child
+ *   before exec (env --default-signal does the first for the shell; no shell tool does the
+ *   second), the LIMITS are enforced from one poll() loop (see "Protections" below and
+ *   docs/launcher.md), the status comes from waitpid on our own child
  *   (no `kill -0` polling, no pid-reuse guard needed), and the receipt is written with openat,
  *   write, fsync, linkat, unlinkat and a directory fsync (what printf, sync, ln and rm do); an
  *   fsync that fails for a reason other than "unsupported" publishes nothing.
@@ -30,13 +32,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,6 +61,15 @@ static const int FORWARDED[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUS
 static volatile sig_atomic_t child_pid;     /* > 0 once CMD's process exists */
 static volatile sig_atomic_t first_pending; /* the first signal caught before that */
 static volatile sig_atomic_t idle_standby;  /* a standby that has no run yet */
+static volatile sig_atomic_t term_seen;     /* a TERM was forwarded: the KILL after the grace is due */
+static int wake_w = -1;                     /* the self-pipe's write end: wakes the wait loop */
+
+static void wake_loop(void) {
+    if (wake_w >= 0) {
+        char b = 0;
+        (void)!write(wake_w, &b, 1); /* non-blocking: a full pipe already means "wake up" */
+    }
+}
 
 static void on_signal(int sig) {
     int saved = errno;
@@ -66,6 +80,16 @@ static void on_signal(int sig) {
         kill(child, sig);
     else if (!first_pending)
         first_pending = sig;
+    if (sig == SIGTERM)
+        term_seen = 1; /* what `ql cancel` sends: the KILL follows cancel_grace later (LIMITS) */
+    wake_loop();
+    errno = saved;
+}
+
+static void on_child(int sig) {
+    (void)sig;
+    int saved = errno;
+    wake_loop();
     errno = saved;
 }
 
@@ -163,11 +187,15 @@ static int read_line(int fd, char *line, int cap) {
     }
 }
 
+/* A launcher with a run catches every forwarded signal, even one its host ignored (nohup,
+ * `setsid ... &`): a cancel's TERM must reach CMD and start the KILL grace, and CMD gets the
+ * defaults anyway. An idle standby (skip_ignored) leaves those ignored: such a signal ends
+ * nothing, as for any process of that host. */
 static void set_forwarded(void (*handler)(int), int skip_ignored) {
     for (int i = 0; i < N_FORWARDED; i++) {
         struct sigaction sa;
         if (skip_ignored && sigaction(FORWARDED[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
-            continue; /* inherited as ignored (nohup): stays ignored, as in a shell */
+            continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = handler;
         sigemptyset(&sa.sa_mask);
@@ -284,8 +312,75 @@ static void cloexec_from_3(void) {
  * host that ignores SIGCHLD gets no exit status from any child). */
 static const char PROBE_ANSWER[] = "ql-launcher ok\n";
 
+/* ------------------------------------------------------------------------------------------------
+ * LIMITS: what this launcher enforces itself, host or no host, reader or none (docs/launcher.md,
+ * "Protections"). One word of five comma-separated fields, each a canonical integer or empty
+ * (= none), in argv right before "--" (optional there: without it nothing is enforced) and in the
+ * standby message right after MODE:
+ *
+ *   START_BOOT_MS,TIMEOUT_MS,GRACE_MS,QUOTA_BYTES,ACK_WAIT_MS
+ *
+ * START_BOOT_MS is CLOCK_BOOTTIME (ms) when the host committed the attempt's start (STARTED_AT_MS):
+ * the deadline is START_BOOT_MS + TIMEOUT_MS on that clock, and finishedAtMs = STARTED_AT_MS + the
+ * boottime elapsed since — never this launcher's wall clock (which may differ from the host's, or
+ * step). GRACE_MS: KILL to the group that long after a TERM (a cancel's, or the deadline's).
+ * QUOTA_BYTES: the log is cut back to QUOTA_BYTES + 1 at most once a second while it is written
+ * (the extra byte tells the host's finalizer that it was cut). ACK_WAIT_MS: how long an
+ * acknowledged publisher waits for the host's "ok" before it publishes anyway.
+ * ---------------------------------------------------------------------------------------------- */
+#define ACK_WAIT_MS_DEFAULT 30000ULL /* launch.py ACK_WAIT_MS */
+#define QUOTA_CHECK_MS 1000          /* at most one size check a second while the log grows */
+#define KILL_SCANS 64                /* bounded rounds of "KILL every other member of the group" */
+
+struct limits {
+    int has_start, has_timeout, has_grace, has_quota;
+    unsigned long long start_boot_ms, timeout_ms, grace_ms, quota, ack_ms;
+};
+
+static int parse_limit(const char *s, size_t n, int *has, unsigned long long *out) {
+    char field[24];
+    if (n == 0) {
+        *has = 0;
+        return 1;
+    }
+    if (n >= sizeof field)
+        return 0;
+    memcpy(field, s, n);
+    field[n] = '\0';
+    *has = 1;
+    return parse_uint(field, out);
+}
+
+static int parse_limits(const char *word, struct limits *l) {
+    const char *p = word;
+    int has_ack = 0;
+    int *has[5] = {&l->has_start, &l->has_timeout, &l->has_grace, &l->has_quota, &has_ack};
+    unsigned long long *val[5] = {&l->start_boot_ms, &l->timeout_ms, &l->grace_ms, &l->quota, &l->ack_ms};
+    for (int i = 0; i < 5; i++) {
+        const char *comma = strchr(p, ',');
+        if ((i < 4) != (comma != NULL))
+            return 0;
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        if (!parse_limit(p, n, has[i], val[i]))
+            return 0;
+        p = comma ? comma + 1 : p + n;
+    }
+    if (!has_ack)
+        l->ack_ms = ACK_WAIT_MS_DEFAULT;
+    return 1;
+}
+
+/* CLOCK_BOOTTIME in ns: counts suspend, never steps; 0 when unusable. */
+static unsigned long long boot_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_BOOTTIME, &ts) != 0 || ts.tv_sec < 0)
+        return 0;
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
 /* One run, however it reached us: from argv and the token line, or from a standby's spec. */
 struct task {
+    struct limits lim;
     struct receipt rec;
     char **cmd;       /* CMD ARG... (shell mode: /bin/sh -c WORD) */
     char **envp;      /* standby: CMD's environment; argv mode: NULL (ours, as inherited) */
@@ -294,6 +389,20 @@ struct task {
     int cwd_fd;       /* standby: the host's working directory at hand-over; -1 in argv mode */
     int awaited;
 };
+
+/* finishedAtMs on the start's clock: STARTED_AT_MS + the CLOCK_BOOTTIME elapsed since the host's
+ * START_BOOT_MS, rounded up (an upper bound, like finished_now) — the verdict then compares the
+ * committed start plus durations, never our wall clock with the submitter's. Without START_BOOT_MS
+ * (or a usable clock): the wall clock. */
+static unsigned long long finished_at(const struct task *t) {
+    unsigned long long now = boot_ns();
+    if (!t->lim.has_start || now == 0)
+        return finished_now();
+    unsigned long long start_ns = t->lim.start_boot_ms * 1000000ULL;
+    unsigned long long elapsed = now > start_ns ? now - start_ns : 0;
+    unsigned long long ms = t->rec.started + elapsed / 1000000ULL + (elapsed % 1000000ULL ? 1 : 0);
+    return ms > MAX_SAFE ? 0 : ms;
+}
 
 static char *shell_cmd[4] = {"/bin/sh", "-c", NULL, NULL};
 
@@ -341,7 +450,7 @@ static int valid_token(const char *token, size_t len) {
  * committing this process's handle with the run). EOF, or a message that breaks the format:
  * exit 125, nothing run, no receipt. The message (all fields NUL-terminated, in this order):
  *
- *   "ql-standby-1" SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE CWD
+ *   "ql-standby-2" SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE LIMITS CWD
  *   ARGC ARG... ENVC NAME=VALUE... TOKEN
  *
  * with exactly two descriptors (SCM_RIGHTS): the log artifact, and the host's working directory
@@ -413,16 +522,17 @@ static int receive_spec(int channel, struct task *t) {
     char *p = spec;
     const char *end = spec + (ok ? n : 0);
     const char *magic = next_field(&p, end);
-    const char *mode = NULL, *started = NULL, *argc_s = NULL, *envc_s = NULL, *token = NULL;
+    const char *mode = NULL, *started = NULL, *argc_s = NULL, *envc_s = NULL, *token = NULL, *limits = NULL;
     unsigned long long n_args = 0, n_env = 0;
     char **args = NULL;
-    if (ok && magic != NULL && strcmp(magic, "ql-standby-1") == 0) {
+    if (ok && magic != NULL && strcmp(magic, "ql-standby-2") == 0) {
         t->rec.shard = next_field(&p, end);
         t->rec.run = next_field(&p, end);
         t->rec.attempt = next_field(&p, end);
         t->rec.seq = next_field(&p, end);
         started = next_field(&p, end);
         mode = next_field(&p, end);
+        limits = next_field(&p, end);
         t->cwd = next_field(&p, end);
         argc_s = next_field(&p, end);
     } else {
@@ -433,6 +543,7 @@ static int receive_spec(int channel, struct task *t) {
     ok = ok && (envc_s = next_field(&p, end)) != NULL && parse_uint(envc_s, &n_env) && n_env <= SPEC_MAX &&
          (t->envp = next_words(&p, end, n_env)) != NULL;
     ok = ok && (token = next_field(&p, end)) != NULL && p == end;
+    ok = ok && limits != NULL && parse_limits(limits, &t->lim);
     ok = ok && valid_ids(&t->rec, started) && parse_mode(mode, (int)n_args, args, t) &&
          valid_token(token, strlen(token));
     for (unsigned long long i = 0; ok && i < n_env; i++)
@@ -526,13 +637,25 @@ __attribute__((noreturn)) static void exec_command(const struct task *t, char **
     _exit(err == ENOENT && strcmp(failed_to, "run the command") == 0 ? 127 : 126);
 }
 
+/* Every catchable signal back to its default action (glibc refuses its own internal ones, which
+ * it never leaves at anything but its own handling: EINVAL, skipped). */
+static void default_all_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            sigaction(sig, &sa, NULL);
+}
+
 /* The child, from the vfork to its exec. Everything it does is in this frame and below, never in
  * main's (which the launcher resumes with once the child has exec'd or exited). */
 __attribute__((noreturn, noinline)) static void child_after_fork(const struct task *t, char **via_sh,
                                                                   const sigset_t *forwarded,
                                                                   const sigset_t *saved_mask) {
-    /* CMD starts with default dispositions for every forwarded signal. */
-    set_forwarded(SIG_DFL, 0);
+    /* CMD starts with every signal at its default, whatever the launcher's host ignored. */
+    default_all_signals();
     if (first_pending) {
         /* A signal came first: deliver it to ourselves instead of running CMD. KILL is only a
          * backstop: the disposition is the default and the signal not ignored on entry. */
@@ -542,9 +665,213 @@ __attribute__((noreturn, noinline)) static void child_after_fork(const struct ta
         kill(getpid(), SIGKILL);
         _exit(LOST);
     }
-    sigprocmask(SIG_SETMASK, saved_mask, NULL);
+    /* ... and with none blocked: not the launcher's mask (saved_mask), which its host chose. */
+    (void)saved_mask;
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     exec_command(t, via_sh);
     _exit(LOST); /* not reached: exec_command never returns */
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Protections (LIMITS), enforced while CMD runs by the one process always there: no host, no
+ * supervisor and no reader is needed. The wait sleeps in poll() on descriptors only: a self-pipe
+ * (SIGCHLD and forwarded signals), a CLOCK_BOOTTIME timer for the deadline and one for the KILL
+ * after a TERM, inotify on the log and a one-shot timer for its size check. Wake-ups: none while
+ * CMD prints nothing and no signal comes, until its deadline; while it writes, at most two a
+ * second (the first modification, then the size check QUOTA_CHECK_MS later; further writes are
+ * not watched until that check has run). Without inotify (no /proc), the check is a periodic
+ * timer: one wake-up a second while a quota is set.
+ * ---------------------------------------------------------------------------------------------- */
+static int timer_in(int fd, unsigned long long ns, int periodic) {
+    struct itimerspec it;
+    memset(&it, 0, sizeof it);
+    if (ns == 0)
+        ns = 1; /* all zero would disarm the timer instead of firing it now */
+    it.it_value.tv_sec = (time_t)(ns / 1000000000ULL);
+    it.it_value.tv_nsec = (long)(ns % 1000000000ULL);
+    if (periodic)
+        it.it_interval = it.it_value;
+    return timerfd_settime(fd, 0, &it, NULL);
+}
+
+/* A relative timer on CLOCK_BOOTTIME (it counts suspend; relative, so no wall-clock step moves it),
+ * or CLOCK_MONOTONIC on a kernel without it; -1 when neither can be had. */
+static int new_timer(void) {
+    int fd = timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK);
+    return fd >= 0 ? fd : timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+}
+
+static void drain(int fd) {
+    char buf[512];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+}
+
+/* KILL for CMD and every other member of our process group, but not for us: the launcher must
+ * live on to publish the receipt (a group KILL would take it too). The group is ours only when we
+ * lead it (ql starts every launcher as a session leader); otherwise CMD alone. A member found is
+ * killed; the scan repeats until one finds no member that is still running (a process forked by a
+ * member before it died is found next time), at most KILL_SCANS times. */
+static void kill_group_but_self(pid_t child) {
+    kill(child, SIGKILL);
+    pid_t me = getpid();
+    if (getpgrp() != me)
+        return;
+    for (int scan = 0; scan < KILL_SCANS; scan++) {
+        DIR *proc = opendir("/proc");
+        if (proc == NULL)
+            return;
+        int found = 0;
+        struct dirent *entry;
+        while ((entry = readdir(proc)) != NULL) {
+            char *end, path[64], stat_line[512];
+            long pid = strtol(entry->d_name, &end, 10);
+            if (*end != '\0' || end == entry->d_name || pid <= 0 || pid == me)
+                continue;
+            snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            ssize_t n = read_retry(fd, stat_line, sizeof stat_line - 1);
+            close(fd);
+            if (n <= 0)
+                continue;
+            stat_line[n] = '\0';
+            char *after = strrchr(stat_line, ')'); /* the command name may hold anything */
+            char state;
+            long ppid, pgrp;
+            if (after == NULL || sscanf(after + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3)
+                continue;
+            if (pgrp == me && state != 'Z' && state != 'X') {
+                kill((pid_t)pid, SIGKILL);
+                found = 1;
+            }
+        }
+        closedir(proc);
+        if (!found)
+            return;
+        struct timespec pause = {0, 1000000}; /* 1 ms: let the killed ones become zombies */
+        nanosleep(&pause, NULL);
+    }
+}
+
+struct guard {
+    int wake_r, deadline, kill, notify, check;
+    int quota_fd, checking, killed;
+    unsigned long long quota;
+};
+
+/* Everything the wait needs, set up before the fork so that no write of CMD goes unseen. */
+static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsigned long long go_boot_ns) {
+    memset(g, 0, sizeof *g);
+    g->wake_r = g->deadline = g->kill = g->notify = g->check = g->quota_fd = -1;
+    int wake[2];
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) == 0) {
+        g->wake_r = wake[0];
+        wake_w = wake[1];
+    }
+    if (t->lim.has_timeout && (g->deadline = new_timer()) >= 0) {
+        /* START_BOOT_MS + TIMEOUT_MS on CLOCK_BOOTTIME; without START_BOOT_MS, from the go-ahead
+         * (later than the true start: late, never early). */
+        unsigned long long now = boot_ns();
+        unsigned long long base = t->lim.has_start ? t->lim.start_boot_ms * 1000000ULL : go_boot_ns;
+        unsigned long long at = base + t->lim.timeout_ms * 1000000ULL;
+        timer_in(g->deadline, now != 0 && at > now ? at - now : 0, 0);
+    }
+    if (t->lim.has_quota && log_fd >= 0 && (g->quota_fd = fcntl(log_fd, F_DUPFD_CLOEXEC, 3)) >= 0) {
+        g->quota = t->lim.quota;
+        g->check = new_timer();
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", g->quota_fd);
+        g->notify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+        if (g->notify >= 0 && inotify_add_watch(g->notify, path, IN_MODIFY) < 0) {
+            close(g->notify);
+            g->notify = -1;
+        }
+        if (g->notify < 0 && g->check >= 0)
+            timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+    }
+}
+
+static void guard_close(struct guard *g) {
+    int fds[] = {g->wake_r, wake_w, g->deadline, g->kill, g->notify, g->check, g->quota_fd};
+    wake_w = -1;
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* The log back to QUOTA + 1 bytes when it is longer. O_APPEND: CMD's next write lands at the new
+ * end, so bytes [0, QUOTA] are written once and never touched (docs/logs.md, "Log quota"). */
+static void check_quota(struct guard *g) {
+    struct stat st;
+    if (fstat(g->quota_fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > g->quota + 1)
+        (void)!ftruncate(g->quota_fd, (off_t)(g->quota + 1));
+}
+
+/* Until CMD has exited (not reaped: see main), enforcing the limits. 0, or -1 when its status is
+ * gone (never replaced by a made-up code). */
+static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
+    enum { W_WAKE, W_DEADLINE, W_KILL, W_NOTIFY, W_CHECK, W_N };
+    for (;;) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0) {
+            if (info.si_pid == pid)
+                return 0;
+        } else if (errno != EINTR) {
+            return -1;
+        }
+        if (term_seen && t->lim.has_grace && g->kill < 0 && !g->killed) {
+            g->kill = new_timer();
+            if (g->kill >= 0)
+                timer_in(g->kill, t->lim.grace_ms * 1000000ULL, 0);
+        }
+        struct pollfd pf[W_N] = {
+            [W_WAKE] = {g->wake_r, POLLIN, 0},  [W_DEADLINE] = {g->deadline, POLLIN, 0},
+            [W_KILL] = {g->kill, POLLIN, 0},    [W_NOTIFY] = {g->checking ? -1 : g->notify, POLLIN, 0},
+            [W_CHECK] = {g->check, POLLIN, 0},
+        };
+        /* Without a self-pipe, a signal still interrupts poll; the 1 s bound covers the race of a
+         * SIGCHLD that lands right before it. */
+        int n = poll(pf, W_N, g->wake_r >= 0 ? -1 : 1000);
+        if (n < 0) {
+            if (errno != EINTR) {
+                struct timespec pause = {0, 100000000}; /* ENOMEM: try again shortly */
+                nanosleep(&pause, NULL);
+            }
+            continue;
+        }
+        if (pf[W_WAKE].revents)
+            drain(g->wake_r);
+        if (pf[W_DEADLINE].revents) {
+            close(g->deadline);
+            g->deadline = -1;
+            /* TERM to the group (our own handler forwards it to CMD too and starts the grace). */
+            term_seen = 1;
+            kill(getpgrp() == getpid() ? -getpid() : pid, SIGTERM);
+        }
+        if (pf[W_KILL].revents) {
+            close(g->kill);
+            g->kill = -1;
+            g->killed = 1;
+            kill_group_but_self(pid);
+        }
+        if (pf[W_NOTIFY].revents) {
+            drain(g->notify);
+            if (g->check >= 0 && timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 0) == 0)
+                g->checking = 1;
+            else
+                check_quota(g);
+        }
+        if (pf[W_CHECK].revents) {
+            drain(g->check);
+            g->checking = 0;
+            check_quota(g);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -556,10 +883,16 @@ int main(int argc, char **argv) {
     t.log_fd = t.cwd_fd = -1;
     const char *flags = "c"; /* a standby's channel is always on stdin */
     if (!standby) {
-        if (argc < 9 || strcmp(argv[7], "--") != 0)
+        /* LIMITS is optional before "--": without it nothing is enforced (and ACK_WAIT_MS is the
+         * default). */
+        int dash = argc >= 9 && strcmp(argv[7], "--") == 0 ? 7 : argc >= 10 && strcmp(argv[8], "--") == 0 ? 8 : 0;
+        if (dash == 0)
+            return LOST;
+        t.lim.ack_ms = ACK_WAIT_MS_DEFAULT;
+        if (dash == 8 && !parse_limits(argv[7], &t.lim))
             return LOST;
         t.rec = (struct receipt){.shard = argv[1], .run = argv[2], .attempt = argv[3], .seq = argv[4]};
-        if (!valid_ids(&t.rec, argv[5]) || !parse_mode(argv[6], argc - 8, argv + 8, &t))
+        if (!valid_ids(&t.rec, argv[5]) || !parse_mode(argv[6], argc - dash - 1, argv + dash + 1, &t))
             return LOST;
         flags = strchr(argv[6], '+') ? strchr(argv[6], '+') + 1 : "";
     }
@@ -604,7 +937,7 @@ int main(int argc, char **argv) {
      * receipt) — a stray TERM to an idle standby must not become the next run's 143, and a cancel
      * that reaches it after its run's create commit ends that run through the host (cancelled). */
     idle_standby = standby;
-    set_forwarded(on_signal, 1);
+    set_forwarded(on_signal, standby);
 
     /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
      * EOF or anything invalid: exit 125, nothing run, no receipt. */
@@ -613,6 +946,7 @@ int main(int argc, char **argv) {
         if (!receive_spec(channel, &t))
             return LOST;
         idle_standby = 0; /* from here on it holds a run: signals are remembered, as above */
+        set_forwarded(on_signal, 0); /* and forwarded, even those its host ignored */
     } else {
         int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
         if (len < 0 || !valid_token(token, (size_t)len))
@@ -623,6 +957,16 @@ int main(int argc, char **argv) {
         close(channel);
         channel = -1;
     }
+
+    unsigned long long go_boot_ns = boot_ns();
+    struct guard guard;
+    guard_setup(&guard, &t, standby ? t.log_fd : 1, go_boot_ns);
+    struct sigaction on_chld;
+    memset(&on_chld, 0, sizeof on_chld);
+    on_chld.sa_handler = on_child;
+    on_chld.sa_flags = SA_NOCLDSTOP;
+    sigemptyset(&on_chld.sa_mask);
+    sigaction(SIGCHLD, &on_chld, NULL); /* wakes the wait; CMD gets the default back */
 
     char **via_sh = shell_fallback(t.cmd);
     sigprocmask(SIG_BLOCK, &forwarded, &saved_mask);
@@ -636,7 +980,8 @@ int main(int argc, char **argv) {
         return LOST; /* CMD never ran, and nothing claims otherwise */
     free(via_sh);
     child_pid = pid;
-    /* From here on the launcher no longer holds the log open: only CMD writes to it. */
+    /* From here on the launcher holds the log open only to enforce its quota (a duplicate it
+     * never writes to): only CMD writes to it. */
     if (standby) {
         close(t.log_fd);
         close(t.cwd_fd);
@@ -652,14 +997,8 @@ int main(int argc, char **argv) {
 
     /* Wait without reaping, so that no signal is ever forwarded to a pid that was reused: the
      * forwarding stops (blocked, then ignored) before the zombie is reaped. */
-    for (;;) {
-        siginfo_t info;
-        memset(&info, 0, sizeof info);
-        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0)
-            break;
-        if (errno != EINTR)
-            return LOST; /* the status is gone: never replaced by a made-up code */
-    }
+    if (guarded_wait(pid, &guard, &t) != 0)
+        return LOST; /* the status is gone: never replaced by a made-up code */
     sigprocmask(SIG_BLOCK, &forwarded, NULL);
     child_pid = 0;
     /* Nothing is left to forward to; publication cannot be cut short by a group signal. */
@@ -674,7 +1013,11 @@ int main(int argc, char **argv) {
             return LOST;
     }
     struct receipt rec = t.rec;
-    rec.finished = finished_now();
+    rec.finished = finished_at(&t);
+    /* A last look at the log: what CMD wrote in its final second is cut too. */
+    if (guard.quota_fd >= 0)
+        check_quota(&guard);
+    guard_close(&guard);
     if (WIFEXITED(wstatus))
         rec.status = WEXITSTATUS(wstatus);
     else if (WIFSIGNALED(wstatus))
@@ -689,8 +1032,22 @@ int main(int argc, char **argv) {
         if (write_all(channel, "s", 1) == 0) {
             pid_t publisher = fork();
             if (publisher == 0) {
+                /* The wait for "ok" is bounded (ACK_WAIT_MS): a host that is frozen (SIGSTOP, a
+                 * hung disk) must not keep the receipt back for ever. Published after that, it
+                 * duplicates what the host may still commit, and the consumer discards it. */
                 char ack[4];
-                if (read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
+                struct pollfd answer = {channel, POLLIN, 0};
+                unsigned long long left_ms = t.lim.ack_ms;
+                unsigned long long until = boot_ns() + left_ms * 1000000ULL;
+                int ready;
+                for (;;) {
+                    ready = poll(&answer, 1, left_ms > 0x7fffffffULL ? 0x7fffffff : (int)left_ms);
+                    if (ready >= 0 || errno != EINTR)
+                        break;
+                    unsigned long long now = boot_ns();
+                    left_ms = now < until ? (until - now) / 1000000ULL : 0;
+                }
+                if (ready > 0 && read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
                     _exit(0);
                 close(channel);
                 _exit(publish(&rec));

@@ -1,6 +1,15 @@
 # ql POSIX launcher: runs one task command and publishes its completion receipt (ADR-0007 §2.4).
 #
-#   sh launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE -- CMD [ARG...]
+#   sh launcher.sh SHARD_DIR RUN_ID ATTEMPT_ID CALLBACK_SEQUENCE STARTED_AT_MS MODE [LIMITS] -- CMD [ARG...]
+#
+# LIMITS (optional; launcher.c "LIMITS" and docs/launcher.md "Protections"): the word
+# START_BOOT_MS,TIMEOUT_MS,GRACE_MS,QUOTA_BYTES,ACK_WAIT_MS, each a canonical integer or empty.
+# This launcher enforces them with helper processes in its own group: a deadline watchdog (TERM to
+# the group at START_BOOT_MS + TIMEOUT_MS on the boot clock, /proc/uptime; KILL to the group but
+# the launcher GRACE_MS later), a KILL GRACE_MS after a forwarded TERM (async mode only: in
+# foreground mode the shell runs no trap while CMD runs), and a quota watcher that checks the log's
+# size once a second while CMD runs (stat and truncate on PATH; a wake-up a second, as the shell
+# has no inotify).
 #
 # MODE argv: run CMD ARG... as given; MODE shell: exactly one word after --, run as /bin/sh -c WORD.
 # MODE may carry flags after a '+', each one letter (docs/launcher.md, "The acknowledged path"):
@@ -28,7 +37,8 @@
 unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attempt _ql_seq \
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
-	_ql_mine _ql_flags _ql_await _ql_ack
+	_ql_mine _ql_flags _ql_await _ql_ack _ql_limits _ql_lstart _ql_ltimeout _ql_lgrace _ql_lquota \
+	_ql_lack _ql_u _ql_dogs _ql_killer _ql_l _ql_p _ql_found _ql_n _ql_spare _ql_r _ql_ms _ql_termed
 # Signals we forward; the command starts with default dispositions for them (see the two modes).
 _ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
 
@@ -43,12 +53,36 @@ _ql_uint() {
 	[ "${#1}" -le 16 ] && [ "$1" -le 9007199254740991 ]
 }
 
-_ql_ok=
+# One LIMITS field: empty (none) or a canonical integer.
+_ql_limit() {
+	[ -z "$1" ] || _ql_uint "$1"
+}
+
+_ql_ok= _ql_limits= _ql_lstart= _ql_ltimeout= _ql_lgrace= _ql_lquota= _ql_lack=30000 _ql_n=
+# "--" right after MODE: no LIMITS (a LIMITS word is never "--"); else LIMITS, then "--".
 if [ "$#" -ge 8 ] && [ "$7" = "--" ]; then
+	_ql_n=7
+elif [ "$#" -ge 9 ] && [ "$8" = "--" ]; then
+	_ql_n=8 _ql_limits=$7
+fi
+if [ -n "$_ql_n" ]; then
 	_ql_shard=$1 _ql_run=$2 _ql_attempt=$3 _ql_seq=$4 _ql_started=$5 _ql_mode=$6 _ql_flags=
-	shift 7
+	shift "$_ql_n"
+	_ql_ok=1
+	if [ "$_ql_n" = 8 ]; then
+		# LIMITS: exactly five comma-separated fields (four commas), each empty or an integer.
+		case $_ql_limits in *,*,*,*,*,*) _ql_ok= ;; *,*,*,*,*) ;; *) _ql_ok= ;; esac
+		_ql_lstart=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
+		_ql_ltimeout=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
+		_ql_lgrace=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
+		_ql_lquota=${_ql_limits%%,*} _ql_limits=${_ql_limits#*,}
+		[ -n "$_ql_limits" ] && _ql_lack=$_ql_limits
+		for _ql_x in "$_ql_lstart" "$_ql_ltimeout" "$_ql_lgrace" "$_ql_lquota" "$_ql_lack"; do
+			_ql_limit "$_ql_x" || _ql_ok=
+		done
+	fi
+	case $_ql_shard in /*) ;; *) _ql_ok= ;; esac
 	case $_ql_mode in *+*) _ql_flags=${_ql_mode#*+} _ql_mode=${_ql_mode%%+*} ;; esac
-	case $_ql_shard in /*) _ql_ok=1 ;; esac
 	case $_ql_flags in *[!cepa]*) _ql_ok= ;; esac
 	case $_ql_run in $_ql_uuid7) ;; *) _ql_ok= ;; esac
 	case $_ql_attempt in $_ql_uuid7) ;; *) _ql_ok= ;; esac
@@ -67,11 +101,15 @@ case $_ql_flags in *c*) exec 3<&0 0</dev/null ;; esac
 command set +o posix 2>/dev/null
 
 # Signals may arrive before the child exists; they are remembered and forwarded once it does.
-_ql_child= _ql_pending= _ql_sig=
+_ql_child= _ql_pending= _ql_sig= _ql_termed=
 _ql_on_signal() {
 	_ql_sig=1
 	if [ -n "$_ql_child" ]; then
 		kill -s "$1" "$_ql_child" 2>/dev/null
+		# What `ql cancel` sends: the group gets KILL GRACE_MS later if CMD is still there. The
+		# killer is started by the wait loop, not here: a job started while CMD's job is done and
+		# already waited for makes dash free CMD's job, and its status would be lost.
+		[ "$1" = TERM ] && _ql_termed=1
 	else
 		_ql_pending="$_ql_pending $1"
 	fi
@@ -149,20 +187,179 @@ esac
 # environment would not move, so it is trusted only if it differs from this start value.
 _ql_t0=${EPOCHREALTIME-}
 
+# --- Protections (LIMITS): helpers in the launcher's group, ended when CMD has ended. ---
+# The boot clock in ms into _ql_ms: /proc/uptime is CLOCK_BOOTTIME (counts suspend, never steps),
+# in 1/100 s (rounded down here). Fails without it.
+_ql_boot_ms() {
+	_ql_ms=
+	{ read -r _ql_u _ql_x </proc/uptime; } 2>/dev/null || return 1
+	case $_ql_u in *[!0123456789.]* | .*) return 1 ;; *.??) ;; *) return 1 ;; esac
+	_ql_ms=$((${_ql_u%.*} * 1000 + 1${_ql_u#*.} * 10 - 1000))
+}
+# Sleep $1 ms: fractional seconds where sleep takes them (GNU, busybox), else rounded up (late,
+# never early).
+_ql_sleep_ms() {
+	sleep "$(($1 / 1000)).$(printf %03d "$(($1 % 1000))")" 2>/dev/null || sleep "$((($1 + 999) / 1000))"
+}
+# State, parent and group of a /proc/PID/stat line's tail (after the command name's ")").
+_ql_stat_of() {
+	set -f
+	# shellcheck disable=SC2086
+	set -- $1
+	set +f
+	_ql_x=$1 _ql_p=$2 _ql_u=$3
+}
+# The pid of the calling subshell ($$ is the launcher's in every subshell) into _ql_spare.
+_ql_self() {
+	_ql_spare=$(exec /bin/sh -c 'echo "$PPID"')
+}
+# KILL for every running member of the launcher's group but the launcher, the caller (_ql_spare),
+# the other helpers started before it (_ql_dogs) and their children (a sleep), scanned in /proc
+# until none is left (at most 64 scans): the launcher must live on to publish the receipt, and a
+# group KILL would take it too. CMD is stopped first and killed last, and each scan stops what it
+# finds before it kills any of it: nothing sees another die and goes on (a `sh -c '...; exit 0'`
+# whose child was killed would end 0), and once CMD is gone the launcher ends its helpers, this
+# one too. A launcher that does not lead its group (not started by ql) kills CMD alone.
+_ql_kill_group() {
+	if [ -n "$_ql_child" ]; then kill -s STOP "$_ql_child" 2>/dev/null; fi
+	_ql_n=0
+	while [ -n "$_ql_leader" ] && [ "$_ql_n" -lt 64 ]; do
+		_ql_n=$((_ql_n + 1)) _ql_found=
+		for _ql_f in /proc/[0123456789]*/stat; do
+			_ql_r=${_ql_f#/proc/} _ql_r=${_ql_r%/stat}
+			case " $$ $_ql_spare $_ql_dogs $_ql_child " in *" $_ql_r "*) continue ;; esac
+			{ IFS= read -r _ql_l <"$_ql_f"; } 2>/dev/null || continue
+			_ql_stat_of "${_ql_l##*)}"
+			[ "$_ql_u" = "$$" ] || continue
+			case " $_ql_spare $_ql_dogs " in *" $_ql_p "*) continue ;; esac
+			case $_ql_x in Z | X) continue ;; esac
+			kill -s STOP "$_ql_r" 2>/dev/null && _ql_found="$_ql_found $_ql_r"
+		done
+		[ -n "$_ql_found" ] || break
+		# shellcheck disable=SC2086
+		kill -s KILL $_ql_found 2>/dev/null
+		_ql_sleep_ms 10
+	done
+	if [ -n "$_ql_child" ]; then kill -s KILL "$_ql_child" 2>/dev/null; fi
+}
+# End helper $1 and its children (a sleep): stopped first, so that it forks nothing more. Its
+# children are listed by /proc/PID/task/PID/children where the kernel has it (one read), else
+# found by a scan of /proc.
+_ql_kill_tree() {
+	kill -s STOP "$1" 2>/dev/null || return 0
+	if { read -r _ql_l <"/proc/$1/task/$1/children"; } 2>/dev/null || [ -f "/proc/$1/task/$1/children" ]; then
+		# shellcheck disable=SC2086
+		[ -z "$_ql_l" ] || kill -s KILL $_ql_l 2>/dev/null
+		kill -s KILL "$1" 2>/dev/null
+		return 0
+	fi
+	for _ql_f in /proc/[0123456789]*/stat; do
+		{ IFS= read -r _ql_l <"$_ql_f"; } 2>/dev/null || continue
+		_ql_stat_of "${_ql_l##*)}"
+		if [ "$_ql_p" = "$1" ]; then
+			_ql_r=${_ql_f#/proc/}
+			kill -s KILL "${_ql_r%/stat}" 2>/dev/null
+		fi
+	done
+	kill -s KILL "$1" 2>/dev/null
+}
+# Does the launcher lead its own process group (ql starts it as a session leader)?
+_ql_leader=
+if { IFS= read -r _ql_l </proc/$$/stat; } 2>/dev/null; then
+	_ql_stat_of "${_ql_l##*)}"
+	[ "$_ql_u" = "$$" ] && _ql_leader=1
+fi
+# The KILL GRACE_MS after a TERM (a cancel's, forwarded by the trap; or the deadline's).
+_ql_killer=
+_ql_grace_killer() {
+	trap '' HUP INT QUIT TERM USR1 USR2
+	exec 3>&- 4<&- 5<&- >/dev/null 2>&1
+	_ql_self
+	_ql_sleep_ms "$_ql_lgrace"
+	_ql_kill_group
+	exit 0
+}
+# The deadline: TERM to the group at START_BOOT_MS + TIMEOUT_MS on the boot clock (without one:
+# TIMEOUT_MS from now, which is after the true start - late, never early), KILL GRACE_MS later.
+_ql_deadline() {
+	trap '' HUP INT QUIT TERM USR1 USR2
+	exec 3>&- 4<&- 5<&- >/dev/null 2>&1
+	_ql_self
+	if [ -n "$_ql_lstart" ] && _ql_boot_ms; then
+		while _ql_boot_ms && [ "$((_ql_lstart + _ql_ltimeout - _ql_ms))" -gt 0 ]; do
+			_ql_sleep_ms "$((_ql_lstart + _ql_ltimeout - _ql_ms + 10))"
+		done
+	else
+		_ql_sleep_ms "$_ql_ltimeout"
+	fi
+	if [ -n "$_ql_leader" ]; then kill -s TERM 0; elif [ -n "$_ql_child" ]; then kill -s TERM "$_ql_child"; fi
+	# Once more to CMD 0.2 s later: a deadline already past when the launcher starts fires while
+	# the child may still be between its fork and its exec, where a shell drops a trapped signal
+	# (docs/launcher.md, "Early signals"); a TERM it got already changes nothing.
+	_ql_sleep_ms 200
+	[ -z "$_ql_child" ] || kill -s TERM "$_ql_child" 2>/dev/null
+	if [ -n "$_ql_lgrace" ]; then
+		_ql_sleep_ms "$(($_ql_lgrace > 200 ? $_ql_lgrace - 200 : 0))"
+		_ql_kill_group
+	fi
+	exit 0
+}
+# The quota: once a second, the log (fd 6) back to QUOTA_BYTES + 1 when it is longer (the extra
+# byte tells the host's finalizer it was cut; docs/logs.md "Log quota").
+_ql_quota() {
+	trap '' HUP INT QUIT TERM USR1 USR2
+	exec 3>&- 4<&- 5<&- >/dev/null 2>&1
+	while sleep 1; do
+		_ql_x=$(stat -L -c %s /proc/self/fd/6 2>/dev/null) || continue
+		if _ql_uint "$_ql_x" && [ "$_ql_x" -gt "$((_ql_lquota + 1))" ]; then
+			truncate -s "$((_ql_lquota + 1))" /proc/self/fd/6 2>/dev/null
+		fi
+	done
+	exit 0
+}
+# Called by the wait loops while CMD still runs (see _ql_on_signal): start the KILL's timer once.
+_ql_arm_killer() {
+	if [ -n "$_ql_termed" ] && [ -n "$_ql_lgrace" ] && [ -z "$_ql_killer" ]; then
+		_ql_grace_killer &
+		_ql_killer=$!
+	fi
+}
+_ql_dogs=
+# Each helper is one fork (`name &`, a brace-bodied function) that ignores the forwarded signals
+# first. The quota watcher comes first, so that the deadline's KILL spares it by pid.
+_ql_start_helpers() {
+	if [ -n "$_ql_lquota" ] && [ -e /proc/self/fd/6 ] && command -v stat >/dev/null 2>&1 &&
+		command -v truncate >/dev/null 2>&1; then
+		_ql_quota &
+		_ql_dogs="$_ql_dogs $!"
+	fi
+	if [ -n "$_ql_ltimeout" ]; then
+		_ql_deadline &
+		_ql_dogs="$_ql_dogs $!"
+	fi
+}
+_ql_end_helpers() {
+	for _ql_x in $_ql_dogs $_ql_killer; do _ql_kill_tree "$_ql_x"; done
+	_ql_dogs= _ql_killer=
+	exec 6>&-
+}
+
 # The child: CMD with default dispositions, or the re-delivery of a signal that came first. A
 # re-delivered signal always kills: the launcher could trap it, so it was not ignored on entry, and
 # the child has it at the default (reset by the fork, or by env). KILL is only a backstop.
 _ql_exec() {
 	trap - HUP INT QUIT TERM USR1 USR2
-	exec 3>&- 4<&- 5<&-
+	exec 3>&- 4<&- 5<&- 6>&-
 	if [ -n "$_ql_pending" ]; then
 		set -- $_ql_pending
 		set -- /bin/sh -c 'kill -s "$1" "$$"; kill -s KILL "$$"' sh "$1"
 	fi
 	if [ -n "$_ql_reset" ]; then
 		# env would take a leading NAME=VALUE operand as an assignment; a fresh sh keeps it a command.
-		case $1 in *=*) exec env "--default-signal=$_ql_sigs" /bin/sh -c 'exec "$@"' sh "$@" ;; esac
-		exec env "--default-signal=$_ql_sigs" -- "$@"
+		# Every signal at its default (not only the forwarded ones): a nohup or `setsid ... &` host
+		# leaves HUP, INT and QUIT ignored, and an ignored disposition survives exec.
+		case $1 in *=*) exec env --default-signal /bin/sh -c 'exec "$@"' sh "$@" ;; esac
+		exec env --default-signal -- "$@"
 	fi
 	exec "$@"
 }
@@ -171,15 +368,20 @@ if [ -z "$_ql_reset" ]; then
 	# Foreground mode. The launcher's own stdout/stderr become /dev/null first, so nothing the shell
 	# prints (a notice about a killed child) reaches the log; CMD gets the log from fd 3, which the
 	# launcher holds until CMD has ended. `$?` survives the traps that run right after the child.
+	[ -n "$_ql_lquota" ] && exec 6>&1
 	exec 3>&1 >/dev/null 2>&1
+	_ql_start_helpers
 	(_ql_exec "$@") >&3 2>&3
 	_ql_w=$?
 	exec 3>&-
+	_ql_end_helpers
 	trap '' HUP INT QUIT TERM USR1 USR2
 	_ql_status=$_ql_w
 else
+	[ -n "$_ql_lquota" ] && exec 6>&1
 	(_ql_exec "$@") &
 	_ql_pid=$! _ql_child=$!
+	_ql_start_helpers
 	# From here on nothing the shell or its tools print (bash job notices included) can reach the
 	# log, and the launcher no longer holds the log open.
 	exec >/dev/null 2>&1
@@ -201,6 +403,7 @@ else
 		# soon).
 		_ql_nap=0.01
 		while kill -0 "$_ql_pid"; do
+			_ql_arm_killer
 			[ -n "$_ql_sig" ] && _ql_sig= _ql_nap=0.01
 			read -r -t "$_ql_nap" -n 1 -u "$_ql_pipe" _ql_x
 			# Over 128: the sleep timed out (or a trap ran). Anything else is EOF on the
@@ -217,6 +420,7 @@ else
 		# process is not ours and we stop.
 		_ql_spins=0
 		while kill -0 "$_ql_pid"; do
+			_ql_arm_killer
 			if [ -n "$_ql_sig" ]; then _ql_spins=0; else _ql_spins=$((_ql_spins + 1)); fi
 			[ "$_ql_spins" -gt 3 ] && break
 			_ql_sig=
@@ -236,6 +440,8 @@ else
 		[ "$_ql_w" = "$_ql_status" ] && break
 		_ql_status=$_ql_w _ql_spins=$((_ql_spins + 1))
 	done
+	# Only now: a helper's end must not be the first news the shell gets of its jobs.
+	_ql_end_helpers
 fi
 # A status the shell lost (bash's `wait` answers -1 after the race described above, possible on
 # the fallback path) is never replaced by a made-up code: no receipt; the attempt will be lost.
@@ -251,8 +457,14 @@ _ql_publish() (
 	set -C
 
 	# finishedAtMs must be an upper bound of the true finish time: read after reaping, rounded up.
+	# On the start's clock when it is known: STARTED_AT_MS + the boot-clock time since START_BOOT_MS
+	# (+10: /proc/uptime is rounded down to 1/100 s), never this launcher's wall clock.
 	_ql_fin= _ql_t=${EPOCHREALTIME-}
-	if [ -n "$_ql_t" ] && [ "$_ql_t" != "$_ql_t0" ]; then
+	if [ -n "$_ql_lstart" ] && _ql_boot_ms; then
+		_ql_fin=$((_ql_ms - _ql_lstart))
+		[ "$_ql_fin" -ge 0 ] || _ql_fin=0
+		_ql_fin=$((_ql_started + _ql_fin + 10))
+	elif [ -n "$_ql_t" ] && [ "$_ql_t" != "$_ql_t0" ]; then
 		_ql_s=${_ql_t%%[.,]*} _ql_us=${_ql_t#*[.,]}
 		if _ql_uint "$_ql_s" && [ "${#_ql_us}" -eq 6 ] && _ql_uint "1$_ql_us"; then
 			# "1" prefixes keep leading zeros from being read as octal.
@@ -318,8 +530,19 @@ if [ -n "$_ql_await" ]; then
 	trap '' PIPE
 	if { printf s >&5; } 2>/dev/null; then
 		(
-			IFS= read -r _ql_ack <&5 2>/dev/null && [ "$_ql_ack" = ok ] && exit 0
+			# The wait for "ok" is bounded (ACK_WAIT_MS): a frozen host (SIGSTOP, a hung disk)
+			# must not keep the receipt back for ever. Published after that, it duplicates what
+			# the host may still commit, and the consumer discards it. A reader and a timer that
+			# KILLs it: `read -t` is not POSIX (dash has none).
+			(IFS= read -r _ql_ack <&5 2>/dev/null && [ "$_ql_ack" = ok ]) &
+			_ql_r=$!
 			exec 5<&-
+			(_ql_sleep_ms "$_ql_lack"; kill -s KILL "$_ql_r" 2>/dev/null) &
+			_ql_x=$!
+			wait "$_ql_r"
+			_ql_w=$?
+			_ql_kill_tree "$_ql_x"
+			[ "$_ql_w" = 0 ] && exit 0
 			_ql_publish
 		) &
 		exit "$_ql_status"

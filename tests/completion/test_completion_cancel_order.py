@@ -45,6 +45,16 @@ def running(submit: Any, triggers: Any) -> Any:
     return lambda **kw: submit(trigger_command(triggers(), 0), **kw)
 
 
+@pytest.fixture
+def running_past_deadline(submit: Any, triggers: Any) -> Any:
+    """A task that outlives its deadline: it ignores the TERM its launcher sends at the deadline
+    (the KILL comes cancel_grace_s = 10 s later), so the receipt these tests plant decides."""
+    def start(**kw: Any) -> Any:
+        shell, flag, script = trigger_command(triggers(), 0)
+        return submit([shell, flag, "trap '' TERM; " + script], **kw)
+    return start
+
+
 def _complete(rt: Any, sub: Any, **receipt: Any) -> Any:
     rt.receipts.publish(valid_receipt(sub, **receipt))
     return rt.consumer.consume(sub.attempt_id)
@@ -117,8 +127,8 @@ def test_receipt_finished_before_the_cancel_keeps_its_outcome(runtime: Any, runn
 
 
 def test_receipt_finished_before_the_deadline_keeps_its_outcome_despite_a_later_timeout_intent(
-        runtime: Any, running: Any) -> None:
-    sub = running(timeout_s=0.2)
+        runtime: Any, running_past_deadline: Any) -> None:
+    sub = running_past_deadline(timeout_s=0.2)
     wait_for(lambda: now_ms() > sub.deadline_at_ms, what="the deadline to pass")
     runtime.canceller.request(sub.run_id, "timeout")
     result = _complete(runtime, sub, exit_code=0, finished_at_ms=sub.deadline_at_ms - 1)
@@ -128,8 +138,8 @@ def test_receipt_finished_before_the_deadline_keeps_its_outcome_despite_a_later_
 
 
 # -- (d) timeout intent + a late successful receipt --------------------------------------
-def test_timeout_intent_then_a_late_success_is_timed_out(runtime: Any, running: Any) -> None:
-    sub = running(timeout_s=0.2)
+def test_timeout_intent_then_a_late_success_is_timed_out(runtime: Any, running_past_deadline: Any) -> None:
+    sub = running_past_deadline(timeout_s=0.2)
     wait_for(lambda: now_ms() > sub.deadline_at_ms, what="the deadline to pass")
     runtime.canceller.request(sub.run_id, "timeout")
     result = _complete(runtime, sub, exit_code=0, finished_at_ms=sub.deadline_at_ms + 1)
@@ -139,10 +149,10 @@ def test_timeout_intent_then_a_late_success_is_timed_out(runtime: Any, running: 
     assert "run.cancel_moot" not in [e["type"] for e in events]
 
 
-def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, running: Any,
+def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, running_past_deadline: Any,
                                                                   ql_env: dict[str, str]) -> None:
     """The persisted deadline, not an in-memory timer: `ql reconcile` commits the intent first."""
-    sub = running(timeout_s=0.2)
+    sub = running_past_deadline(timeout_s=0.2)
     wait_for(lambda: now_ms() > sub.deadline_at_ms, what="the deadline to pass")
     # Publish the success first, finished after the deadline: the reconcile round commits the
     # timeout intent (step 1) before it reads any receipt (step 3), whatever the scan order.

@@ -18,6 +18,7 @@ import pytest
 
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.launch import (
+    Limits,
     _spawn_with_fd3,
     encode_task,
     hand_over,
@@ -113,7 +114,7 @@ class GoAhead:
 def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: str, callback_sequence: int,
                started_at_ms: int, mode: str, command: Sequence[str], token: str, log_fd: int,
                awaited: bool = False, hints: str = "", env: dict[str, str] | None = None,
-               cwd: str | os.PathLike[str] | None = None) -> tuple[object, GoAhead]:
+               cwd: str | os.PathLike[str] | None = None, limits: Limits | None = None) -> tuple[object, GoAhead]:
     """A held launcher under ``shell`` and its go-ahead: ``spawn_launcher(hold=True)`` + ``release``,
     or for the standby a ``--standby`` launcher and the run's message (sent by the go-ahead)."""
     if is_standby(shell):
@@ -121,13 +122,13 @@ def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: st
         task = encode_task(command, shell=mode == "shell", cwd=None, env=env)
         message = standby_message(shard_dir=shard_dir, run_id=run_id, attempt_id=attempt_id,
                                   callback_sequence=callback_sequence, started_at_ms=started_at_ms, task=task,
-                                  token=token, awaited=awaited)
+                                  token=token, awaited=awaited, limits=limits)
         return proc, GoAhead(channel, token, message, os.dup(log_fd), cwd, awaited)
     proc, channel = spawn_launcher(**launcher_kwargs(shell), shard_dir=shard_dir, run_id=run_id,  # type: ignore[arg-type]
                                    attempt_id=attempt_id, callback_sequence=callback_sequence,
                                    started_at_ms=started_at_ms, mode=mode, command=command,  # type: ignore[arg-type]
                                    token=token, log_fd=log_fd, hold=True, awaited=awaited, hints=hints,
-                                   env=env, cwd=cwd)
+                                   env=env, cwd=cwd, limits=limits)
     return proc, GoAhead(channel, token)
 
 
@@ -526,7 +527,7 @@ class Launcher:
                 fields = [os.fsencode(a) for a in argv[:6]]
                 words = [os.fsencode(a) for a in argv[7:]] if ok else []
                 env = [k + b"=" + v for k, v in os.environb.items()]
-                message = b"\0".join([b"ql-standby-1", *fields, b"", str(len(words)).encode() if ok else b"x",
+                message = b"\0".join([b"ql-standby-2", *fields, b",,,,", b"", str(len(words)).encode() if ok else b"x",
                                        *words, str(len(env)).encode(), *env, token]) + b"\0"
                 cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:

@@ -177,6 +177,13 @@ def _bad_args(kind: str, marker: Path) -> Callable[[Path, str, str], list[str]]:
             "started-huge": good[:4] + ["9" * 19] + good[5:],
             "started-over-2^53": good[:4] + [str(2**53)] + good[5:],
             "seq-zero": good[:3] + ["0"] + good[4:],
+            # LIMITS (optional, right before "--"): five fields, each empty or an integer.
+            "limits-four-fields": good[:6] + [",2000,,"] + good[6:],
+            "limits-six-fields": good[:6] + [",2000,,,,"] + good[6:],
+            "limits-not-a-number": good[:6] + [",2s,,,"] + good[6:],
+            "limits-leading-zero": good[:6] + [",02000,,,"] + good[6:],
+            "limits-negative": good[:6] + [",-1,,,"] + good[6:],
+            "limits-twice": good[:6] + [",,,,", ",,,,"] + good[6:],
         }
         return bad[kind]
 
@@ -200,6 +207,12 @@ def _bad_args(kind: str, marker: Path) -> Callable[[Path, str, str], list[str]]:
         "started-huge",
         "started-over-2^53",
         "seq-zero",
+        "limits-four-fields",
+        "limits-six-fields",
+        "limits-not-a-number",
+        "limits-leading-zero",
+        "limits-negative",
+        "limits-twice",
     ],
 )
 def test_contract_violations_exit_125_without_running(

@@ -3,6 +3,11 @@
 Gate 5: a process that exited without a receipt ends ``lost`` — never ``succeeded``, whatever its
 log says. Gate 6: a persisted deadline that passes while no host is alive is enforced by
 `ql reconcile`: the timeout intent is committed first, then TERM (then KILL after the grace).
+
+(The launcher enforces the deadline itself too — docs/launcher.md, "Protections";
+tests/truth/test_launcher_enforced.py. Gate 6 is about recovery, so its tasks run with their
+launcher SIGKILLed on its own: the command runs on in the launcher's group and recovery is the only
+enforcer left.)
 """
 
 from __future__ import annotations
@@ -105,10 +110,11 @@ def test_gate6_deadline_with_no_host_times_out_by_term(data_dir: Path, ql_env: d
     try:
         attempt = attempt_row(rt, started["attempt_id"])
         groups.append(attempt.pgid)
+        _kill_launcher_alone(attempt)
         assert attempt.deadline_at_ms is not None  # persisted before spawn
         wait_until(lambda: time.time() * 1000 > attempt.deadline_at_ms + 50, timeout=10, message="the deadline")
         # No host is alive (`ql run --detach` returned); the task still runs past its deadline.
-        assert alive(attempt.pid)
+        assert group_alive(attempt.pgid)
         assert rt.status(started["run_id"]).status == "running"
 
         passes = 0
@@ -124,7 +130,7 @@ def test_gate6_deadline_with_no_host_times_out_by_term(data_dir: Path, ql_env: d
 
         view = rt.status(started["run_id"])
         assert view.status == "timed_out" and view.reason == "timeout"
-        assert view.exit_code == 143  # the launcher's receipt: its command died of TERM
+        assert view.exit_code is None  # no launcher, no receipt: the committed intent ql signalled decides
         _assert_timeout_order(rt, started["run_id"])
         # Persist first, signal after: TERM went out after the intent's commit, to a process that
         # identity re-verified as running at that moment — so it was alive when the intent committed.
@@ -136,6 +142,14 @@ def test_gate6_deadline_with_no_host_times_out_by_term(data_dir: Path, ql_env: d
         assert not group_alive(attempt.pgid)
     finally:
         rt.close()
+
+
+def _kill_launcher_alone(attempt) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL the task's launcher, not its group: the command runs on, and nothing but recovery
+    enforces its deadline any more (docs/launcher.md, "A launcher killed on its own")."""
+    os.kill(attempt.pid, signal.SIGKILL)
+    wait_until(lambda: not alive(attempt.pid), timeout=10, message="the launcher to die")
+    assert group_alive(attempt.pgid)
 
 
 def _cancel_requested_at(rt, run_id: str) -> int:  # type: ignore[no-untyped-def]
@@ -154,12 +168,13 @@ def test_gate6_task_ignoring_term_is_killed_after_grace(data_dir: Path, ql_env: 
         groups.append(attempt.pgid)
         log = rt.log_path(started["run_id"])
         wait_until(lambda: b"ready" in log.read_bytes(), timeout=10, message="the trap to be set")
+        _kill_launcher_alone(attempt)
         wait_until(lambda: time.time() * 1000 > attempt.deadline_at_ms + 50, timeout=10, message="the deadline")
 
         first = _reconcile(ql_env, config)
         assert first["timeouts_requested"] == 1 and first["dispatch_signalled"] == 1
         time.sleep(0.2)
-        assert alive(attempt.pid)  # TERM was ignored
+        assert group_alive(attempt.pgid)  # TERM was ignored
         assert rt.status(started["run_id"]).status == "running"
 
         wait_until(lambda: (_reconcile(ql_env, config), rt.status(started["run_id"]).terminal)[1],

@@ -43,9 +43,11 @@ def test_a_task_done_before_its_deadline_keeps_its_own_outcome(ql_env: dict[str,
 
 
 def test_recovery_applies_the_deadline_though_nobody_signalled(ql_env: dict[str, str], data_dir: Path) -> None:
-    """No host waits and no intent was committed before the task ended after its deadline."""
-    rec = json_lines(run_ql(["--json", "run", "--detach", "--timeout", "0.3", "--", "sh", "-c", "sleep 0.8"],
-                            ql_env).stdout)[0]
+    """No host waits and no intent was committed before the task ended after its deadline. (The
+    launcher TERMs the group at the deadline itself: the task ignores TERM so that it still ends on
+    its own, 0, within the KILL's grace.)"""
+    rec = json_lines(run_ql(["--json", "run", "--detach", "--timeout", "0.3", "--", "sh", "-c",
+                             "trap '' TERM; sleep 0.8"], ql_env).stdout)[0]
     receipt = data_dir / "receipts" / rec["attempt_id"][-2:] / f"{rec['attempt_id']}.json"
     deadline = time.monotonic() + BOUND_S
     while not receipt.exists():
