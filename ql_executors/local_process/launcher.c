@@ -30,10 +30,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -49,6 +51,8 @@
 #define MAX_SAFE 9007199254740991ULL        /* 2^53 - 1: exact in any JSON reader */
 #define TOKEN_MIN 32
 #define TOKEN_MAX 128
+/* How long an awaited task's publisher waits for its host's "ok" before it publishes anyway. */
+#define ACK_WAIT_MS 10000
 
 static const int FORWARDED[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 #define N_FORWARDED ((int)(sizeof FORWARDED / sizeof FORWARDED[0]))
@@ -378,6 +382,50 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
     return words;
 }
 
+/* The process that owns an idle standby: the host that started it (--standby PID). 0: unknown. */
+static pid_t standby_owner;
+/* Without pidfds (Linux < 5.3), how often an idle standby checks that its owner is still its
+ * parent: a standby then outlives a dead owner by at most this long. */
+#define OWNER_CHECK_MS 1000
+
+/* An idle standby waits for its message on the channel AND for its owner's death. EOF on the
+ * channel is not enough: a host that forked through libc (no after-fork hook ran) left a copy of
+ * its end in the child, and that copy keeps the channel open after the host itself died. So the
+ * owner is followed through a pidfd (opened, then checked to still be our parent: an owner that
+ * died before the pidfd existed is seen as a changed parent), else polled as our parent.
+ * 1: the channel has something (a message, or EOF); 0: the owner is gone, nothing may run. */
+static int wait_for_message(int channel) {
+    int owner_fd = -1;
+    if (standby_owner > 0) {
+#if defined(SYS_pidfd_open)
+        owner_fd = (int)syscall(SYS_pidfd_open, standby_owner, 0);
+#endif
+        if (getppid() != standby_owner) {
+            if (owner_fd >= 0)
+                close(owner_fd);
+            return 0;
+        }
+    }
+    struct pollfd fds[2] = {{.fd = channel, .events = POLLIN}, {.fd = owner_fd, .events = POLLIN}};
+    int timeout = standby_owner > 0 && owner_fd < 0 ? OWNER_CHECK_MS : -1;
+    for (;;) {
+        int r = poll(fds, owner_fd >= 0 ? 2 : 1, timeout);
+        if (r < 0 && errno != EINTR)
+            break; /* cannot wait: recvmsg decides as it always did */
+        /* The channel first: a message sent just before the owner died is a run handed over. */
+        if (r > 0 && fds[0].revents != 0)
+            break;
+        if ((r > 0 && fds[1].revents != 0) || (standby_owner > 0 && getppid() != standby_owner)) {
+            if (owner_fd >= 0)
+                close(owner_fd);
+            return 0;
+        }
+    }
+    if (owner_fd >= 0)
+        close(owner_fd);
+    return 1;
+}
+
 static int receive_spec(int channel, struct task *t) {
     union {
         struct cmsghdr align;
@@ -390,7 +438,9 @@ static int receive_spec(int channel, struct task *t) {
     msg.msg_iovlen = 1;
     msg.msg_control = control.buf;
     msg.msg_controllen = sizeof control.buf;
-    ssize_t n;
+    ssize_t n = -1;
+    if (!wait_for_message(channel))
+        return 0; /* its owner died idle: nothing is ever run for it (125, like EOF) */
     do /* a forwarded signal here ends the idle standby (on_signal): no run is ever charged with it */
         n = recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
@@ -548,9 +598,19 @@ __attribute__((noreturn, noinline)) static void child_after_fork(const struct ta
 }
 
 int main(int argc, char **argv) {
+    /* Not dumpable: a task of the same user can then neither read this process's memory
+     * (/proc/PID/mem, process_vm_readv: the hand-over message and the token are there) nor ptrace
+     * it. CMD is exec'd and dumpable again; /proc/PID/stat (identity) stays readable. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
-    int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
+    int standby = (argc == 2 || argc == 3) && strcmp(argv[1], "--standby") == 0;
+    if (standby && argc == 3) { /* --standby OWNER_PID: the host that started it */
+        unsigned long long owner;
+        if (!parse_uint(argv[2], &owner) || owner == 0 || owner > 0x7fffffffULL)
+            return LOST;
+        standby_owner = (pid_t)owner;
+    }
     struct task t;
     memset(&t, 0, sizeof t);
     t.log_fd = t.cwd_fd = -1;
@@ -690,7 +750,14 @@ int main(int argc, char **argv) {
             pid_t publisher = fork();
             if (publisher == 0) {
                 char ack[4];
-                if (read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
+                /* Bounded (ACK_WAIT_MS): a stopped host, or a copy of its end kept by a child it
+                 * forked, must not hold the receipt back for ever. */
+                struct pollfd ack_fd = {.fd = channel, .events = POLLIN};
+                int ready;
+                do
+                    ready = poll(&ack_fd, 1, ACK_WAIT_MS);
+                while (ready < 0 && errno == EINTR);
+                if (ready > 0 && read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
                     _exit(0);
                 close(channel);
                 _exit(publish(&rec));
