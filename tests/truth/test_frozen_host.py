@@ -87,3 +87,37 @@ def _stopped_soon(pid: int) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+FIRST_USE_HOLDER = r"""
+import os, signal, sys
+from pathlib import Path
+from ql_core.paths import first_use_lock
+
+with first_use_lock(Path(sys.argv[1])):
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen in the middle of a data dir's first use
+"""
+
+
+def test_reconcile_does_not_wait_for_ever_on_a_host_frozen_in_its_first_use(ql_env: dict[str, str],
+                                                                             data_dir: Path) -> None:
+    """The review's hanging `ql reconcile`: the frozen `ql run` held the data dir's first-use lock."""
+    import sys
+
+    from ql_core.paths import LOCK_WAIT_S
+
+    holder = subprocess.Popen([sys.executable, "-c", FIRST_USE_HOLDER, str(data_dir)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert _stopped_soon(holder.pid)
+        out = run_ql(["reconcile"], ql_env, timeout=LOCK_WAIT_S + BOUND_S)  # raises if it hangs
+        assert out.returncode == 1, (out.returncode, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "first use" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        holder.kill()
+        holder.communicate()
+    # Once the holder is gone, the same data dir works.
+    assert run_ql(["run", "--", "true"], ql_env, timeout=BOUND_S).returncode == 0
