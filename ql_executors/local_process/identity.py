@@ -22,6 +22,13 @@ another group while any member lives; a member that fails the checks — another
 before our launcher — makes the group foreign: ``EXITED``, never signalled. The ``psutil`` source
 follows the leader only.)
 
+A launcher that exited but was not reaped (a zombie: its host is stopped, say) is judged by what it
+left: while its acknowledged-path publisher — its own fork, same command name, in its group and
+session, not stopped — still waits (bounded) to publish the task's result, ``inspect`` says
+``RUNNING`` (nothing may be decided yet) and ``signal_group`` sends nothing (``ALREADY_EXITED``: a
+KILL would only destroy that result). ``leader_state`` reports on the launcher process alone (alive,
+or exited with the status the kernel still holds for it), for recovery's judgement of a receipt.
+
 Race note: between the re-verification and ``killpg`` the group id cannot be handed to an unrelated
 group while any of our group's members lives (Linux does not reuse a pid still in use as a pgid);
 only after the whole group is gone *and* the pid space wrapped around could it name another group.
