@@ -331,10 +331,8 @@ def spawn_launcher(
 
 
 def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket, int]:
-    """Start a standby launcher (``compiled --standby OUR_PID``): it, our channel end, and the
-    largest message that channel takes at once. Our pid names its owner: an idle standby exits
-    when we die even if a child we forked (through libc, no after-fork hook) still holds a copy
-    of our end of its channel.
+    """Start a standby launcher (``compiled --standby``): it, our channel end, and the largest
+    message that channel takes at once.
 
     A new session and process-group leader, stdin its channel, stdout/stderr ``/dev/null``, no
     other descriptor (``close_fds``; the launcher also closes any above 2 but its channel itself),
@@ -350,7 +348,7 @@ def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket
         # largest message, and say how much there really is (net.core.wmem_max caps it).
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STANDBY_SPEC_MAX + 64 * 1024)
         capacity = min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
-        process = subprocess.Popen([compiled, "--standby", str(os.getpid())], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+        process = subprocess.Popen([compiled, "--standby"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True, env={})
     except BaseException:
         ours.close()

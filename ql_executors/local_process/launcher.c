@@ -382,48 +382,32 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
     return words;
 }
 
-/* The process that owns an idle standby: the host that started it (--standby PID). 0: unknown. */
-static pid_t standby_owner;
-/* Without pidfds (Linux < 5.3), how often an idle standby checks that its owner is still its
- * parent: a standby then outlives a dead owner by at most this long. */
+/* How often an idle standby checks that the host that owns it is still there: after its owner's
+ * death it exits within this long, whoever still holds the other end of its channel. */
 #define OWNER_CHECK_MS 1000
 
 /* An idle standby waits for its message on the channel AND for its owner's death. EOF on the
  * channel is not enough: a host that forked through libc (no after-fork hook ran) left a copy of
- * its end in the child, and that copy keeps the channel open after the host itself died. So the
- * owner is followed through a pidfd (opened, then checked to still be our parent: an owner that
- * died before the pidfd existed is seen as a changed parent), else polled as our parent.
- * 1: the channel has something (a message, or EOF); 0: the owner is gone, nothing may run. */
+ * its end in the child, and that copy keeps the channel open after the host itself died. The owner
+ * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv);
+ * while it is our parent, a changed parent (we were reparented: it died) says it is gone — no pid
+ * is ever compared after it could have been reused. Started through an intermediary (a tracer, say),
+ * the owner's pid is asked instead. No descriptor is held for it: an idle standby holds nothing but
+ * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone. */
 static int wait_for_message(int channel) {
-    int owner_fd = -1;
-    if (standby_owner > 0) {
-#if defined(SYS_pidfd_open)
-        owner_fd = (int)syscall(SYS_pidfd_open, standby_owner, 0);
-#endif
-        if (getppid() != standby_owner) {
-            if (owner_fd >= 0)
-                close(owner_fd);
-            return 0;
-        }
-    }
-    struct pollfd fds[2] = {{.fd = channel, .events = POLLIN}, {.fd = owner_fd, .events = POLLIN}};
-    int timeout = standby_owner > 0 && owner_fd < 0 ? OWNER_CHECK_MS : -1;
+    struct ucred owner;
+    socklen_t len = sizeof owner;
+    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
+        owner.pid = 0; /* not a socket pair we can ask: EOF alone decides, as before */
+    int parent = owner.pid > 0 && getppid() == owner.pid;
+    struct pollfd fd = {.fd = channel, .events = POLLIN};
     for (;;) {
-        int r = poll(fds, owner_fd >= 0 ? 2 : 1, timeout);
-        if (r < 0 && errno != EINTR)
-            break; /* cannot wait: recvmsg decides as it always did */
-        /* The channel first: a message sent just before the owner died is a run handed over. */
-        if (r > 0 && fds[0].revents != 0)
-            break;
-        if ((r > 0 && fds[1].revents != 0) || (standby_owner > 0 && getppid() != standby_owner)) {
-            if (owner_fd >= 0)
-                close(owner_fd);
+        if (owner.pid > 0 && (parent ? getppid() != owner.pid : kill(owner.pid, 0) != 0 && errno == ESRCH))
             return 0;
-        }
+        int r = poll(&fd, 1, owner.pid > 0 ? OWNER_CHECK_MS : -1);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            return 1; /* a message, EOF, or no way to wait: recvmsg decides as it always did */
     }
-    if (owner_fd >= 0)
-        close(owner_fd);
-    return 1;
 }
 
 static int receive_spec(int channel, struct task *t) {
@@ -604,13 +588,7 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
-    int standby = (argc == 2 || argc == 3) && strcmp(argv[1], "--standby") == 0;
-    if (standby && argc == 3) { /* --standby OWNER_PID: the host that started it */
-        unsigned long long owner;
-        if (!parse_uint(argv[2], &owner) || owner == 0 || owner > 0x7fffffffULL)
-            return LOST;
-        standby_owner = (pid_t)owner;
-    }
+    int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
     struct task t;
     memset(&t, 0, sizeof t);
     t.log_fd = t.cwd_fd = -1;
