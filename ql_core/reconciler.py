@@ -218,7 +218,11 @@ class Reconciler:
         exited: list[AttemptRecord] = []
         # Every receipt of the page first, applied in one transaction (one durable commit per page).
         by_id = {a.id: a for a in attempts}
-        settled = self._consume_page([a.id for a in attempts], report, judge=lambda r: self._judge(by_id[r.attempt_id], r))
+
+        def judge(receipt: Receipt) -> int | str | None:
+            return self._judge(by_id[receipt.attempt_id], receipt)
+
+        settled = self._consume_page([a.id for a in attempts], report, judge=judge)
         for attempt in attempts:
             try:
                 if attempt.id in settled:
@@ -246,7 +250,7 @@ class Reconciler:
             return
         # One bounded grace for the whole batch: a launcher may be between exit and link().
         time.sleep(self.profile.publish_grace_ms / 1000)
-        settled = self._consume_page([a.id for a in exited], report, judge=lambda r: self._judge(by_id[r.attempt_id], r))
+        settled = self._consume_page([a.id for a in exited], report, judge=judge)
         missing = [attempt for attempt in exited if attempt.id not in settled]
         if missing:
             self._end_without_receipt(missing, report)

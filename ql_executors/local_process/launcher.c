@@ -422,7 +422,7 @@ static int receive_spec(int channel, struct task *t) {
     msg.msg_iovlen = 1;
     msg.msg_control = control.buf;
     msg.msg_controllen = sizeof control.buf;
-    ssize_t n = -1;
+    ssize_t n;
     if (!wait_for_message(channel))
         return 0; /* its owner died idle: nothing is ever run for it (125, like EOF) */
     do /* a forwarded signal here ends the idle standby (on_signal): no run is ever charged with it */
