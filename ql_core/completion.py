@@ -266,6 +266,17 @@ class CompletionService:
 
         return self._transition(attempt_id, decide)
 
+    def audit(self, attempt_id: str, event: EventSpec) -> CompletionResult:
+        """Record one audit event about an attempt whatever its state (a receipt rejected after the
+        run ended is still worth a line in its history); no state change, never a terminal event."""
+        def decide(snap: Snapshot) -> tuple[CompletionResult, Transition | None]:
+            attempt = snap.attempt
+            if attempt is None or snap.run is None:
+                return _rejected(CompletionRejection.UNKNOWN_ATTEMPT)
+            return CompletionResult(CompletionOutcome.APPLIED, status=attempt.status), Transition(events=(event,))
+
+        return self._transition(attempt_id, decide)
+
     def mark_blocked(self, attempt_id: str, reason: str) -> CompletionResult:
         """Identity cannot be verified: record ``blocked`` (never a signal, never a guess).
 

@@ -22,18 +22,27 @@ Order is the whole point:
   retried for ever, never moved; the attempt's identity decides instead.
 A quarantine never poisons the attempt: it stays active, and a valid receipt
 published later still completes it.
+
+A receipt that disagrees with kernel truth — the status the spawning host
+reaped, or the status an unreaped launcher's zombie still shows — is
+quarantined (``disagrees_with_observed_exit``) and an ``attempt.receipt_rejected``
+audit event is recorded, on every path. Recovery may also *defer* a valid
+receipt (``judge``): one whose launcher is still alive beside a live host
+cannot be genuine yet, since a launcher publishes only after its command
+ended and exits right after; it is looked at again next round.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Literal
 
 from .clock import now_ms
 from .completion import CompletionOutcome, CompletionService
 from .crashpoints import crashpoint
 from .log import logger
+from .ports.journal import EventSpec
 from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, UnsafePathError
 
 if TYPE_CHECKING:
@@ -41,10 +50,19 @@ if TYPE_CHECKING:
     from .ports.receipt_store import ReceiptStore
     from .receipts.codec import Receipt
 
-__all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer", "DISAGREES_WITH_OBSERVED"]
+__all__ = ["ConsumeOutcome", "ConsumeResult", "ReceiptConsumer", "DISAGREES_WITH_OBSERVED", "DEFER", "Judge",
+           "RECEIPT_REJECTED_EVENT"]
 
-#: Quarantine reason of a receipt whose exit code differs from what the spawning host reaped.
+#: Quarantine reason of a receipt whose exit code differs from what the kernel showed (the status
+#: the spawning host reaped, or an unreaped launcher's).
 DISAGREES_WITH_OBSERVED = "disagrees_with_observed_exit"
+#: Audit event recorded with every such quarantine (its reason: the quarantine reason, upper case).
+RECEIPT_REJECTED_EVENT = "attempt.receipt_rejected"
+#: A judge's answer for a receipt that must wait for the next round.
+DEFER: Literal["defer"] = "defer"
+#: ``judge(receipt)`` for a well-formed receipt found during recovery: :data:`DEFER`, the exit status
+#: the kernel showed for it (the receipt must agree), or None (no view: the receipt decides).
+Judge = Callable[["Receipt"], "int | Literal['defer'] | None"]
 _NOT_A_FILE = "codec:not_regular_file"
 
 
@@ -57,6 +75,8 @@ class ConsumeOutcome(enum.StrEnum):
     RETRY = "retry"
     #: the slot cannot hold a receipt (not a regular file, symlinked shard): as good as missing
     UNUSABLE = "unusable"
+    #: a valid receipt whose launcher still runs beside its live host: left for the next round
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +132,12 @@ class ReceiptConsumer:
         return self._clean(attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
                            else ConsumeOutcome.ALREADY_TERMINAL, result.status)
 
-    def consume_many(self, attempt_ids: list[str]) -> dict[str, ConsumeResult]:
-        """:meth:`consume` for a page of attempts (no observed status: recovery), with every valid
-        receipt applied in ONE terminal transaction where the run store can batch; the files are
-        removed only after that commit. A failed batch keeps every receipt (``retry``)."""
+    def consume_many(self, attempt_ids: list[str], *, judge: Judge | None = None) -> dict[str, ConsumeResult]:
+        """:meth:`consume` for a page of attempts (recovery), with every valid receipt applied in
+        ONE terminal transaction where the run store can batch; the files are removed only after
+        that commit. A failed batch keeps every receipt (``retry``). ``judge`` is asked about each
+        valid receipt only (the common round, with no receipt, costs nothing more): it may defer
+        it (``deferred``) or name the status the kernel showed, which the receipt must match."""
         results: dict[str, ConsumeResult] = {}
         valid: list[Receipt] = []
         for attempt_id in attempt_ids:
@@ -136,7 +158,13 @@ class ReceiptConsumer:
                 results[attempt_id] = self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
             else:
                 assert read.receipt is not None
-                valid.append(read.receipt)
+                verdict = judge(read.receipt) if judge is not None else None
+                if verdict == DEFER:
+                    results[attempt_id] = ConsumeResult(ConsumeOutcome.DEFERRED)
+                elif verdict is not None and read.receipt.exit_code != verdict:
+                    results[attempt_id] = self._quarantine(attempt_id, DISAGREES_WITH_OBSERVED)
+                else:
+                    valid.append(read.receipt)
         if not valid:
             return results
         try:
@@ -196,4 +224,15 @@ class ReceiptConsumer:
             logger.warning("quarantine of attempt {} deferred: {}", attempt_id, type(exc).__name__)
             return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
         logger.info("receipt of attempt {} quarantined ({})", attempt_id, reason)
+        if reason == DISAGREES_WITH_OBSERVED:
+            self._audit(attempt_id, reason)
         return ConsumeResult(ConsumeOutcome.QUARANTINED, reason=reason)
+
+    def _audit(self, attempt_id: str, reason: str) -> None:
+        """The audit line of a receipt that contradicted kernel truth (after its quarantine: a crash
+        in between loses the line, never the quarantined file or its journal reason)."""
+        try:
+            self._completion.audit(attempt_id, EventSpec(RECEIPT_REJECTED_EVENT, attempt_id=attempt_id,
+                                                         reason=reason.upper()))
+        except Exception as exc:  # noqa: BLE001 - the quarantine stands; the journal keeps its reason
+            logger.warning("audit event of attempt {} not recorded: {}", attempt_id, type(exc).__name__)

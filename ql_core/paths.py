@@ -37,6 +37,8 @@ __all__ = [
     "read_small_file",
     "refuse_virtual_data_dir",
     "user_cache_dir",
+    "flock_within",
+    "LOCK_WAIT_S",
 ]
 
 DIR_MODE = 0o700
@@ -263,6 +265,32 @@ def write_node_id(data_dir: Path, value: str) -> None:
 
 #: Serializes a data dir's first use (node id, run database): see :func:`first_use_lock`.
 FIRST_USE_LOCK = ".first-use.lock"
+#: How long a process waits for another one's first use of a data dir (or its schema migration)
+#: before it gives up with an error: the holder may be stopped (SIGSTOP, a debugger), and nothing
+#: ql runs may wait unboundedly on a stopped peer. A first use takes about a second.
+LOCK_WAIT_S = 30.0
+
+
+def flock_within(fd: int, path: Path, what: str, limit_s: float = LOCK_WAIT_S) -> None:
+    """``flock(fd, LOCK_EX)``, waiting at most ``limit_s`` for another holder (then a one-line
+    :class:`~ql_core.errors.DataDirError` naming the cause and the fix)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + limit_s
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DataDirError(f"another ql process has held {path} ({what}) for more than {limit_s:g} s: it may "
+                               f"be stopped (SIGSTOP, a debugger); resume or end it, then retry")
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.1)
 
 
 class first_use_lock:
@@ -279,8 +307,6 @@ class first_use_lock:
         self._fd: int | None = None
 
     def __enter__(self) -> first_use_lock:
-        import fcntl
-
         try:
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
         except OSError as exc:
@@ -288,7 +314,7 @@ class first_use_lock:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise UnsafePathError(f"{self._path} is not a regular file; remove it")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_within(fd, self._path, "the data dir's first use")
         except BaseException:
             os.close(fd)
             raise

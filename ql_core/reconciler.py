@@ -7,7 +7,10 @@ One round, in this fixed order, every step capped by the profile
 2. due cancellation dispatch records → lease, verify, TERM/KILL;
 3. this runtime's active attempts, paged from the *database* with a stable
    cursor (``id > cursor ORDER BY id``; never a walk of the receipt directory):
-   a receipt → the consumer; no receipt → the durable identity:
+   a receipt → the consumer (judged first: one whose launcher still runs beside
+   its live host is deferred to the next round, one that contradicts the status
+   an unreaped launcher's zombie shows is quarantined with an audit event);
+   no receipt → the durable identity:
    running → keep; exited → wait the publish grace once, look again, still
    missing → ``lost`` (``RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT``), or the
    intent's state when a committed cancel/timeout was dispatched (TERM sent);
@@ -58,14 +61,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .clock import now_ms
-from .consumer import ConsumeOutcome, ConsumeResult
+from .consumer import DEFER, ConsumeOutcome, ConsumeResult
 from .log import logger
 from .never_started import NEVER_STARTED_REASON, StartState, start_state
 from .outcome import LOST_REASON
 from .ports.executor import IdentityState
 from .states import ATTEMPT_ACTIVE, RUN_TERMINAL
+from .tokens import same_hash
 
 if TYPE_CHECKING:
+    from .receipts.codec import Receipt
     from .records import AttemptRecord, JournalEntry
     from .runtime import Runtime
 
@@ -248,7 +253,12 @@ class Reconciler:
         self._ensure_journal(attempts, report)
         exited: list[AttemptRecord] = []
         # Every receipt of the page first, applied in one transaction (one durable commit per page).
-        settled = self._consume_page([a.id for a in attempts], report)
+        by_id = {a.id: a for a in attempts}
+
+        def judge(receipt: Receipt) -> int | str | None:
+            return self._judge(by_id[receipt.attempt_id], receipt)
+
+        settled = self._consume_page([a.id for a in attempts], report, judge=judge)
         for attempt in attempts:
             try:
                 if attempt.id in settled:
@@ -278,7 +288,7 @@ class Reconciler:
             return
         # One bounded grace for the whole batch: a launcher may be between exit and link().
         time.sleep(self.profile.publish_grace_ms / 1000)
-        settled = self._consume_page([a.id for a in exited], report)
+        settled = self._consume_page([a.id for a in exited], report, judge=judge)
         missing = [attempt for attempt in exited if attempt.id not in settled]
         if missing:
             self._end_without_receipt(missing, report)
@@ -306,11 +316,46 @@ class Reconciler:
             return IdentityState.UNVERIFIABLE
         return executor.inspect(attempt.handle)
 
-    def _consume_page(self, attempt_ids: list[str], report: RoundReport) -> set[str]:
-        """The attempts whose receipt settled them (or must be retried): no identity check for those."""
+    def _judge(self, attempt: AttemptRecord, receipt: Receipt) -> int | str | None:
+        """What the kernel says about a well-formed receipt of an active attempt, before it is applied.
+        Only a receipt that would be accepted (its run, token and next sequence) is judged: any
+        other is the completion's to reject, now.
+
+        - its launcher still runs (not a zombie) and so does its host: :data:`DEFER` — a launcher
+          publishes only after its command ended and exits right after, so this receipt cannot be
+          its own yet, and the host that may be waiting will see the true status when it reaps
+          the launcher (a same-user task that forged it must not beat that host). Bounded: the
+          launcher exits, or the host dies, and the next round decides;
+        - its launcher is an unreaped zombie that exited normally with a non-zero status: that
+          status (a launcher exits with its command's), which the receipt must match;
+        - anything else (no such executor capability, launcher gone, unknown): None, the receipt
+          decides as it always did.
+        """
+        if (receipt.run_id != attempt.run_id or receipt.callback_sequence != attempt.callback_sequence + 1
+                or not same_hash(attempt.callback_token_hash, receipt.token)):
+            return None
+        executor = self.rt.executor_for(attempt.executor)
+        leader_state = getattr(executor, "leader_state", None)
+        if executor is None or leader_state is None or attempt.handle is None:
+            return None
+        try:
+            state, status = leader_state(attempt.handle)
+            if state == "alive":
+                host_alive = (attempt.host_handle is not None
+                              and executor.inspect(attempt.host_handle) is IdentityState.RUNNING)
+                return DEFER if host_alive else None
+        except OSError as exc:  # cannot tell: the receipt decides, as before
+            logger.debug("launcher of attempt {} not judged: {}", attempt.id, type(exc).__name__)
+            return None
+        return status if state == "exited" else None
+
+    def _consume_page(self, attempt_ids: list[str], report: RoundReport, *,
+                      judge: Any = None) -> set[str]:
+        """The attempts whose receipt settled them (or must be retried, or was deferred): no
+        identity check for those."""
         assert self.rt.consumer is not None
         try:
-            results = self.rt.consumer.consume_many(attempt_ids)
+            results = self.rt.consumer.consume_many(attempt_ids, judge=judge)
         except Exception as exc:  # noqa: BLE001 - one bad page must not stop the round
             report.counts["errors"] += 1
             logger.warning("{} receipts not settled this round: {}", len(attempt_ids), type(exc).__name__)
@@ -335,6 +380,9 @@ class Reconciler:
         if result.outcome is ConsumeOutcome.RETRY:
             report.counts["retry"] += 1
             return True
+        if result.outcome is ConsumeOutcome.DEFERRED:
+            report.counts["receipt_deferred"] += 1
+            return True  # its launcher runs: identity would say so too
         report.counts[str(result.outcome)] += 1
         if result.outcome is ConsumeOutcome.APPLIED and result.status in ("timed_out", "cancelled"):
             report.counts[result.status] += 1

@@ -671,10 +671,10 @@ class Runtime:
 
         The status the host reaped is kernel truth: the receipt is applied only when it agrees; one
         that disagrees (forged by a same-user task) is quarantined and an ``attempt.receipt_rejected``
-        audit event records it beside the observed outcome. Without a receipt (publication failed),
-        the observation alone decides.
+        audit event records it (the consumer does, on every path) before the observed outcome is
+        committed. Without a receipt (publication failed), the observation alone decides.
         """
-        from .consumer import DISAGREES_WITH_OBSERVED, ConsumeOutcome
+        from .consumer import ConsumeOutcome
         from .ports.journal import EventSpec
         from .receipts.codec import Receipt
 
@@ -684,10 +684,6 @@ class Runtime:
         consumed = self.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
         if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
             return None
-        audit: tuple[EventSpec, ...] = ()
-        if consumed.outcome is ConsumeOutcome.QUARANTINED and consumed.reason == DISAGREES_WITH_OBSERVED:
-            audit = (EventSpec("attempt.receipt_rejected", attempt_id=sub.attempt_id,
-                               reason=DISAGREES_WITH_OBSERVED.upper()),)
         if observed.exit_code is None:
             # The executor cannot vouch for the task's status (its launcher died, or lost the
             # status): say so in an event, then recovery decides — the command may run on (the
@@ -703,7 +699,7 @@ class Runtime:
                               started_at_ms=sub.started_at_ms,
                               finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms),
                               exit_code=observed.exit_code)
-        result = self.completion.complete(observation, executor=sub.executor, audit=audit)
+        result = self.completion.complete(observation, executor=sub.executor)
         if consumed.outcome in (ConsumeOutcome.MISSING, ConsumeOutcome.UNUSABLE):
             # No receipt will ever come (the launcher is gone): the row rides out with the next create
             # commit or retention — no extra commit here.
@@ -714,13 +710,26 @@ class Runtime:
         """Acknowledged completion: commit the status the host reaped, then tell the task's
         publisher it has nothing to publish. Any failure before the acknowledgement leaves the
         receipt to the publisher (and the run to the receipt path): the host dying at any step
-        never loses the true status and never commits a second one."""
+        never loses the true status and never commits a second one.
+
+        A receipt already in the slot is looked at first (one failed open when there is none, the
+        usual case): the publisher's own, published because this host was too slow to answer
+        (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
+        other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
+        reaped is committed."""
+        from .consumer import ConsumeOutcome
         from .receipts.codec import Receipt
 
         assert sub.task is not None and sub.executor is not None and sub.attempt_id is not None
+        assert self.consumer is not None
         executor = self.executor_for(sub.executor)
         assert executor is not None and observed.exit_code is not None
         crashpoint("wait.after_exit")
+        consumed = self.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
+        if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+            executor.acknowledge(sub.task, committed=True)  # its publisher published already
+            sub.awaited = False
+            return None
         observation = Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
                               callback_sequence=sub.callback_sequence, token=sub.token,
                               started_at_ms=sub.started_at_ms,

@@ -486,6 +486,16 @@ class LocalProcessExecutor:
             return IdentityState.UNVERIFIABLE
         return IdentityState(str(identity.inspect(parsed)))
 
+    def leader_state(self, handle: str | None) -> tuple[str, int | None]:
+        """The launcher process itself (not its group): ``alive``, ``exited`` (with its command's
+        status when the kernel still shows it) or ``unknown`` — :func:`.identity.leader_state`.
+        Recovery asks it before it consumes a receipt (docs/launcher.md, "Hardening")."""
+        parsed = decode_handle(handle)
+        if parsed is None:
+            return "unknown", None
+        state, status = identity.leader_state(parsed)
+        return str(state), status
+
     def signal(self, handle: str | None, signum: int) -> SignalOutcome:
         parsed = decode_handle(handle)
         if parsed is None:

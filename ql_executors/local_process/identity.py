@@ -22,6 +22,13 @@ another group while any member lives; a member that fails the checks — another
 before our launcher — makes the group foreign: ``EXITED``, never signalled. The ``psutil`` source
 follows the leader only.)
 
+A launcher that exited but was not reaped (a zombie: its host is stopped, say) is judged by what it
+left: while its acknowledged-path publisher — its own fork, same command name, in its group and
+session, not stopped — still waits (bounded) to publish the task's result, ``inspect`` says
+``RUNNING`` (nothing may be decided yet) and ``signal_group`` sends nothing (``ALREADY_EXITED``: a
+KILL would only destroy that result). ``leader_state`` reports on the launcher process alone (alive,
+or exited with the status the kernel still holds for it), for recovery's judgement of a receipt.
+
 Race note: between the re-verification and ``killpg`` the group id cannot be handed to an unrelated
 group while any of our group's members lives (Linux does not reuse a pid still in use as a pgid);
 only after the whole group is gone *and* the pid space wrapped around could it name another group.
@@ -57,6 +64,7 @@ from ql_core.log import logger
 __all__ = [
     "ProcessHandle",
     "IdentityState",
+    "LeaderState",
     "SignalOutcome",
     "SOURCE_ENV",
     "SOURCES",
@@ -65,6 +73,7 @@ __all__ = [
     "proc_start_time",
     "capture_handle",
     "inspect",
+    "leader_state",
     "signal_group",
     "handle_to_dict",
     "handle_from_dict",
@@ -113,10 +122,24 @@ class _Stat:
     pgrp: int
     start_time: int
     session: int = -1
+    #: Field 2, the command name (15 bytes at most): a fork keeps it, an exec changes it.
+    comm: bytes = b""
+    #: Field 52, the wait status of an exited (zombie) process; 0 also when it cannot be read.
+    exit_code: int = 0
+
+
+class LeaderState(StrEnum):
+    """What became of the launcher process itself (not its group): see :func:`leader_state`."""
+
+    ALIVE = "alive"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
 
 
 #: Stands for the members of a group whose leader is gone (see _orphaned_group).
 _ORPHANED = "orphaned"
+#: Stands for the publisher an exited launcher left behind (see _publisher_pending).
+_PUBLISHING = "publishing"
 
 class _Unreadable(Exception):
     """Identity cannot be read at all: no /proc, permission denied, or an unparsable record."""
@@ -150,7 +173,14 @@ def _parse_stat(raw: bytes) -> _Stat:
         raise _Unreadable("bad stat field") from exc
     if len(state) != 1 or start_time < 0:
         raise _Unreadable("bad stat field")
-    return _Stat(state=state, pgrp=pgrp, start_time=start_time, session=session)
+    start = raw.find(b"(")
+    comm = raw[start + 1 : end] if 0 <= start < end else b""
+    try:
+        exit_code = int(fields[49]) if len(fields) > 49 else 0
+    except ValueError:
+        exit_code = 0
+    return _Stat(state=state, pgrp=pgrp, start_time=start_time, session=session, comm=comm,
+                 exit_code=exit_code)
 
 
 def _read_stat(pid: int) -> _Stat | None:
@@ -308,6 +338,12 @@ def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _S
     except _Unreadable:
         return IdentityState.UNVERIFIABLE, None
     leader_gone = stat is None or (stat.state in _GONE_STATES and src.same_start(handle.start_time, stat.start_time))
+    if (leader_gone and stat is not None and src.name == "proc" and handle.pgid == handle.pid
+            and _publisher_pending(handle, stat)):
+        # The launcher exited (its host has not reaped it: stopped, say) and left its publisher
+        # waiting (bounded) for that host's word: the task's result exists and may still be
+        # published. Nothing is decided yet, and nothing is signalled (signal_group).
+        return IdentityState.RUNNING, _Stat(state=_PUBLISHING, pgrp=handle.pgid, start_time=handle.start_time)
     if leader_gone and src.name == "proc" and handle.pgid == handle.pid and _orphaned_group(handle):
         # The launcher is gone (or an unreaped zombie) but its command runs on in its group: still
         # running, still in reach.
@@ -352,6 +388,68 @@ def _orphaned_group(handle: ProcessHandle) -> bool:
     return found
 
 
+def _publisher_pending(handle: ProcessHandle, leader: _Stat) -> bool:
+    """Is the zombie launcher's publisher still there to publish the task's result?
+
+    The publisher is the launcher's own fork (same command name; the command's processes were
+    exec'd and carry theirs), in the launcher's group and session, started after it. A stopped
+    publisher publishes nothing until continued: it does not count (the attempt is then decided
+    as any exited one, and a receipt it publishes later is recorded as late). One bounded pass
+    over /proc; only called once the leader is a zombie.
+    """
+    if leader.state not in _GONE_STATES or not leader.comm:
+        return False
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return False
+    for name in entries:
+        if not name.isdigit() or int(name) == handle.pid:
+            continue
+        try:
+            member = _read_stat(int(name))
+        except _Unreadable:
+            continue
+        if (member is not None and member.pgrp == handle.pgid and member.session == handle.pid
+                and member.start_time >= handle.start_time and member.comm == leader.comm
+                and member.state not in _GONE_STATES and member.state not in ("T", "t")):
+            return True
+    return False
+
+
+def leader_state(handle: ProcessHandle, *, source: str | None = None) -> tuple[LeaderState, int | None]:
+    """The launcher process itself, not its group: ``ALIVE`` while it runs (not a zombie);
+    ``EXITED`` once it exited, with the command's status when the kernel still holds the
+    launcher's (an unreaped zombie that exited normally: a launcher exits with its command's
+    status) and that status is not 0; ``UNKNOWN`` when nothing can be told.
+
+    Why never 0: ``/proc/PID/stat`` shows the exit status only to a reader allowed to ptrace the
+    process and shows 0 to any other, so a 0 proves nothing; any other value is the kernel's.
+    """
+    if not _valid(handle):
+        return LeaderState.UNKNOWN, None
+    src = _active(handle, source)
+    if src is None or src.name != "proc" or not src.valid_boot(handle.boot_id):
+        return LeaderState.UNKNOWN, None
+    boot_id = src.boot()
+    if boot_id is None:
+        return LeaderState.UNKNOWN, None
+    if not src.same_boot(handle.boot_id, boot_id):
+        return LeaderState.EXITED, None
+    try:
+        stat = src.stat(handle.pid)
+    except _Unreadable:
+        return LeaderState.UNKNOWN, None
+    if stat is None or not src.same_start(handle.start_time, stat.start_time):
+        return LeaderState.EXITED, None
+    if stat.state not in _GONE_STATES:
+        return LeaderState.ALIVE, None
+    status = stat.exit_code
+    if status > 0 and status & 0x7F == 0 and status <= 0xFFFF:  # WIFEXITED
+        return LeaderState.EXITED, (status >> 8) & 0xFF
+    return LeaderState.EXITED, None
+
+
 def inspect(handle: ProcessHandle, *, source: str | None = None) -> IdentityState:
     """Whether the process ``handle`` names is still running (see the module doc for the rules)."""
     return _probe(handle, source)[0]
@@ -367,7 +465,9 @@ def signal_group(handle: ProcessHandle, sig: int, *, source: str | None = None) 
     if not _valid(handle) or handle.pid <= 1 or handle.pgid != handle.pid:
         return SignalOutcome.BLOCKED  # never killpg(0)/killpg(1), never a group we do not lead
     state, stat = _probe(handle, source)
-    if state is IdentityState.EXITED:
+    if state is IdentityState.EXITED or (stat is not None and stat.state == _PUBLISHING):
+        # A launcher that exited has nothing left to stop: its command ended and its publisher
+        # holds the result (and ignores the forwarded signals) — a KILL would only destroy it.
         return SignalOutcome.ALREADY_EXITED
     if state is IdentityState.UNVERIFIABLE or stat is None or stat.pgrp != handle.pgid:
         return SignalOutcome.BLOCKED

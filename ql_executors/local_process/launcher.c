@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -487,6 +488,34 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
     return words;
 }
 
+/* How often an idle standby checks that the host that owns it is still there: after its owner's
+ * death it exits within this long, whoever still holds the other end of its channel. */
+#define OWNER_CHECK_MS 1000
+
+/* An idle standby waits for its message on the channel AND for its owner's death. EOF on the
+ * channel is not enough: a host that forked through libc (no after-fork hook ran) left a copy of
+ * its end in the child, and that copy keeps the channel open after the host itself died. The owner
+ * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv);
+ * while it is our parent, a changed parent (we were reparented: it died) says it is gone — no pid
+ * is ever compared after it could have been reused. Started through an intermediary (a tracer, say),
+ * the owner's pid is asked instead. No descriptor is held for it: an idle standby holds nothing but
+ * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone. */
+static int wait_for_message(int channel) {
+    struct ucred owner;
+    socklen_t len = sizeof owner;
+    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
+        owner.pid = 0; /* not a socket pair we can ask: EOF alone decides, as before */
+    int parent = owner.pid > 0 && getppid() == owner.pid;
+    struct pollfd fd = {.fd = channel, .events = POLLIN};
+    for (;;) {
+        if (owner.pid > 0 && (parent ? getppid() != owner.pid : kill(owner.pid, 0) != 0 && errno == ESRCH))
+            return 0;
+        int r = poll(&fd, 1, owner.pid > 0 ? OWNER_CHECK_MS : -1);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            return 1; /* a message, EOF, or no way to wait: recvmsg decides as it always did */
+    }
+}
+
 static int receive_spec(int channel, struct task *t) {
     union {
         struct cmsghdr align;
@@ -500,6 +529,8 @@ static int receive_spec(int channel, struct task *t) {
     msg.msg_control = control.buf;
     msg.msg_controllen = sizeof control.buf;
     ssize_t n;
+    if (!wait_for_message(channel))
+        return 0; /* its owner died idle: nothing is ever run for it (125, like EOF) */
     do /* a forwarded signal here ends the idle standby (on_signal): no run is ever charged with it */
         n = recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
@@ -875,6 +906,10 @@ static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
 }
 
 int main(int argc, char **argv) {
+    /* Not dumpable: a task of the same user can then neither read this process's memory
+     * (/proc/PID/mem, process_vm_readv: the hand-over message and the token are there) nor ptrace
+     * it. CMD is exec'd and dumpable again; /proc/PID/stat (identity) stays readable. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
     int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;

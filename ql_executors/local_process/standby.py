@@ -7,8 +7,11 @@ is known before the run's create commit, which records it: a task's command then
 durable commit instead of two, and the launcher's start is off the submit path entirely once a
 host keeps one ready.
 
-What if the host dies at any point? An idle standby reads EOF and exits 125 without running
-anything (its group is its own, and it is nobody's task). One whose handle is committed but that
+What if the host dies at any point? An idle standby exits 125 without running anything (its group
+is its own, and it is nobody's task): it reads EOF, or — when a child the host forked through libc
+(no ``os.register_at_fork`` hook ran there) still holds a copy of the host's end — sees its owner
+die: it checks once a second that the process that created its socket pair is still its parent
+(launcher.c ``wait_for_message``, docs/launcher.md). One whose handle is committed but that
 never got its run does the same, and recovery finds its process gone without a receipt: ``lost``,
 and nothing ran. Once handed its run it is an ordinary launcher: the receipt decides.
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import sqlite3
 import stat
@@ -291,7 +290,9 @@ def _migration_lock(db_path: Path) -> Iterator[int]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DatabaseError(f"{lock_path} is not a regular file; remove it")
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        from ql_core.paths import flock_within  # bounded: the holder may be a stopped process
+
+        flock_within(fd, lock_path, "the run database's schema migration")
         yield fd
     finally:
         os.close(fd)

@@ -146,6 +146,18 @@ def set_attempt(rt: Any, attempt_id: str, **values: Any) -> None:
     assert dbview.update(rt, "ql_run_attempt", attempt_id, **values) == 1
 
 
+def host_gone(rt: Any, attempt_id: str) -> None:
+    """Record the attempt's host as a process that has exited (same pid, another start time): a
+    run nobody waits for. Recovery defers a receipt whose launcher still runs beside a live host
+    (a forgery must not beat the waiting host, docs/launcher.md "Hardening"); this test's process is
+    the host and stays alive, so a test that publishes a receipt for a running task says so."""
+    row = dbview.row(rt, "ql_run_attempt", attempt_id)
+    assert row is not None and row.host_handle
+    handle = json.loads(row.host_handle)
+    handle["start_time"] += 1
+    set_attempt(rt, attempt_id, host_handle=json.dumps(handle, separators=(",", ":"), sort_keys=True))
+
+
 def only_run_id(rt: Any) -> str:
     runs = rt.list_runs()
     assert len(runs) == 1, [r.run_id for r in runs]

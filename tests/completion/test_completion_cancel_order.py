@@ -10,6 +10,8 @@ is recorded as moot.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,10 @@ def test_timeout_intent_committed_by_recovery_then_a_late_success(runtime: Any, 
                                                                   ql_env: dict[str, str]) -> None:
     """The persisted deadline, not an in-memory timer: `ql reconcile` commits the intent first."""
     sub = running_past_deadline(timeout_s=0.2)
+    # The launcher is gone (and reaped) before its receipt is looked at: neither deferred (a live
+    # launcher beside its live host) nor checked against the status the TERM would have given it.
+    os.killpg(sub.task.live.process.pid, signal.SIGKILL)
+    sub.task.live.process.wait(timeout=60)
     wait_for(lambda: now_ms() > sub.deadline_at_ms, what="the deadline to pass")
     # Publish the success first, finished after the deadline: the reconcile round commits the
     # timeout intent (step 1) before it reads any receipt (step 3), whatever the scan order.

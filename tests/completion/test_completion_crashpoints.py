@@ -30,6 +30,7 @@ from completion_support import (
     assert_not_terminal,
     assert_one_terminal,
     attempt_row,
+    host_gone,
     detach,
     dispatch_row,
     event_types,
@@ -230,6 +231,7 @@ def case_receipt_publish_after_temp(c: Ctx) -> None:
 def case_receipt_publish_after_link(c: Ctx) -> None:
     trigger = c.trigger()
     sub = c.submit(trigger_command(trigger, 7))
+    host_gone(c.rt, sub.attempt_id)  # nobody waits: a receipt of the live launcher is not deferred
     python_publish(c, receipt_bytes(sub, exit_code=7), "receipt.publish.after_link")
     temps = temp_files(c.data_dir, sub.attempt_id)
     assert len(temps) == 1 and c.receipt(sub.attempt_id).exists()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pytest
 from completion_support import (
     assert_not_terminal,
+    host_gone,
     assert_one_terminal,
     journal_row,
     plant,
@@ -87,6 +88,7 @@ def running(submit: Any, triggers: Any) -> Callable[[], Any]:
 
 
 def _valid_receipt_then_completes(rt: Any, env: dict[str, str], sub: Any) -> None:
+    host_gone(rt, sub.attempt_id)  # else the receipt of a live launcher beside its live host waits
     rt.receipts.publish(valid_receipt(sub, exit_code=7))
     counts = reconcile(env)
     assert (counts["applied"], counts["quarantined"]) == (1, 0)

@@ -21,6 +21,7 @@ from completion_support import (
     assert_one_terminal,
     create_with_receipts,
     detach,
+    host_gone,
     journal_row,
     plant,
     ql_crash,
@@ -85,10 +86,22 @@ def _rows_from_postgres(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
             found = conn.execute(f"SELECT * FROM {table} WHERE {_KEYS[table]} = %s", (key,)).fetchone()
         return None if found is None else dbview.Row(found)
 
+    original_update = dbview.update
+
+    def update(rt: Any, table: str, key: str, **values: Any) -> int:
+        url = rt if isinstance(rt, str) else rt.config.database_url
+        if not url.startswith("postgresql"):
+            return original_update(rt, table, key, **values)
+        sets = ", ".join(f"{column} = %s" for column in values)
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+            return conn.execute(f"UPDATE {table} SET {sets} WHERE {_KEYS[table]} = %s",
+                                (*values.values(), key)).rowcount
+
     def write_config(path: Path, **limits: Any) -> Path:
         return _node_config(path, pg_url, **limits)
 
     monkeypatch.setattr(dbview, "row", row)
+    monkeypatch.setattr(dbview, "update", update)
     monkeypatch.setattr(test_completion_crashpoints, "write_config", write_config)
 
 
@@ -181,6 +194,7 @@ def test_wrong_token_fails_closed_on_postgres(pg_runtime: Any, pg_submit: Any, t
     assert_not_terminal(pg_runtime, sub.run_id)
     assert journal_row(pg_runtime, sub.attempt_id)["quarantine_reason"] == "wrong_token"
     assert quarantine_path(data_dir, sub.attempt_id).exists()
+    host_gone(pg_runtime, sub.attempt_id)  # nobody waits: the live launcher's receipt is not deferred
     pg_runtime.receipts.publish(valid_receipt(sub, exit_code=7))
     assert reconcile(pg_env)["applied"] == 1
     assert_one_terminal(pg_runtime, sub.run_id, "failed", 7)
