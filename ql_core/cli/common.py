@@ -60,20 +60,30 @@ def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False)
         environ=os.environ,
         cwd=cwd,
     )
-    from ql_core.errors import PluginError
-    from ql_core.plugins import check_plugin_config, check_plugin_names, needs_plugin_check
-
     # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
     # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
-    check_plugin_names(config, os.environ)
-    if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
-        try:
-            check_plugin_config(config, os.environ)
-        except PluginError:
-            if not reports_plugins:
-                raise
+    # A config that names no plugin has nothing to check here, and a reader then imports no pluggy.
+    if _names_plugins(config):
+        from ql_core.errors import PluginError
+        from ql_core.plugins import check_plugin_config, check_plugin_names, needs_plugin_check
+
+        check_plugin_names(config, os.environ)
+        if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
+            try:
+                check_plugin_config(config, os.environ)
+            except PluginError:
+                if not reports_plugins:
+                    raise
     _LOADED[:] = [config]
     return config
+
+
+def _names_plugins(config: Config) -> bool:
+    """Does the config or the environment name a plugin beyond the profile's own (a ``[plugin.X]``
+    table, ``disable_plugins``, extra ``plugins``, ``QL_PLUGINS`` / ``QL_DISABLE_PLUGINS``)?"""
+    return bool(config.plugin_settings or config.disabled_plugins
+                or set(config.plugins) - set(config.profile.default_plugins)
+                or os.environ.get("QL_PLUGINS") or os.environ.get("QL_DISABLE_PLUGINS"))
 
 
 #: The config this command loaded: an error that reaches ``main`` raw can still name its database.

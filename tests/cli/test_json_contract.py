@@ -55,7 +55,9 @@ def test_field_sets(env) -> None:
     assert set(status["attempts"][0]) == {"attempt_id", "attempt_no", "status", "exit_code", "reason", "executor",
                                           "created_at_ms", "started_at_ms", "finished_at_ms", "log_artifact_id"}
     (row,) = _json(env, "list")
-    assert set(row) == {"run_id", "status", "exit_code", "reason", "name", "created_at_ms", "finished_at_ms"}
+    assert set(row) == {"run_id", "status", "exit_code", "reason", "name", "created_at_ms", "finished_at_ms",
+                        "verified"}
+    assert row["verified"] is True  # a terminal run is settled
     assert row["finished_at_ms"] >= row["created_at_ms"]
     events = _json(env, "events", run_id)  # one event per line, like list
     assert [e["seq"] for e in events] == [1, 2, 3, 4] and all(e["run_id"] == run_id for e in events)
