@@ -148,6 +148,14 @@ def test_the_worker_role_may_call_only_the_fenced_functions(cluster_dsn: str, tm
         # The holder's own completion is applied, through the same role.
         assert admin.complete(fence, 0, db=role_db).answer is CompletionAnswer.APPLIED
         assert admin.run(mine)["status"] == "succeeded"
+
+        # Announcing a drain (ql_drain, revision 0008) through the role: only the holder's session
+        # marks its row; a replay answers ok again; a stale session is fenced and writes nothing.
+        assert role_db.drain(stale) is LeaseAnswer.FENCED
+        assert role_db.drain(w2) is LeaseAnswer.OK and role_db.drain(w2) is LeaseAnswer.OK
+        with psycopg.connect(cluster_dsn) as conn:
+            states = dict(conn.execute("SELECT id, status FROM ql_worker WHERE id IN ('w1', 'w2')").fetchall())
+        assert states == {"w1": "active", "w2": "draining"}
     finally:
         role_db.close()
         admin.close()
@@ -207,6 +215,8 @@ def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: 
     assert worker_role in users
     worker.signal(15)
     assert worker.wait(30) == 0, harness.logs()
+    # Its drain was announced through ql_drain (revision 0008), which the grant includes.
+    assert "could not mark this worker draining" not in worker.log.read_text(errors="replace"), harness.logs()
     assert PASSWORD not in harness.logs()
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
 
