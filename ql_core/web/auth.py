@@ -3,8 +3,9 @@
 - Bound to a loopback address (``127.0.0.1``, ``::1``, ``localhost``) the page needs no token, unless
   one is configured (then every request needs it, wherever it comes from).
 - Any other address needs the token: ``web_token_file = "/path"`` in the config (a top-level key,
-  ql_core.config), a regular file owned by this user with mode 0600 (no group or other bits), 16 to 4096 bytes of text after
-  stripping whitespace. Otherwise ``ql web`` refuses to start (exit 2) naming the fix.
+  ql_core.config), a regular file owned by this user with mode 0600 (no group or other bits), 16 to
+  4096 bytes of text after stripping whitespace. Otherwise ``ql web`` refuses to start (exit 2)
+  naming the fix.
 - A request proves it with ``Authorization: Bearer TOKEN`` or the ``ql_web_token`` cookie that the
   ``/login`` form sets (HttpOnly, SameSite=Strict). Compared in constant time (``hmac.compare_digest``
   on the SHA-256 of both, so even the length is not leaked). A request without it gets 401 and a page
