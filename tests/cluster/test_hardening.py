@@ -221,6 +221,24 @@ def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: 
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
 
 
+def test_a_worker_role_without_ql_drain_drains_all_the_same(harness: Harness, worker_role: str) -> None:
+    """A role granted before revision 0008 (no EXECUTE on ql_drain): the announcement is refused by
+    PostgreSQL, the worker says what to run and drains and deregisters as always."""
+    assert _grant_cli(harness, worker_role).returncode == 0
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE EXECUTE ON FUNCTION ql_drain(text, bigint, text) FROM {}").format(
+            psycopg.sql.Identifier(worker_role)))
+    worker = harness.start_worker("a", database_url=_role_dsn(harness.dsn, worker_role))
+    wait_for(lambda: harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone(),
+             what="the worker to register", diagnose=harness.logs)
+    worker.signal(15)
+    assert worker.wait(30) == 0, harness.logs()
+    log = worker.log.read_text(errors="replace")
+    assert "could not mark this worker draining" in log and "grant-worker" in log, log
+    row = harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone()
+    assert row["status"] == "stopped" and PASSWORD not in log and "Traceback" not in log
+
+
 # -- sealed specs ------------------------------------------------------------------------------------
 def test_a_canary_in_argv_and_env_never_reaches_the_database_the_data_dir_or_a_log(
         harness: Harness, worker_role: str) -> None:
