@@ -24,7 +24,9 @@ SLOW = ["sh", "-c", "echo started; sleep 60; exit 0"]
 
 def _worker_with_metrics(h: Harness, name: str, port: int):  # type: ignore[no-untyped-def]
     d = h.worker_dir(name)
-    config = h.write_config(h.root / f"{name}.toml", profile="cluster-worker", data_dir=d,
+    # Roomy leases: the first renewal must not be missed on a loaded machine (a self-fence there
+    # would make this a different test); the SIGSTOP below still outlasts them.
+    config = h.write_config(h.root / f"{name}.toml", profile="cluster-worker", data_dir=d, limits=_ROOMY,
                             plugin={"worker_id": name, "slots": 2, "drain": "finish", "drain_timeout_s": 10.0})
     return h._spawn(name, ["worker", "--metrics-listen", f"127.0.0.1:{port}"], config, data_dir=d)
 
