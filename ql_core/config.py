@@ -18,6 +18,7 @@ executor = "local"                # the seams, each selected by its registered n
 receipt_store = "file"            # (defaults: the profile's)
 journal = "edge-sqlite"
 artifact_store = "postgres"       # cluster profiles only: where workers ship logs
+web_token_file = "/etc/ql/web.token"  # `ql web`'s token: a file of this user, mode 0600
 
 [limits]                          # any profile number, within its hard range
 page_size = 16
@@ -31,6 +32,7 @@ Anything at ``./ql.toml`` is the config: a dangling symlink, a loop, a
 directory or a FIFO there is an error, never a fall back to the defaults.
 A data dir on a virtual file system (``/dev/null``) is refused here, so every
 command refuses it alike.
+A relative ``data_dir`` or ``web_token_file`` in the file is relative to the file's directory.
 Every rejection is a :class:`~ql_core.errors.ConfigError` (exit 2) naming the
 key or the file and the fix; nothing is silently ignored.
 """
@@ -49,7 +51,7 @@ __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
 
 DEFAULT_CONFIG_NAME = "ql.toml"
 _TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "disable_plugins", "database_url", "executor",
-                   "receipt_store", "journal", "artifact_store", "limits", "plugin"}
+                   "receipt_store", "journal", "artifact_store", "web_token_file", "limits", "plugin"}
 #: The seams selected by name (config key -> what it names, for messages).
 SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal": "journal backend",
              "artifact_store": "artifact store"}
@@ -89,6 +91,9 @@ class Config:
     disabled_plugins: tuple[str, ...] = ()
     #: ``[plugin.<name>]`` tables, handed to that plugin's factories through the runtime context.
     plugin_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: ``web_token_file``: the file holding ``ql web``'s token (absolute; None: not configured). Its
+    #: owner, mode 0600 and content are checked when ``ql web`` reads it (ql_core.web.auth.load_token).
+    web_token_file: Path | None = None
 
     @property
     def is_sqlite(self) -> bool:
@@ -267,6 +272,10 @@ def _depth(value: object, limit: int) -> int:
 def _check_plugin_tables(value: object) -> dict[str, dict[str, Any]]:
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
         raise ConfigError("plugin settings must be tables: [plugin.<name>] with key = value lines")
+    if "web" in value:
+        # Never ignore it: a token left there would silently not protect `ql web` on loopback.
+        raise ConfigError('[plugin.web] is not a plugin table: name ql web\'s token file with the top-level key '
+                          'web_token_file = "/path/to/token" (before any [table]; docs/operations.md)')
     for name, table in value.items():
         if _depth(table, _MAX_PLUGIN_DEPTH) > _MAX_PLUGIN_DEPTH:
             raise ConfigError(f"[plugin.{name}] is nested more than {_MAX_PLUGIN_DEPTH} levels deep; flatten it")
@@ -292,6 +301,11 @@ def _validate(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     for key in SEAM_KEYS:
         if key in raw:
             out[key] = _check_str(key, raw[key])
+    if "web_token_file" in raw:
+        value = raw["web_token_file"]
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"web_token_file must be a path (a non-empty string), got {type(value).__name__}")
+        out["web_token_file"] = _check_path_text("web_token_file", value)
     out["plugin"] = _check_plugin_tables(raw.get("plugin", {}))
     limits = raw.get("limits", {})
     if not isinstance(limits, dict):
@@ -358,6 +372,13 @@ def load_config(
 
     refuse_virtual_data_dir(directory)  # here, so every command refuses QL_DATA_DIR=/dev/null alike
 
+    token_file = None
+    if "web_token_file" in settings:
+        token_file = Path(os.path.expanduser(settings["web_token_file"]))
+        if not token_file.is_absolute() and path is not None:
+            token_file = path.parent / token_file  # like data_dir: relative to the file naming it
+        token_file = Path(os.path.abspath(token_file))
+
     url = env.get("QL_DATABASE_URL") or settings.get("database_url")
     if url is not None:
         _check_path_text("database_url", url)
@@ -388,4 +409,4 @@ def load_config(
     return Config(profile=chosen, data_dir=directory, database_url=url, plugins=plugins, source=source,
                   executor=executor, receipt_store=receipt_store, journal=journal,
                   artifact_store=artifact_store, disabled_plugins=tuple(disabled),
-                  plugin_settings=settings["plugin"])
+                  plugin_settings=settings["plugin"], web_token_file=token_file)

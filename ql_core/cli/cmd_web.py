@@ -7,8 +7,8 @@ import argparse
 from ql_core.cli.output import Output
 
 HELP = "serve a read-only web page of runs, their live logs and (cluster) workers and queue"
-EPILOG = ("Binds 127.0.0.1:8470 by default. Any address that is not loopback needs a token: [plugin.web] "
-          "token_file = \"/path\" in the config, a file of mode 0600 (docs/operations.md). The pages show "
+EPILOG = ("Binds 127.0.0.1:8470 by default. Any address that is not loopback needs a token: "
+          "web_token_file = \"/path\" in the config, a file of mode 0600 (docs/operations.md). The pages show "
           "what `ql status`, `ql events` and `ql logs` print, never a command or environment. Needs "
           "pip install 'ql-runner[web]'. SIGTERM or Ctrl-C stops it.")
 
@@ -45,12 +45,12 @@ def _serve(args: argparse.Namespace, out: Output, stopped: threading.Event) -> i
     from ql_core.cli.common import reader_from_args
     from ql_core.errors import ConfigError, QlError
     from ql_core.metrics import parse_listen
-    from ql_core.web.auth import PLUGIN_TABLE, is_loopback, load_token, token_required_error
+    from ql_core.web.auth import is_loopback, load_token, token_required_error
 
     host, port = parse_listen(args.listen, "--listen")
     rt = reader_from_args(args)
     try:
-        token = load_token(rt.config.plugin_settings.get(PLUGIN_TABLE, {}))
+        token = load_token(rt.config.web_token_file)
         if token is None and not is_loopback(host):
             raise ConfigError(token_required_error(host))
         from ql_core.web import create_app

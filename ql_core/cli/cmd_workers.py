@@ -8,6 +8,7 @@ from ql_core.cli.output import Output
 
 HELP = "list the cluster's workers: generation, slots, held attempts, heartbeat age, state"
 EPILOG = ("Reads the control database (profile cluster-control). States: alive (session lease live), "
+          "draining (got SIGTERM: claims nothing more, finishes or hands back its attempts, then stops), "
           "expired (lease passed without deregistering: the process died or lost the database), stopped "
           "(deregistered after its drain), fenced (attempts still leased to an older generation of the id). "
           "Ages use the database clock. --json prints one object per worker ({\"type\": \"worker\", ...}) and one {\"type\": \"queue\", ...}.")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         rt.close()
     for w in snap["worker_rows"]:
         out.emit({"type": "worker", **w},
-                 f"{printable(w['worker_id'])}  gen {w['generation']}  {w['state']:<8} slots {w['slots']}  "
+                 f"{printable(w['worker_id'])}  gen {w['generation']}  {w['state']:<9} slots {w['slots']}  "
                  f"held {w['held']}" + (f" (+{w['held_by_older_generations']} older gen)"
                                         if w['held_by_older_generations'] else "")
                  + f"  heartbeat {w['heartbeat_age_s']:.1f}s ago")

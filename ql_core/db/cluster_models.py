@@ -59,7 +59,8 @@ class Worker(QlTable, table=True):
     session: str = Field(max_length=36)
     #: Fencing token of the worker: every registration of a new session increments it.
     generation: int = Field(sa_column=Column(BigInteger, nullable=False))
-    #: "active" (the only state written by revision 0003).
+    #: "active" (registered, revision 0003), "draining" (its drain started, 0008), "stopped"
+    #: (deregistered after its drain, 0004).
     status: str = Field(max_length=16)
     version: int = 1
     slots: int

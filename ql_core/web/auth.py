@@ -2,9 +2,10 @@
 
 - Bound to a loopback address (``127.0.0.1``, ``::1``, ``localhost``) the page needs no token, unless
   one is configured (then every request needs it, wherever it comes from).
-- Any other address needs the token: ``[plugin.web] token_file = "/path"`` in the config, a regular
-  file owned by this user with mode 0600 (no group or other bits), 16 to 4096 bytes of text after
-  stripping whitespace. Otherwise ``ql web`` refuses to start (exit 2) naming the fix.
+- Any other address needs the token: ``web_token_file = "/path"`` in the config (a top-level key,
+  ql_core.config), a regular file owned by this user with mode 0600 (no group or other bits), 16 to
+  4096 bytes of text after stripping whitespace. Otherwise ``ql web`` refuses to start (exit 2)
+  naming the fix.
 - A request proves it with ``Authorization: Bearer TOKEN`` or the ``ql_web_token`` cookie that the
   ``/login`` form sets (HttpOnly, SameSite=Strict). Compared in constant time (``hmac.compare_digest``
   on the SHA-256 of both, so even the length is not leaked). A request without it gets 401 and a page
@@ -21,14 +22,11 @@ import stat
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
-__all__ = ["is_loopback", "load_token", "token_required_error", "TokenGate", "COOKIE", "TOKEN_MIN", "TOKEN_MAX",
-           "PLUGIN_TABLE"]
+__all__ = ["is_loopback", "load_token", "token_required_error", "TokenGate", "COOKIE", "TOKEN_MIN", "TOKEN_MAX"]
 
 COOKIE = "ql_web_token"
 TOKEN_MIN = 16
 TOKEN_MAX = 4096
-#: The config table ``ql web`` reads (``[plugin.web]``): ``token_file``.
-PLUGIN_TABLE = "web"
 
 
 def is_loopback(host: str) -> bool:
@@ -43,37 +41,35 @@ def is_loopback(host: str) -> bool:
 
 def token_required_error(host: str) -> str:
     return (f"`ql web --listen {host[:80]}` binds a non-loopback address and needs a token: put one (at least "
-            f"{TOKEN_MIN} characters) in a file with mode 0600 and name it in the config as [plugin.web] "
-            f"token_file = \"/path/to/token\" (docs/operations.md)")
+            f"{TOKEN_MIN} characters) in a file with mode 0600 and name it in the config as "
+            f"web_token_file = \"/path/to/token\" (docs/operations.md)")
 
 
-def load_token(settings: Mapping[str, Any]) -> str | None:
-    """The token from ``[plugin.web] token_file`` (None when not configured); ConfigError names the fix."""
+def load_token(path: Path | None) -> str | None:
+    """The token in ``web_token_file`` (None when not configured); ConfigError names the fix.
+
+    The config resolved the path (ql_core.config); the file itself is checked here, when ``ql web``
+    starts: opened without following a symlink or blocking, a regular file of this user, mode 0600.
+    """
     from ql_core.errors import ConfigError
 
-    unknown = sorted(set(settings) - {"token_file"})
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0][:40]!r} in [plugin.web]; allowed: token_file")
-    path_text = settings.get("token_file")
-    if path_text is None:
+    if path is None:
         return None
-    if not isinstance(path_text, str) or not path_text:
-        raise ConfigError("[plugin.web] token_file must be a path (a string)")
-    path = Path(path_text).expanduser()
+    path_text = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} cannot be opened ({exc.strerror}); "
+        raise ConfigError(f"web_token_file {path_text[:120]!r} cannot be opened ({exc.strerror}); "
                           f"create it with mode 0600") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} is not a regular file")
+            raise ConfigError(f"web_token_file {path_text[:120]!r} is not a regular file")
         if st.st_uid != os.geteuid():
-            raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} is owned by another user; "
+            raise ConfigError(f"web_token_file {path_text[:120]!r} is owned by another user; "
                               f"it must be this user's")
         if st.st_mode & 0o077:
-            raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} has mode "
+            raise ConfigError(f"web_token_file {path_text[:120]!r} has mode "
                               f"{stat.S_IMODE(st.st_mode):04o}; run chmod 600 on it")
         raw = os.read(fd, TOKEN_MAX + 2)
     finally:
@@ -81,9 +77,9 @@ def load_token(settings: Mapping[str, Any]) -> str | None:
     try:
         token = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} is not UTF-8 text") from None
+        raise ConfigError(f"web_token_file {path_text[:120]!r} is not UTF-8 text") from None
     if not TOKEN_MIN <= len(token) <= TOKEN_MAX or any(c.isspace() for c in token):
-        raise ConfigError(f"[plugin.web] token_file {path_text[:120]!r} must hold one token of {TOKEN_MIN} to "
+        raise ConfigError(f"web_token_file {path_text[:120]!r} must hold one token of {TOKEN_MIN} to "
                           f"{TOKEN_MAX} characters without spaces (e.g. `openssl rand -hex 32`)")
     return token
 

@@ -89,6 +89,7 @@ _SQL_CANCEL = "SELECT answer, status, db_now_ms FROM ql_request_cancel(%s, %s)"
 _SQL_REGISTER = "SELECT generation, lease_expires_at_ms, db_now_ms FROM ql_register(%s, %s, %s, %s, %s)"
 _SQL_HEARTBEAT = "SELECT answer, lease_expires_at_ms, db_now_ms FROM ql_heartbeat(%s, %s, %s, %s)"
 _SQL_DEREGISTER = "SELECT answer, db_now_ms FROM ql_deregister(%s, %s, %s)"
+_SQL_DRAIN = "SELECT answer, db_now_ms FROM ql_drain(%s, %s, %s)"
 _SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec_key_id,"
               " spec_ordinal, sealed_spec, timeout_ms, lease_expires_at_ms, db_now_ms"
               " FROM ql_claim(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s)")
@@ -310,6 +311,12 @@ class ControlDB:
         """Every ~10 s: extend the worker session lease. ``FENCED`` → another process has the id."""
         row = self._one("heartbeat", _SQL_HEARTBEAT, (worker.worker_id, worker.generation, worker.session, ttl_ms))
         return HeartbeatResult(LeaseAnswer(row[0]), row[1], row[2])
+
+    def drain(self, worker: WorkerFence) -> LeaseAnswer:
+        """The worker starts draining: its row shows ``draining`` to operators (revision 0008). Replay-safe;
+        ``FENCED`` when another process holds the id. No fence or claim depends on it."""
+        row = self._one("drain", _SQL_DRAIN, (worker.worker_id, worker.generation, worker.session))
+        return LeaseAnswer(row[0])
 
     def deregister(self, worker: WorkerFence) -> LeaseAnswer:
         """A drained worker ends its session lease (status ``stopped``; revision 0004). Replay-safe."""

@@ -23,12 +23,14 @@ __all__ = ["snapshot", "worker_state", "QUEUE_COUNT_CAP", "WORKER_LIMIT", "SHIP_
 QUEUE_COUNT_CAP = 100_000
 WORKER_LIMIT = 1000
 SHIP_SCAN_LIMIT = 10_000
-#: ``alive``: session lease live; ``expired``: session lease passed without a deregistration (the
-#: process died or lost the database); ``stopped``: deregistered after its drain; ``fenced``: attempts
-#: are still leased to an older generation of this worker id (a restarted process took the id over;
-#: the sweeper ends those leases when they expire). A worker that is draining (SIGTERM received,
-#: finishing its attempts) is not told apart from ``alive``: the database has no such state.
-WORKER_STATES = ("alive", "expired", "stopped", "fenced")
+#: ``alive``: session lease live; ``draining``: session lease live and the worker recorded that its
+#: drain started (SIGTERM: it claims nothing more and finishes or hands back its attempts within
+#: ``drain_timeout_s`` of ``[plugin.cluster-fenced]``; revision 0008); ``expired``: session lease
+#: passed without a deregistration (the process died or lost the database — also while draining);
+#: ``stopped``: deregistered after its drain; ``fenced``: attempts are still leased to an older
+#: generation of this worker id (a restarted process took the id over; the sweeper ends those leases
+#: when they expire).
+WORKER_STATES = ("alive", "draining", "expired", "stopped", "fenced")
 
 _NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 _QUEUE = (f"SELECT {_NOW}, (SELECT count(*) FROM (SELECT 1 FROM ql_run WHERE status = 'queued' LIMIT %s) q), "
@@ -50,7 +52,7 @@ def worker_state(status: str, lease_expires_at_ms: int, now_ms: int, *, held_by_
         return "stopped"
     if lease_expires_at_ms <= now_ms:
         return "expired"
-    return "alive"
+    return "draining" if status == "draining" else "alive"
 
 
 def snapshot(connections: Any, *, worker_limit: int = WORKER_LIMIT) -> dict[str, Any]:

@@ -33,8 +33,8 @@ from .artifact_store import ARTIFACT_WORKER_FUNCTIONS
 __all__ = ["WORKER_FUNCTIONS", "ARTIFACT_FUNCTION_NAMES", "GRANTED_TO_WORKERS", "ROLE_PATTERN", "grant_worker", "grant_worker_url"]
 
 #: The fenced functions ``ql worker`` calls (control_db.py), and nothing else.
-WORKER_FUNCTIONS = ("ql_register", "ql_heartbeat", "ql_deregister", "ql_claim", "ql_start", "ql_running",
-                    "ql_renew", "ql_complete", "ql_end_without_completion")
+WORKER_FUNCTIONS = ("ql_register", "ql_heartbeat", "ql_drain", "ql_deregister", "ql_claim", "ql_start",
+                    "ql_running", "ql_renew", "ql_complete", "ql_end_without_completion")
 #: The log shipper's fenced artifact-store functions (artifact_store.py, revision 0006), by name.
 ARTIFACT_FUNCTION_NAMES = tuple(sig.partition("(")[0] for sig in ARTIFACT_WORKER_FUNCTIONS)
 #: What ``grant-worker`` grants: the worker's fenced run functions and its log-shipping functions.

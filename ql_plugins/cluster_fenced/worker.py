@@ -907,12 +907,18 @@ class Worker:
         finish_by = time.monotonic() + self.settings.drain_timeout_s
         handed_back = self.settings.drain == "hand_back" or self.taken_over
         hard_stop = finish_by + float(self.profile.cancel_grace_s) + self.call_timeout_s * 2 + 2.0
+        announced = False
         while time.monotonic() < hard_stop:
             if not handed_back and time.monotonic() >= finish_by:
                 self._hand_back_all()
                 handed_back = True
                 hard_stop = time.monotonic() + float(self.profile.cancel_grace_s) + self.call_timeout_s * 2 + 2.0
             self._tick(claiming=False)
+            if not announced:
+                # After the first round's renewals, not before: the announcement is for operators
+                # and must never delay a lease renewal past its deadline.
+                announced = True
+                self._announce_drain()
             with self.lock:
                 open_ = [h for h in self.held.values() if not (h.previous and h.ended)]
             if not open_ and not self.leases.by_state("outbox"):
@@ -942,6 +948,28 @@ class Worker:
             logger.warning("drain ended with {} attempts not answered yet; a restart submits them", pending)
             return 1
         return 0
+
+    def _announce_drain(self) -> None:
+        """Mark this worker ``draining`` in the control database (``ql workers``; revision 0008).
+
+        For operators only: nothing fences on it, so it is one bounded call (``call_timeout_s``) and a
+        failure — no answer, a role not granted ``ql_drain`` yet, a control plane not upgraded — only
+        logs and the drain goes on. A crash right after leaves the row ``draining`` until the session
+        lease passes (then ``expired``) or the next start registers ``active`` again.
+        """
+        if self.worker is None or self.taken_over:
+            return
+        try:
+            answer, _sent = self.call(lambda db: db.drain(self.worker))  # type: ignore[arg-type]
+        except ControlDBError as exc:
+            hint = (" (run `ql db grant-worker ROLE` again after `ql db upgrade`)" if exc.sqlstate == "42501"
+                    else " (the control database is older than this worker: run `ql db upgrade`)"
+                    if exc.sqlstate == "42883" else "")
+            logger.warning("could not mark this worker draining in the control database ({}){}; draining anyway",
+                           exc.kind, hint)
+            return
+        if answer is LeaseAnswer.FENCED:
+            logger.info("the control database answered fenced to draining: another process holds this worker id")
 
     def _hand_back_all(self) -> None:
         with self.lock:

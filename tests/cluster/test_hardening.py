@@ -148,6 +148,14 @@ def test_the_worker_role_may_call_only_the_fenced_functions(cluster_dsn: str, tm
         # The holder's own completion is applied, through the same role.
         assert admin.complete(fence, 0, db=role_db).answer is CompletionAnswer.APPLIED
         assert admin.run(mine)["status"] == "succeeded"
+
+        # Announcing a drain (ql_drain, revision 0008) through the role: only the holder's session
+        # marks its row; a replay answers ok again; a stale session is fenced and writes nothing.
+        assert role_db.drain(stale) is LeaseAnswer.FENCED
+        assert role_db.drain(w2) is LeaseAnswer.OK and role_db.drain(w2) is LeaseAnswer.OK
+        with psycopg.connect(cluster_dsn) as conn:
+            states = dict(conn.execute("SELECT id, status FROM ql_worker WHERE id IN ('w1', 'w2')").fetchall())
+        assert states == {"w1": "active", "w2": "draining"}
     finally:
         role_db.close()
         admin.close()
@@ -207,8 +215,28 @@ def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: 
     assert worker_role in users
     worker.signal(15)
     assert worker.wait(30) == 0, harness.logs()
+    # Its drain was announced through ql_drain (revision 0008), which the grant includes.
+    assert "could not mark this worker draining" not in worker.log.read_text(errors="replace"), harness.logs()
     assert PASSWORD not in harness.logs()
     assert harness.sql.execute("SELECT count(*) AS n FROM ql_run_spec").fetchone()["n"] == 0
+
+
+def test_a_worker_role_without_ql_drain_drains_all_the_same(harness: Harness, worker_role: str) -> None:
+    """A role granted before revision 0008 (no EXECUTE on ql_drain): the announcement is refused by
+    PostgreSQL, the worker says what to run and drains and deregisters as always."""
+    assert _grant_cli(harness, worker_role).returncode == 0
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE EXECUTE ON FUNCTION ql_drain(text, bigint, text) FROM {}").format(
+            psycopg.sql.Identifier(worker_role)))
+    worker = harness.start_worker("a", database_url=_role_dsn(harness.dsn, worker_role))
+    wait_for(lambda: harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone(),
+             what="the worker to register", diagnose=harness.logs)
+    worker.signal(15)
+    assert worker.wait(30) == 0, harness.logs()
+    log = worker.log.read_text(errors="replace")
+    assert "could not mark this worker draining" in log and "grant-worker" in log, log
+    row = harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'a'").fetchone()
+    assert row["status"] == "stopped" and PASSWORD not in log and "Traceback" not in log
 
 
 # -- sealed specs ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -14,13 +15,18 @@ from tests.ops.support import free_port, sample, scrape, wait_for
 
 pytestmark = pytest.mark.postgres
 
+#: Leases for a worker that must hold its attempt through a loaded machine's stalls.
+_ROOMY = {"run_lease_s": 15.0, "fence_margin_s": 3.0, "session_lease_s": 10.0, "control_call_timeout_s": 3.0}
+
 #: Sleeps a minute: it is still running when the worker is stopped and fenced.
 SLOW = ["sh", "-c", "echo started; sleep 60; exit 0"]
 
 
 def _worker_with_metrics(h: Harness, name: str, port: int):  # type: ignore[no-untyped-def]
     d = h.worker_dir(name)
-    config = h.write_config(h.root / f"{name}.toml", profile="cluster-worker", data_dir=d,
+    # Roomy leases: the first renewal must not be missed on a loaded machine (a self-fence there
+    # would make this a different test); the SIGSTOP below still outlasts them.
+    config = h.write_config(h.root / f"{name}.toml", profile="cluster-worker", data_dir=d, limits=_ROOMY,
                             plugin={"worker_id": name, "slots": 2, "drain": "finish", "drain_timeout_s": 10.0})
     return h._spawn(name, ["worker", "--metrics-listen", f"127.0.0.1:{port}"], config, data_dir=d)
 
@@ -149,3 +155,62 @@ def test_ql_web_on_the_control_profile_in_a_real_browser(harness: Harness, tmp_p
         browser.close()
         assert stop(web) == 0
     assert (tmp_path / "workers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_worker_that_got_sigterm_shows_draining_until_it_stops(harness: Harness) -> None:
+    """SIGTERM with a task still running: `ql workers --json`, the workers gauge and the workers page
+    say `draining` for as long as the drain lasts; then `stopped`, and the task ended `succeeded`."""
+    from tests.cluster.worker_support import trigger_command
+
+    h = harness
+    cport = free_port()
+    h._spawn("control", ["control", "--metrics-listen", f"127.0.0.1:{cport}"], h.control_config())
+    trigger = h.root / "finish-now"
+    # drain = "finish" with a long drain timeout: the drain lasts exactly as long as the task does.
+    # Leases roomier than the harness's few seconds: this test is about what operators see, and a
+    # loaded machine must not turn it into a self-fence test.
+    worker = h.start_worker("d", drain="finish", drain_timeout_s=120.0, limits=_ROOMY)
+    run_id = h.submit(trigger_command(trigger, 0, max_s=240))
+    h.wait_attempt(run_id, ("running",))
+    (row,), _queue = _workers(h)
+    assert (row["worker_id"], row["state"], row["held"]) == ("d", "alive", 1)
+
+    worker.signal(signal.SIGTERM)
+    row = wait_for(lambda: (rows := _workers(h)[0]) and rows[0]["state"] == "draining" and rows[0],
+                   what="`ql workers` to show the worker draining", diagnose=h.logs)
+    assert row["held"] == 1 and row["lease_expires_in_s"] > 0
+    text = wait_for(lambda: (t := scrape(cport)) and sample(t, "ql_cluster_workers", state="draining") == 1 and t,
+                    what="the workers gauge to count it draining", diagnose=h.logs)
+    assert sample(text, "ql_cluster_workers", state="alive") == 0
+
+    import anyio
+    import httpx
+
+    from ql_core.web import create_app
+
+    app = create_app(h.control)
+
+    async def get(path: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            return await c.get(path)
+
+    page = anyio.run(get, "/workers")
+    assert page.status_code == 200 and "<td class=draining>draining</td>" in page.text
+
+    # It keeps heartbeating while it drains: still draining (its session lease live) longer than one
+    # whole session lease after SIGTERM, for as long as its task runs.
+    first_registered = row["registered_at_ms"]
+    since = time.monotonic()
+    while time.monotonic() - since < _ROOMY["session_lease_s"] * 1.5:
+        time.sleep(2.0)
+        (row,), _queue = _workers(h)
+        assert worker.alive() and row["state"] == "draining" and row["held"] == 1, h.logs()
+        assert row["lease_expires_in_s"] > 0
+    assert row["registered_at_ms"] == first_registered
+
+    trigger.touch()
+    assert worker.wait(120) == 0, h.logs()
+    (row,), _queue = _workers(h)
+    assert (row["state"], row["held"]) == ("stopped", 0)
+    assert h.wait_status(run_id)["status"] == "succeeded"
+    assert "could not mark this worker draining" not in worker.log.read_text(errors="replace")

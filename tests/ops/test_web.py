@@ -107,12 +107,16 @@ def test_the_pages_in_a_real_browser(tmp_path: Path) -> None:
 
 
 def _token_config(tmp_path: Path, mode: int = 0o600) -> tuple[Path, str]:
+    """A config naming the token file by a RELATIVE path: it resolves against the config's directory
+    (the tests run `ql` from another working directory)."""
     token = "t0ken-" + os.urandom(16).hex()
-    token_file = tmp_path / "web.token"
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(exist_ok=True)
+    token_file = secrets / "web.token"
     token_file.write_text(token + "\n")
     token_file.chmod(mode)
     config = tmp_path / "ql.toml"
-    config.write_text(f'data_dir = "{tmp_path / "data"}"\n[plugin.web]\ntoken_file = "{token_file}"\n')
+    config.write_text(f'data_dir = "{tmp_path / "data"}"\nweb_token_file = "secrets/web.token"\n[limits]\n')
     return config, token
 
 
@@ -121,7 +125,7 @@ def test_a_non_local_bind_needs_the_token(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
     assert ql(["--data-dir", data, "run", "--", "sh", "-c", "echo hi"], env=env).returncode == 0
     refused = ql(["--data-dir", data, "web", "--listen", "0.0.0.0:0"], env=env, timeout=60)
-    assert refused.returncode == 2 and "token_file" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "web_token_file" in refused.stderr and "Traceback" not in refused.stderr
 
     config, token = _token_config(tmp_path)
     web, url = _start_web(["--config", str(config)], env, tmp_path / "web.log", listen="0.0.0.0:0")
@@ -161,6 +165,53 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     assert ql(["--config", str(config), "run", "--", "sh", "-c", "exit 0"], env=env).returncode == 0
     done = ql(["--config", str(config), "web", "--listen", "0.0.0.0:0"], env=env, timeout=60)
     assert done.returncode == 2 and "chmod 600" in done.stderr
+    assert "web_token_file" in done.stderr and "Traceback" not in done.stderr
+    # A configured token is needed on loopback too: a bad file never degrades to "no token".
+    done = ql(["--config", str(config), "web", "--listen", "127.0.0.1:0"], env=env, timeout=60)
+    assert done.returncode == 2 and "chmod 600" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_token_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    env = ql_env(tmp_path)
+    config, token = _token_config(tmp_path)
+    assert ql(["--config", str(config), "run", "--", "sh", "-c", "exit 0"], env=env).returncode == 0
+    os.chown(tmp_path / "secrets" / "web.token", 65534, 65534)  # nobody: still mode 0600
+    done = ql(["--config", str(config), "web", "--listen", "127.0.0.1:0"], env=env, timeout=60)
+    assert done.returncode == 2 and "owned by another user" in done.stderr and "web_token_file" in done.stderr
+    assert token not in done.stderr + done.stdout
+
+
+def test_web_token_file_is_a_top_level_path_key(tmp_path: Path) -> None:
+    """The config validates the key like the other paths; the retired [plugin.web] form is refused
+    (never ignored: its token would silently stop protecting the page)."""
+    env = ql_env(tmp_path)
+    config = tmp_path / "ql.toml"
+    data = tmp_path / "data"
+    cases = [
+        (f'data_dir = "{data}"\nweb_token_file = 3\n', "web_token_file must be a path"),
+        (f'data_dir = "{data}"\nweb_token_file = ""\n', "web_token_file must be a path"),
+        (f'data_dir = "{data}"\nweb_token_file = "a\\u0000b"\n', "NUL"),
+        (f'data_dir = "{data}"\n[plugin.web]\ntoken_file = "/x"\n', "web_token_file"),
+        (f'data_dir = "{data}"\n[limits]\nweb_token_file = "/x"\n', "limits.web_token_file"),
+    ]
+    for text, expected in cases:
+        config.write_text(text)
+        done = ql(["--config", str(config), "web", "--listen", "127.0.0.1:0"], env=env, timeout=60)
+        assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, (text, done)
+    config.write_text(f'data_dir = "{data}"\n')
+    assert ql(["--config", str(config), "run", "--", "sh", "-c", "exit 0"], env=env).returncode == 0
+    config.write_text(f'data_dir = "{data}"\nweb_token_file = "missing.token"\n')
+    done = ql(["--config", str(config), "web", "--listen", "127.0.0.1:0"], env=env, timeout=60)
+    assert done.returncode == 2 and str(tmp_path / "missing.token") in done.stderr, done.stderr
+
+    from ql_core.config import load_config
+
+    config.write_text(f'data_dir = "{data}"\nweb_token_file = "~/web.token"\n')
+    loaded = load_config(config_path=config, environ={})
+    assert loaded.web_token_file == Path(os.path.expanduser("~/web.token"))
+    config.write_text(f'data_dir = "{data}"\n')
+    assert load_config(config_path=config, environ={}).web_token_file is None
 
 
 def test_without_the_web_extra_the_error_names_it(tmp_path: Path) -> None:
