@@ -49,8 +49,10 @@ __all__ = ["ExecutorContract", "wait_until"]
 DEADLINE_S = 30.0
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy (a condition, not a fixed sleep)."""
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S, *,
+               interval: float = 0.01) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy (a condition,
+    not a fixed sleep); a costly predicate (a scan of /proc) wants a longer ``interval``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -58,7 +60,7 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLIN
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(interval)
 
 
 @dataclass

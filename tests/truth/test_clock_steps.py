@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests.conftest import QL, json_lines, run_ql
+from tests.processes import pids_with
 
 BOUND_S = 90
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -97,25 +99,8 @@ def _duration(view: dict) -> int:
     return int(attempt["finished_at_ms"]) - int(attempt["started_at_ms"])
 
 
-def _pids_with(marker: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if marker.encode() in argv and state not in ("Z", "X"):
-                out.append(int(entry))
-    return out
-
-
-def _wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
+    return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
 def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], marker: str) -> tuple[int, dict]:
@@ -123,7 +108,7 @@ def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], 
     proc = subprocess.Popen([*QL, "--json", "run", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: _pids_with(marker), "the task to start")
+        _wait(lambda: pids_with(marker), "the task to start")
         time.sleep(0.5)
         offset.write_text(f"{step}\n")
         out, err = proc.communicate(timeout=BOUND_S)
@@ -173,15 +158,15 @@ def test_a_submitter_an_hour_behind_gets_its_timeout_after_the_real_duration(
                  behind)
     assert out.returncode == 0, out.stderr
     rec = json_lines(out.stdout)[0]
-    _wait(lambda: _pids_with(marker), "the task to start")
+    _wait(lambda: pids_with(marker), "the task to start")
     counts = json_lines(run_ql(["--json", "reconcile"], env).stdout)[0]
     assert counts["timeouts_requested"] == 0 and counts["timed_out"] == 0, counts
     view = _status(env, rec["run_id"])
     if time.monotonic() - started >= 10:
         pytest.skip("this machine took more than the 10 s timeout to submit, reconcile and look")
     assert view["status"] == "running" and view["cancel_reason"] is None, view
-    assert _pids_with(marker)
-    _wait(lambda: not _pids_with(marker), "the task to be timed out by its launcher")
+    assert pids_with(marker)
+    _wait(lambda: not pids_with(marker), "the task to be timed out by its launcher")
     _wait(lambda: _status(env, rec["run_id"])["status"] != "running", "the run to end")
     view = _status(env, rec["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")

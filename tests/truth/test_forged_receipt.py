@@ -19,12 +19,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests import dbview
 from tests.conftest import QL, json_lines, run_ql
 
@@ -35,13 +35,7 @@ READER = Path(__file__).with_name("mem_reader.py")
 
 
 def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    return wait_until(predicate, what, BOUND_S, interval=0.02)
 
 
 def _unprivileged(command: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests import dbview
 from tests.conftest import QL, json_lines, run_ql
 
@@ -28,13 +29,7 @@ BOUND_S = 60
 
 
 def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    return wait_until(predicate, what, BOUND_S, interval=0.02)
 
 
 # -- a receipt slot that cannot hold a receipt ---------------------------------------------------
