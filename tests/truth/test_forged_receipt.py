@@ -26,7 +26,7 @@ import pytest
 
 from ql_core.testing.executor import wait_until
 from tests import dbview
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, json_lines, release_host, run_ql
 
 BOUND_S = 60
 from tests.truth.mem_reader import MAGIC
@@ -94,10 +94,7 @@ def test_a_sibling_task_cannot_read_the_token_from_a_standby_launchers_memory(ql
         go.touch()
         stdout, stderr = victim.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if victim.poll() is None:
-            victim.kill()
-            victim.communicate()
+        release_host(victim, go)
     assert stolen == {"error": "PermissionError"}, stolen  # /proc/PID/maps and mem refuse the reader
     # The launcher still works and its identity (/proc/PID/stat) is still read: the run ends true.
     assert victim.returncode == 4, stderr
@@ -155,10 +152,7 @@ def test_ql_run_ends_with_the_true_status_though_a_forgery_was_published_and_rea
         go.touch()
         stdout, stderr = host.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+        release_host(host, go)
     assert host.returncode == 4, stderr
     final = json_lines(stdout)[-1]
     assert (final["status"], final["exit_code"]) == ("failed", 4)

@@ -23,7 +23,7 @@ import pytest
 
 from ql_core.testing.executor import wait_until
 from tests import dbview
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, json_lines, release_host, run_ql
 
 BOUND_S = 60
 
@@ -122,10 +122,7 @@ def test_ql_run_keeps_waiting_for_a_command_that_outlives_its_killed_launcher(ql
         go.touch()
         stdout, stderr = host.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+        release_host(host, go)
     assert host.returncode == 75  # nothing proves how the command ended: lost, never a guess
     final = json_lines(stdout)[-1]
     assert final["status"] == "lost"
