@@ -103,10 +103,14 @@ def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
     return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
-def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], marker: str) -> tuple[int, dict]:
-    """`ql --json run ARGS` in the foreground; once its task runs, its wall clock steps by ``step``."""
-    proc = subprocess.Popen([*QL, "--json", "run", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _run_stepped(env: dict[str, str], faketime: str, sleep_shim: str, tmp_path: Path, step: str, *,
+                 timeout_s: int, sleep_s: int) -> tuple[int, dict, dict]:
+    """`ql --json run --timeout TIMEOUT_S -- sleep SLEEP_S` in the foreground; once its task runs, the
+    wall clock (of all but the task, run without LD_PRELOAD) steps by ``step``. Exit code, last line, status."""
+    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
+    marker = f"{sleep_s}.{secrets.randbelow(10**6):06d}"  # a unique argv word, and the seconds to sleep
+    proc = subprocess.Popen([*QL, "--json", "run", "--timeout", str(timeout_s), "--", "env", "-u", "LD_PRELOAD",
+                             "sleep", marker], env=faked, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait(lambda: pids_with(marker), "the task to start")
         time.sleep(0.5)
@@ -118,29 +122,21 @@ def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], 
             proc.wait()
     lines = json_lines(out)
     assert lines, err
-    return proc.returncode, lines[-1]
+    return proc.returncode, lines[-1], _status(env, lines[-1]["run_id"])
 
 
 def test_the_waiting_hosts_clock_stepped_back_does_not_extend_the_deadline(
         faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
-    marker = f"20.{secrets.randbelow(10**6):06d}"
-    rc, final = _run_stepped(faked, offset, "-1h", ["--timeout", "3", "--", "env", "-u", "LD_PRELOAD", "sleep",
-                                                     marker], marker)
+    rc, final, view = _run_stepped(env, faketime, sleep_shim, tmp_path, "-1h", timeout_s=3, sleep_s=20)
     assert rc == 124, final
-    view = _status(env, final["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")
     assert 3000 <= _duration(view) < 20_000  # ended at its deadline, not when sleep would have
 
 
 def test_the_waiting_hosts_clock_stepped_forward_does_not_cut_the_task_short(
         faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
-    marker = f"3.{secrets.randbelow(10**6):06d}"
-    rc, final = _run_stepped(faked, offset, "+1h", ["--timeout", "60", "--", "env", "-u", "LD_PRELOAD", "sleep",
-                                                     marker], marker)
+    rc, final, view = _run_stepped(env, faketime, sleep_shim, tmp_path, "+1h", timeout_s=60, sleep_s=3)
     assert rc == 0, final
-    view = _status(env, final["run_id"])
     assert (view["status"], view["exit_code"]) == ("succeeded", 0)
     assert 3000 <= _duration(view) < 60_000
 
