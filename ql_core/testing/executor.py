@@ -50,16 +50,18 @@ DEADLINE_S = 30.0
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S, *,
-               interval: float = 0.01) -> Any:
+               interval: float = 0.01, diagnose: Callable[[], Any] | None = None) -> Any:
     """Poll ``predicate`` every ``interval`` seconds until it returns something truthy (a condition,
-    not a fixed sleep); a costly predicate (a scan of /proc) wants a longer ``interval``."""
+    not a fixed sleep); a costly predicate (a scan of /proc) wants a longer ``interval``. On a time-out
+    the failure names ``what`` and, given ``diagnose``, adds what it returns (a process's log)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            extra = f"\n{diagnose()}" if diagnose is not None else ""
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
         time.sleep(interval)
 
 

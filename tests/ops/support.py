@@ -84,10 +84,5 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: str = "condition",
              every: float = 0.05, diagnose: Callable[[], Any] | None = None) -> T:
-    """ql_core.testing's poller (``wait_until``), plus ``diagnose()`` (a process's log) in its failure."""
-    try:
-        return wait_until(predicate, what, timeout, interval=every)
-    except AssertionError as exc:
-        if diagnose is None:
-            raise
-        raise AssertionError(f"{exc}\n{diagnose()}") from None
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names and 50 ms default."""
+    return wait_until(predicate, what, timeout, interval=every, diagnose=diagnose)
