@@ -6,7 +6,8 @@ import argparse
 import contextlib
 import os
 import re
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import threading
