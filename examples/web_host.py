@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import threading
 from typing import Any, AsyncIterator
@@ -45,47 +44,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+# The SSE framing and the log stream are ql_core.web's own (the same ones `ql web` serves): an embedding
+# host reuses them rather than copying them. sse_event and utf8_complete_prefix stay importable from here.
 from ql_core.config import Config, load_config
 from ql_core.errors import NotFoundError, QlError
-from ql_core.follow import follow_run_log
 from ql_core.runtime import Runtime
+from ql_core.web.app import sse_log_stream
+from ql_core.web.sse import parse_offset, sse_event, utf8_complete_prefix
 
 __all__ = ["create_app", "sse_event", "utf8_complete_prefix", "main"]
 
 KEEPALIVE_S = 15.0
 MAX_ARGV = 256
-
-
-def sse_event(*, data: str, event: str | None = None, id: int | None = None) -> bytes:
-    """One SSE event; ``data`` must not contain a line break (we send JSON)."""
-    lines = []
-    if event is not None:
-        lines.append(f"event: {event}")
-    if id is not None:
-        lines.append(f"id: {id}")
-    lines.append(f"data: {data}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8")
-
-
-def utf8_complete_prefix(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 sequence."""
-    n = len(data)
-    for i in range(n - 1, max(n - 4, -1), -1):
-        byte = data[i]
-        if byte & 0xC0 == 0x80:
-            continue  # continuation byte: look further back for the lead byte
-        if byte & 0x80 == 0:
-            return n
-        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
-        return n if n - i >= need else i
-    return n
-
-
-def _parse_offset(request: Request) -> int:
-    raw = request.headers.get("last-event-id") or request.query_params.get("offset") or "0"
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        raise ValueError(raw)
-    return int(raw)
 
 
 def create_app(runtime: Runtime | None = None, *, config: Config | None = None, supervise: bool = True,
@@ -153,7 +123,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
     async def log(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            offset = _parse_offset(request)
+            offset = parse_offset(request.headers.get("last-event-id") or request.query_params.get("offset"))
         except ValueError:
             return JSONResponse({"error": "Last-Event-ID / offset must be a byte offset"}, status_code=400)
         rt = rt_()
@@ -161,7 +131,7 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
             await anyio.to_thread.run_sync(rt.status, run_id)
         except NotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
-        return StreamingResponse(_stream(rt, run_id, offset, keepalive_s), media_type="text/event-stream",
+        return StreamingResponse(sse_log_stream(rt, run_id, offset, keepalive_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def index(_request: Request) -> Response:
@@ -170,37 +140,6 @@ def create_app(runtime: Runtime | None = None, *, config: Config | None = None, 
     routes = [Route("/", index), Route("/runs", submit, methods=["POST"]),
               Route("/runs/{run_id}", status), Route("/runs/{run_id}/log", log)]
     return Starlette(routes=routes, lifespan=lifespan)
-
-
-async def _stream(rt: Runtime, run_id: str, offset: int, keepalive_s: float) -> AsyncIterator[bytes]:
-    """The SSE body: one follower generator, advanced in a worker thread one chunk at a time."""
-    follower = follow_run_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
-    pending = b""   # an incomplete UTF-8 tail, not sent yet
-    sent = offset   # bytes of the log delivered so far = the id of the last event
-    try:
-        yield b"retry: 2000\n\n"
-        while True:
-            # Not cancellable mid-call (anyio waits for the thread), so close() below is always safe.
-            chunk = await anyio.to_thread.run_sync(next, follower, None)
-            if chunk is None:
-                break
-            if not chunk.data:
-                yield b": keep-alive\n\n"
-                continue
-            data = pending + chunk.data
-            cut = utf8_complete_prefix(data)
-            if cut:
-                sent += cut
-                yield sse_event(id=sent, data=json.dumps({"text": data[:cut].decode("utf-8", "replace")}))
-            pending = data[cut:]
-        if pending:
-            sent += len(pending)
-            yield sse_event(id=sent, data=json.dumps({"text": pending.decode("utf-8", "replace")}))
-        view = await anyio.to_thread.run_sync(rt.status, run_id)
-        yield sse_event(event="end", id=sent, data=json.dumps(
-            {"status": view.status, "exit_code": view.exit_code, "reason": view.reason}))
-    finally:
-        follower.close()  # ends the follower (and its wake-up watch, if any) when the client leaves
 
 
 def _wait_quietly(rt: Runtime, sub: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import uuid
@@ -50,6 +51,24 @@ def run_ql(args: list[str], env: dict[str, str], *, timeout: float = 60, cwd: Pa
 
 def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def release_host(host: subprocess.Popen[str], go: Path) -> None:
+    """A test's clean-up of a `ql` host whose task waits for the file ``go``: let the task end, then
+    kill and reap the host if it still runs (a failed assertion leaves no process behind)."""
+    go.touch()
+    if host.poll() is None:
+        host.kill()
+        host.communicate()
+
+
+def await_open(host: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
+    """Until ``host`` printed its first line (``open``: its runtime is open), bounded by ``timeout``;
+    a host that died first is fine (its end of file reads as an empty line)."""
+    assert host.stdout is not None
+    ready, _, _ = select.select([host.stdout], [], [], timeout)
+    assert ready, f"{what} did not open its runtime within {timeout:g} s"
+    host.stdout.readline()
 
 
 @pytest.fixture

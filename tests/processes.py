@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["foreign_standbys", "proc_stat", "standby_launchers", "standbys_of", "zombie_children"]
+__all__ = ["foreign_standbys", "pids", "pids_with", "proc_stat", "standby_launchers", "standbys_of", "zombie_children"]
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -17,14 +17,29 @@ def proc_stat(pid: int) -> list[str] | None:
     return raw[raw.rfind(b")") + 1 :].decode().split()
 
 
-def _pids() -> list[int]:
+def pids() -> list[int]:
+    """Every pid on this machine now (zombies too)."""
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def pids_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose argv holds ``marker`` (a unique word of a test's command)."""
+    out = []
+    for pid in pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = proc_stat(pid)
+        if marker.encode() in argv and fields is not None and fields[0] not in ("Z", "X"):
+            out.append(pid)
+    return out
 
 
 def standby_launchers() -> dict[int, int]:
     """Live standby launchers (``ql-launcher --standby``) on this machine: pid -> parent pid."""
     found = {}
-    for pid in _pids():
+    for pid in pids():
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] != [b"--standby"]:
                 continue
@@ -49,4 +64,4 @@ def foreign_standbys(before: dict[int, int]) -> list[int]:
 
 def zombie_children(parent: int) -> list[int]:
     """Children of ``parent`` that exited and were never reaped."""
-    return [pid for pid in _pids() if (st := proc_stat(pid)) is not None and int(st[1]) == parent and st[0] == "Z"]
+    return [pid for pid in pids() if (st := proc_stat(pid)) is not None and int(st[1]) == parent and st[0] == "Z"]

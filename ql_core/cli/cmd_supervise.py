@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
-from typing import Any, Callable
 
 from ql_core.cli.output import Output
 
@@ -23,22 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import early_stop
+    from ql_core.cli.common import early_stop, stop_on_signals
 
     armed = early_stop()  # `ql supervise` from the command line: main() armed it before parsing
-    stop = armed if armed is not None else threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
     # Before anything slow (imports, opening the database): an early TERM must stop us, not kill us.
-    previous: dict[int, Callable[..., Any] | int | None] = {
-        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_on_signals(armed if armed is not None else threading.Event()) as stop:
         return _supervise(args, out, stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _supervise(args: argparse.Namespace, out: Output, stop: threading.Event) -> int:

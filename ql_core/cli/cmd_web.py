@@ -21,22 +21,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    import signal
     import threading
 
-    stopped = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        stopped.set()
+    from ql_core.cli.common import stop_on_signals
 
     # First: a SIGTERM while we open the data dir must stop us cleanly (exit 0), not kill us. uvicorn
     # installs its own handlers while it serves and, once stopped, raises the signal again for this one.
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_on_signals(threading.Event()) as stopped:
         return _serve(args, out, stopped)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _serve(args: argparse.Namespace, out: Output, stopped: threading.Event) -> int:

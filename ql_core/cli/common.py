@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import threading
+
     from ql_core.config import Config
     from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["install_early_stop", "early_stop", "config_from_args", "runtime_from_args", "reader_from_args", "settle_shown",
-           "printable", "loaded_sqlite_path"]
+__all__ = ["install_early_stop", "early_stop", "stop_on_signals", "config_from_args", "runtime_from_args",
+           "reader_from_args", "settle_shown", "printable", "loaded_sqlite_path"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
@@ -39,6 +43,23 @@ def install_early_stop() -> None:
 def early_stop():  # type: ignore[no-untyped-def]
     """The stop event armed by :func:`install_early_stop` (None when nothing armed one)."""
     return _early_stop
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
+    """Within the block SIGTERM and SIGINT set ``stop`` instead of killing us (a long-running
+    command stops cleanly, even while it is still starting); the previous handlers come back after."""
+    import signal
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False) -> Config:

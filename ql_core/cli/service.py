@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
-from typing import Callable
 
 __all__ = ["serve"]
 
@@ -13,14 +11,9 @@ __all__ = ["serve"]
 def serve(args: argparse.Namespace, *, role: str, capability: type, method: str, profile_hint: str) -> int:
     """Install the stop handlers first (an early TERM must not kill us mid-start), open the runtime,
     check its journal backend offers ``capability`` and run ``method(runtime, stop)``."""
-    stop = threading.Event()
+    from ql_core.cli.common import stop_on_signals
 
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop.set()
-
-    previous: dict[int, Callable | int | None] = {
-        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_on_signals(threading.Event()) as stop:
         from ql_core import metrics
         from ql_core.cli.common import runtime_from_args
         from ql_core.errors import UsageError
@@ -34,6 +27,3 @@ def serve(args: argparse.Namespace, *, role: str, capability: type, method: str,
             return int(getattr(rt.journal, method)(rt, stop))
         finally:
             rt.close()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

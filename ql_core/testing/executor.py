@@ -49,16 +49,20 @@ __all__ = ["ExecutorContract", "wait_until"]
 DEADLINE_S = 30.0
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy (a condition, not a fixed sleep)."""
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S, *,
+               interval: float = 0.01, diagnose: Callable[[], Any] | None = None) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy (a condition,
+    not a fixed sleep); a costly predicate (a scan of /proc) wants a longer ``interval``. On a time-out
+    the failure names ``what`` and, given ``diagnose``, adds what it returns (a process's log)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.01)
+            extra = f"\n{diagnose()}" if diagnose is not None else ""
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
+        time.sleep(interval)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from . import pages
 from .auth import COOKIE, TokenGate
 from .sse import parse_offset, sse_event, utf8_complete_prefix
 
-__all__ = ["create_app", "KEEPALIVE_S", "MAX_LIMIT"]
+__all__ = ["create_app", "sse_log_stream", "KEEPALIVE_S", "MAX_LIMIT"]
 
 KEEPALIVE_S = 15.0
 MAX_LIMIT = 500
@@ -88,7 +88,7 @@ def create_app(runtime: Any, *, token: str | None = None, keepalive_s: float = K
             await anyio.to_thread.run_sync(rt.status, run_id)
         except NotFoundError:
             return PlainTextResponse("no such run", status_code=404)
-        return StreamingResponse(_stream(rt, run_id, offset, keepalive_s), media_type="text/event-stream",
+        return StreamingResponse(sse_log_stream(rt, run_id, offset, keepalive_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def workers(_request: Request) -> Response:
@@ -126,8 +126,10 @@ def create_app(runtime: Any, *, token: str | None = None, keepalive_s: float = K
     return app
 
 
-async def _stream(rt: Any, run_id: str, offset: int, keepalive_s: float) -> AsyncIterator[bytes]:
-    """The SSE body: one follower generator, advanced in a worker thread one chunk at a time."""
+async def sse_log_stream(rt: Any, run_id: str, offset: int, keepalive_s: float) -> AsyncIterator[bytes]:
+    """The SSE body of a run's log from byte ``offset``: one follower generator, advanced in a worker
+    thread one chunk at a time (also what examples/web_host.py streams, so an embedding host need not
+    copy it)."""
     follower = follow_run_log(rt, run_id, offset=offset, follow=True, heartbeat_s=keepalive_s)
     pending = b""   # an incomplete UTF-8 tail, not sent yet
     sent = offset   # bytes of the log delivered so far = the id of the last event

@@ -8,6 +8,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -130,6 +131,39 @@ def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: st
                                    token=token, log_fd=log_fd, hold=True, awaited=awaited, hints=hints,
                                    env=env, cwd=cwd, limits=limits)
     return proc, GoAhead(channel, token)
+
+
+class HeldLaunch:
+    """One held launcher of a fresh run under ``data_dir``: its ids, token, receipt shard and log
+    file, the process, and ``go`` (its go-ahead, not given yet). What the launcher test files that
+    play the host in-process start from; ``spawn_kwargs`` go to :func:`spawn_held`."""
+
+    def __init__(self, shell: list[str], data_dir: Path, command: list[str], *, started_at_ms: int,
+                 **spawn_kwargs: object) -> None:
+        self.run_id, self.attempt_id, self.token = new_id(), new_id(), new_token()
+        self.started_at_ms = started_at_ms
+        self.shard = data_dir / "receipts" / shard_of(self.attempt_id)
+        self.shard.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.log = data_dir / f"{self.attempt_id}.log"
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self.proc, self.go = spawn_held(shell, shard_dir=self.shard, run_id=self.run_id,
+                                            attempt_id=self.attempt_id, callback_sequence=1,
+                                            started_at_ms=started_at_ms, mode="argv", command=command,
+                                            token=self.token, log_fd=fd, **spawn_kwargs)  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+        self.channel = self.go.channel
+
+    def cleanup(self) -> None:
+        """Kill the launcher's group, reap it, close the channel (the test's teardown)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        except ProcessLookupError:
+            pass
+        self.proc.wait(DEADLINE_S)  # type: ignore[attr-defined]
+        if isinstance(self.channel, socket.socket):
+            self.channel.close()
 
 
 def launcher_kwargs(shell: list[str]) -> dict[str, object]:

@@ -17,38 +17,27 @@ from pathlib import Path
 
 import pytest
 
-from ql_core.ids import new_id, shard_of
+from ql_core.ids import new_id
 from ql_executors.local_process.launch import acknowledge, launcher_args
 
 from .conftest import (
     DEADLINE_S,
+    HeldLaunch,
     is_bash,
     launcher_mode,
     new_token,
     parse_receipt_strict,
-    spawn_held,
     wait_for,
 )
 
 
-class Awaited:
+class Awaited(HeldLaunch):
     """One launcher started with an acknowledged channel; ``release`` lets its command start."""
 
     def __init__(self, shell: list[str], data_dir: Path, command: list[str], *, hints: str = "") -> None:
-        self.run_id, self.attempt_id, self.token = new_id(), new_id(), new_token()
-        self.shard = data_dir / "receipts" / shard_of(self.attempt_id)
-        self.shard.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.log = data_dir / f"{self.attempt_id}.log"
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            self.proc, go = spawn_held(shell, shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
-                                       callback_sequence=1, started_at_ms=1_700_000_000_000, mode="argv",
-                                       command=command, token=self.token, log_fd=fd, awaited=True, hints=hints)
-        finally:
-            os.close(fd)
-        self.channel = go.channel
+        super().__init__(shell, data_dir, command, started_at_ms=1_700_000_000_000, awaited=True, hints=hints)
         assert isinstance(self.channel, socket.socket)
-        go()
+        self.go()
 
     @property
     def receipt_path(self) -> Path:
@@ -69,14 +58,6 @@ class Awaited:
         except ProcessLookupError:
             return True
         return False
-
-    def cleanup(self) -> None:
-        try:
-            os.killpg(self.proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(DEADLINE_S)
-        self.channel.close()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sys
 import textwrap
 import time
@@ -19,17 +18,15 @@ from pathlib import Path
 import pytest
 
 from ql_core.clock import boot_ms
-from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.launch import Limits
 
 from .conftest import (
     DEADLINE_S,
+    HeldLaunch,
     alive,
     is_compiled,
     launcher_mode,
-    new_token,
     parse_receipt_strict,
-    spawn_held,
     wait_for,
 )
 
@@ -63,26 +60,13 @@ WRITER = textwrap.dedent("""
 """)
 
 
-class Held:
+class Held(HeldLaunch):
     """One launcher with LIMITS, let go at once; only looked at afterwards."""
 
     def __init__(self, shell: list[str], data_dir: Path, command: list[str], limits: Limits, *,
                  awaited: bool = False, started_at_ms: int = STARTED_AT_MS) -> None:
-        self.run_id, self.attempt_id, self.token = new_id(), new_id(), new_token()
-        self.started_at_ms = started_at_ms
-        self.shard = data_dir / "receipts" / shard_of(self.attempt_id)
-        self.shard.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.log = data_dir / f"{self.attempt_id}.log"
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            self.proc, go = spawn_held(shell, shard_dir=self.shard, run_id=self.run_id, attempt_id=self.attempt_id,
-                                       callback_sequence=1, started_at_ms=started_at_ms, mode="argv",
-                                       command=command, token=self.token, log_fd=fd, awaited=awaited,
-                                       limits=limits)
-        finally:
-            os.close(fd)
-        self.channel = go.channel
-        go()
+        super().__init__(shell, data_dir, command, started_at_ms=started_at_ms, awaited=awaited, limits=limits)
+        self.go()
 
     @property
     def pid(self) -> int:
@@ -100,15 +84,6 @@ class Held:
         receipt = self.receipt()
         assert receipt["startedAtMs"] == self.started_at_ms
         return int(receipt["finishedAtMs"]) - self.started_at_ms  # type: ignore[call-overload]
-
-    def cleanup(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(DEADLINE_S)  # type: ignore[attr-defined]
-        if isinstance(self.channel, socket.socket):
-            self.channel.close()
 
 
 @pytest.fixture

@@ -6,11 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from ql_core.testing.executor import wait_until
 
 T = TypeVar("T")
 QL = [sys.executable, "-m", "ql_core.cli.main"]
@@ -83,12 +84,5 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: str = "condition",
              every: float = 0.05, diagnose: Callable[[], Any] | None = None) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n{diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
-        time.sleep(every)
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names and 50 ms default."""
+    return wait_until(predicate, what, timeout, interval=every, diagnose=diagnose)

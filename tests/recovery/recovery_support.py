@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tests import dbview
+from tests.processes import pids, proc_stat
 
 QL = [sys.executable, "-m", "ql_core.cli.main"]
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
@@ -74,11 +75,8 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
 
 def proc_state(pid: int) -> str | None:
     """The /proc state letter of ``pid`` (None when it does not exist)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return raw[raw.rfind(b")") + 2:].split()[0].decode()
+    fields = proc_stat(pid)
+    return None if fields is None else fields[0]
 
 
 def alive(pid: int) -> bool:
@@ -88,17 +86,8 @@ def alive(pid: int) -> bool:
 
 def group_alive(pgid: int) -> bool:
     """True when any non-zombie process is still in process group ``pgid``."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_bytes()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X", b"x"):
-            return True
-    return False
+    return any((fields := proc_stat(pid)) is not None and int(fields[2]) == pgid
+               and fields[0] not in ("Z", "X", "x") for pid in pids())
 
 
 def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:

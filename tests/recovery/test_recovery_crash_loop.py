@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from recovery_support import kill_group, wait_until
 
 from ql_core.reconciler import Reconciler
 from ql_core.supervisor import Supervisor
+from tests.conftest import await_open
 
 ITERATIONS = 15
 TASKS_PER_HOST = 6
@@ -60,14 +60,6 @@ def _runs(rt: Any) -> list[Any]:
 
 def _running_groups(rt: Any) -> list[tuple[str, int]]:
     return [(a.id, a.pgid) for _, a in _runs(rt) if a.status == "running" and a.pgid]
-
-
-def _opened(host: subprocess.Popen[bytes]) -> None:
-    """Until the host printed ``open`` (its runtime is open), bounded; a host that died first is fine."""
-    assert host.stdout is not None
-    ready, _, _ = select.select([host.stdout], [], [], 120)
-    assert ready, "a crash-loop host did not open its runtime within 120 s"
-    host.stdout.readline()
 
 
 def _ran(rt: Any, run: Any) -> bool:
@@ -107,7 +99,7 @@ def test_hosts_and_tasks_killed_at_random_every_run_ends_true(rt_factory, data_d
             if rng.random() < 0.15:
                 host_dies = rng.uniform(0.0, 0.3)  # most likely before its runtime opened
             else:
-                _opened(host)
+                await_open(host, "a crash-loop host")
                 host_dies = rng.uniform(0.0, 1.4)
             task_dies = rng.uniform(0.0, host_dies) if rng.random() < 0.7 else None
             born = time.monotonic()

@@ -48,3 +48,20 @@ def open_rt(data_dir: Path) -> Iterator[Callable[..., Any]]:
             process.wait(timeout=30)
     for rt in opened:
         rt.close()
+
+
+@pytest.fixture
+def standby_rt(open_rt: Callable[..., Any]) -> Any:
+    """A runtime whose executor keeps standby launchers: skipped without the compiled launcher (no
+    C compiler), failed instead under CI=true, where the compiled launcher is required."""
+    runtime = open_rt()
+    from ql_executors.local_process.compiled import CompiledLauncherError
+
+    try:
+        if runtime.executor.compiled_launcher() is None:
+            raise CompiledLauncherError("no C compiler")
+    except CompiledLauncherError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the compiled launcher is required under CI=true: {exc}")
+        pytest.skip(f"standby launchers need the compiled launcher: {exc}")
+    return runtime

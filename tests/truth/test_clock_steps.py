@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests.conftest import QL, json_lines, run_ql
+from tests.processes import pids_with
 
 BOUND_S = 90
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -97,33 +99,20 @@ def _duration(view: dict) -> int:
     return int(attempt["finished_at_ms"]) - int(attempt["started_at_ms"])
 
 
-def _pids_with(marker: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if marker.encode() in argv and state not in ("Z", "X"):
-                out.append(int(entry))
-    return out
+def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
+    return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
-def _wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], marker: str) -> tuple[int, dict]:
-    """`ql --json run ARGS` in the foreground; once its task runs, its wall clock steps by ``step``."""
-    proc = subprocess.Popen([*QL, "--json", "run", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _run_stepped(env: dict[str, str], faketime: str, sleep_shim: str, tmp_path: Path, step: str, *,
+                 timeout_s: int, sleep_s: int) -> tuple[int, dict, dict]:
+    """`ql --json run --timeout TIMEOUT_S -- sleep SLEEP_S` in the foreground; once its task runs, the
+    wall clock (of all but the task, run without LD_PRELOAD) steps by ``step``. Exit code, last line, status."""
+    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
+    marker = f"{sleep_s}.{secrets.randbelow(10**6):06d}"  # a unique argv word, and the seconds to sleep
+    proc = subprocess.Popen([*QL, "--json", "run", "--timeout", str(timeout_s), "--", "env", "-u", "LD_PRELOAD",
+                             "sleep", marker], env=faked, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait(lambda: _pids_with(marker), "the task to start")
+        _wait(lambda: pids_with(marker), "the task to start")
         time.sleep(0.5)
         offset.write_text(f"{step}\n")
         out, err = proc.communicate(timeout=BOUND_S)
@@ -133,29 +122,21 @@ def _run_stepped(env: dict[str, str], offset: Path, step: str, args: list[str], 
             proc.wait()
     lines = json_lines(out)
     assert lines, err
-    return proc.returncode, lines[-1]
+    return proc.returncode, lines[-1], _status(env, lines[-1]["run_id"])
 
 
 def test_the_waiting_hosts_clock_stepped_back_does_not_extend_the_deadline(
         faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
-    marker = f"20.{secrets.randbelow(10**6):06d}"
-    rc, final = _run_stepped(faked, offset, "-1h", ["--timeout", "3", "--", "env", "-u", "LD_PRELOAD", "sleep",
-                                                     marker], marker)
+    rc, final, view = _run_stepped(env, faketime, sleep_shim, tmp_path, "-1h", timeout_s=3, sleep_s=20)
     assert rc == 124, final
-    view = _status(env, final["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")
     assert 3000 <= _duration(view) < 20_000  # ended at its deadline, not when sleep would have
 
 
 def test_the_waiting_hosts_clock_stepped_forward_does_not_cut_the_task_short(
         faketime: str, sleep_shim: str, env: dict[str, str], tmp_path: Path) -> None:
-    faked, offset = _stepping(env, faketime, sleep_shim, tmp_path)
-    marker = f"3.{secrets.randbelow(10**6):06d}"
-    rc, final = _run_stepped(faked, offset, "+1h", ["--timeout", "60", "--", "env", "-u", "LD_PRELOAD", "sleep",
-                                                     marker], marker)
+    rc, final, view = _run_stepped(env, faketime, sleep_shim, tmp_path, "+1h", timeout_s=60, sleep_s=3)
     assert rc == 0, final
-    view = _status(env, final["run_id"])
     assert (view["status"], view["exit_code"]) == ("succeeded", 0)
     assert 3000 <= _duration(view) < 60_000
 
@@ -173,15 +154,15 @@ def test_a_submitter_an_hour_behind_gets_its_timeout_after_the_real_duration(
                  behind)
     assert out.returncode == 0, out.stderr
     rec = json_lines(out.stdout)[0]
-    _wait(lambda: _pids_with(marker), "the task to start")
+    _wait(lambda: pids_with(marker), "the task to start")
     counts = json_lines(run_ql(["--json", "reconcile"], env).stdout)[0]
     assert counts["timeouts_requested"] == 0 and counts["timed_out"] == 0, counts
     view = _status(env, rec["run_id"])
     if time.monotonic() - started >= 10:
         pytest.skip("this machine took more than the 10 s timeout to submit, reconcile and look")
     assert view["status"] == "running" and view["cancel_reason"] is None, view
-    assert _pids_with(marker)
-    _wait(lambda: not _pids_with(marker), "the task to be timed out by its launcher")
+    assert pids_with(marker)
+    _wait(lambda: not pids_with(marker), "the task to be timed out by its launcher")
     _wait(lambda: _status(env, rec["run_id"])["status"] != "running", "the run to end")
     view = _status(env, rec["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")

@@ -19,14 +19,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests import dbview
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, json_lines, release_host, run_ql
 
 BOUND_S = 60
 from tests.truth.mem_reader import MAGIC
@@ -35,13 +35,7 @@ READER = Path(__file__).with_name("mem_reader.py")
 
 
 def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    return wait_until(predicate, what, BOUND_S, interval=0.02)
 
 
 def _unprivileged(command: list[str]) -> list[str]:
@@ -100,10 +94,7 @@ def test_a_sibling_task_cannot_read_the_token_from_a_standby_launchers_memory(ql
         go.touch()
         stdout, stderr = victim.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if victim.poll() is None:
-            victim.kill()
-            victim.communicate()
+        release_host(victim, go)
     assert stolen == {"error": "PermissionError"}, stolen  # /proc/PID/maps and mem refuse the reader
     # The launcher still works and its identity (/proc/PID/stat) is still read: the run ends true.
     assert victim.returncode == 4, stderr
@@ -161,10 +152,7 @@ def test_ql_run_ends_with_the_true_status_though_a_forgery_was_published_and_rea
         go.touch()
         stdout, stderr = host.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+        release_host(host, go)
     assert host.returncode == 4, stderr
     final = json_lines(stdout)[-1]
     assert (final["status"], final["exit_code"]) == ("failed", 4)

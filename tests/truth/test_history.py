@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from tests import dbview
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, json_lines, release_host, run_ql
 
 BOUND_S = 60
 
@@ -49,10 +49,7 @@ def test_a_data_dir_deleted_under_a_waiting_host_fails_loudly(ql_env: dict[str, 
         shutil.rmtree(data_dir)
         _out, err = host.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+        release_host(host, go)
     assert host.returncode == 1
     assert "was deleted or replaced" in err and "Traceback" not in err
     assert not data_dir.exists()  # never recreated

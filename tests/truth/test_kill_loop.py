@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests import dbview
-from tests.conftest import QL
+from tests.conftest import QL, await_open
 
 HOST = Path(__file__).with_name("kill_host.py")
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
@@ -69,14 +68,6 @@ def _state_and_status(pid: int) -> tuple[bytes, int | None] | None:
     fields = raw[raw.rfind(b")") + 2:].split()
     state = fields[0]
     return state, (int(fields[49]) if state == b"Z" and len(fields) > 49 else None)
-
-
-def _opened(host: subprocess.Popen[bytes]) -> None:
-    """Until the host printed ``open`` (its runtime is open), bounded; a host that died first is fine."""
-    assert host.stdout is not None
-    ready, _, _ = select.select([host.stdout], [], [], 120)
-    assert ready, "a kill-loop host did not open its runtime within 120 s"
-    host.stdout.readline()
 
 
 def _receipt(data_dir: Path, attempt_id: str) -> Path:
@@ -155,7 +146,7 @@ def test_random_sigkills_of_every_process_never_break_an_invariant(open_rt, data
         if rng.random() < 0.15:
             dies_at = time.monotonic() + rng.uniform(0.0, 0.3)
         else:
-            _opened(host)
+            await_open(host, "a kill-loop host")
             dies_at = time.monotonic() + rng.uniform(0.1, 1.5)
         while time.monotonic() < dies_at:
             kill_something()

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests.conftest import json_lines, run_ql
+from tests.processes import pids_with
 
 BOUND_S = 60
 
@@ -34,27 +36,8 @@ def env(request: pytest.FixtureRequest, ql_env: dict[str, str], tmp_path: Path) 
 QUOTA = 1024 * 1024
 
 
-def _pids_with(marker: str) -> list[int]:
-    """Processes whose argv holds ``marker`` (a unique word of this test's command)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in argv and state not in ("Z", "X"):
-            out.append(int(entry))
-    return out
-
-
-def _wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
+    return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
 def _status(env: dict[str, str], run_id: str) -> dict:
@@ -78,8 +61,8 @@ def _receipt(data_dir: Path, attempt_id: str) -> dict:
 def test_the_deadline_of_a_detached_run_holds_with_nobody_looking(env: dict[str, str], data_dir: Path) -> None:
     marker = f"25.{secrets.randbelow(10**6):06d}"
     rec = _detach(env, "--timeout", "2", "--", "sleep", marker)
-    _wait(lambda: _pids_with(marker), "the task to start")
-    _wait(lambda: not _pids_with(marker), "the task to be stopped at its deadline")
+    _wait(lambda: pids_with(marker), "the task to start")
+    _wait(lambda: not pids_with(marker), "the task to be stopped at its deadline")
     receipt = _receipt(data_dir, rec["attempt_id"])
     assert receipt["exitCode"] == 143
     assert receipt["finishedAtMs"] - receipt["startedAtMs"] >= 2000  # not before its deadline
@@ -91,11 +74,11 @@ def test_a_cancel_kills_a_term_ignoring_task_after_the_grace_with_nobody_running
         env: dict[str, str], data_dir: Path) -> None:
     marker = f"26.{secrets.randbelow(10**6):06d}"
     rec = _detach(env, "--", "sh", "-c", f"trap '' TERM; sleep {marker}; exit 0")
-    _wait(lambda: _pids_with(marker), "the task to start")
+    _wait(lambda: pids_with(marker), "the task to start")
     out = run_ql(["cancel", rec["run_id"]], env)  # sends TERM and returns: no ql runs after this
     assert out.returncode == 0, out.stderr
-    assert _pids_with(marker), "TERM is ignored: the task is still there after the cancel's TERM"
-    _wait(lambda: not _pids_with(marker), "the launcher's KILL after cancel_grace_s")
+    assert pids_with(marker), "TERM is ignored: the task is still there after the cancel's TERM"
+    _wait(lambda: not pids_with(marker), "the launcher's KILL after cancel_grace_s")
     assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == 137
     view = _status(env, rec["run_id"])
     assert (view["status"], view["exit_code"], view["reason"]) == ("cancelled", 137, "user")
@@ -178,16 +161,16 @@ def test_a_task_of_a_host_that_ignores_and_blocks_signals_dies_of_them(
                          text=True, timeout=BOUND_S, preexec_fn=_ignoring_and_blocking)
     assert out.returncode == 0, out.stderr
     rec = json_lines(out.stdout)[0]
-    _wait(lambda: _pids_with(marker), "the task to start")
+    _wait(lambda: pids_with(marker), "the task to start")
     if how == "cancel":
         assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
         expected = ("cancelled", 143)
     else:
-        status = Path(f"/proc/{_pids_with(marker)[0]}/status").read_text()
+        status = Path(f"/proc/{pids_with(marker)[0]}/status").read_text()
         assert "SigIgn:\t0000000000000000" in status and "SigBlk:\t0000000000000000" in status, status
-        os.killpg(os.getpgid(_pids_with(marker)[0]), signal.SIGINT)
+        os.killpg(os.getpgid(pids_with(marker)[0]), signal.SIGINT)
         expected = ("failed", 130)
-    _wait(lambda: not _pids_with(marker), "the task to die of the signal")
+    _wait(lambda: not pids_with(marker), "the task to die of the signal")
     assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == expected[1]
     view = _status(env, rec["run_id"])
     assert (view["status"], view["exit_code"]) == expected

@@ -14,9 +14,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from ql_core.testing.executor import wait_until
 from tests.conftest import run_ql
 from tests.processes import proc_stat, standbys_of
 
@@ -48,13 +48,7 @@ def _gone(pid: int) -> bool:
 
 
 def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
 def test_a_host_that_forked_through_libc_and_died_leaves_no_standby_and_no_stuck_run(

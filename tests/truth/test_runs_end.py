@@ -21,20 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests import dbview
-from tests.conftest import QL, json_lines, run_ql
+from tests.conftest import QL, json_lines, release_host, run_ql
 
 BOUND_S = 60
 
 
 def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    return wait_until(predicate, what, BOUND_S, interval=0.02)
 
 
 # -- a receipt slot that cannot hold a receipt ---------------------------------------------------
@@ -127,10 +122,7 @@ def test_ql_run_keeps_waiting_for_a_command_that_outlives_its_killed_launcher(ql
         go.touch()
         stdout, stderr = host.communicate(timeout=BOUND_S)
     finally:
-        go.touch()
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+        release_host(host, go)
     assert host.returncode == 75  # nothing proves how the command ended: lost, never a guess
     final = json_lines(stdout)[-1]
     assert final["status"] == "lost"

@@ -49,18 +49,8 @@ def _events(rt: Any, run_id: str) -> list[str]:
 
 
 @pytest.fixture
-def rt(open_rt: Any) -> Any:
-    runtime = open_rt()
-    from ql_executors.local_process.compiled import CompiledLauncherError
-
-    try:
-        if runtime.executor.compiled_launcher() is None:
-            raise CompiledLauncherError("no C compiler")
-    except CompiledLauncherError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the compiled launcher is required under CI=true: {exc}")
-        pytest.skip(f"standby launchers need the compiled launcher: {exc}")
-    return runtime
+def rt(standby_rt: Any) -> Any:
+    return standby_rt  # tests/truth/conftest.py: skipped (failed under CI) without the compiled launcher
 
 
 def _ready_standby(rt: Any) -> int:

@@ -38,18 +38,8 @@ DELIVERED = ("after_message", "after_start")
 
 
 @pytest.fixture
-def rt(open_rt: Any) -> Any:
-    runtime = open_rt()
-    from ql_executors.local_process.compiled import CompiledLauncherError
-
-    try:
-        if runtime.executor.compiled_launcher() is None:
-            raise CompiledLauncherError("no C compiler")
-    except CompiledLauncherError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the compiled launcher is required under CI=true: {exc}")
-        pytest.skip(f"standby launchers need the compiled launcher: {exc}")
-    return runtime
+def rt(standby_rt: Any) -> Any:
+    return standby_rt  # tests/truth/conftest.py: skipped (failed under CI) without the compiled launcher
 
 
 def _state(pid: int) -> str:
@@ -105,6 +95,18 @@ def _hook(rt: Any, monkeypatch: pytest.MonkeyPatch, step: str, hurt: Callable[[i
     return pids
 
 
+def _submit_hurt(rt: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: str, signum: int,
+                 awaited: bool) -> tuple[Path, list[int], Any]:
+    """Submit ``touch MARKER; exit 3`` with ``signum`` sent to its standby at ``step`` (submit never
+    raises for it); the marker, the standby pids seen, and the submission."""
+    marker = tmp_path / "ran"
+    pids = _hook(rt, monkeypatch, step, lambda pid: _hurt(pid, signum))
+    sub = rt.submit(["sh", "-c", f'touch "{marker}"; exit 3'], awaited=awaited, timeout_s=120)
+    monkeypatch.undo()
+    assert pids, "the task was not given a standby"
+    return marker, pids, sub
+
+
 def _terminal_events(rt: Any, run_id: str) -> list[str]:
     return [e.type for e in rt.events(run_id)
             if e.type.startswith("run.") and e.type[4:] in ("succeeded", "failed", "cancelled", "timed_out", "lost")]
@@ -114,11 +116,7 @@ def _terminal_events(rt: Any, run_id: str) -> list[str]:
 @pytest.mark.parametrize("step", STEPS)
 def test_a_standby_killed_at_any_step_never_kills_the_host(rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            step: str, awaited: bool) -> None:
-    marker = tmp_path / "ran"
-    pids = _hook(rt, monkeypatch, step, lambda pid: _hurt(pid, signal.SIGKILL))
-    sub = rt.submit(["sh", "-c", f'touch "{marker}"; exit 3'], awaited=awaited, timeout_s=120)  # never raises
-    monkeypatch.undo()
-    assert pids, "the task was not given a standby"
+    marker, pids, sub = _submit_hurt(rt, monkeypatch, tmp_path, step, signal.SIGKILL, awaited)
     view = rt.wait(sub)
     outcome = (view.status, view.reason, view.exit_code)
     if step in DELIVERED:
@@ -137,11 +135,7 @@ def test_a_standby_killed_at_any_step_never_kills_the_host(rt: Any, tmp_path: Pa
 @pytest.mark.parametrize("step", STEPS)
 def test_a_standby_stopped_at_any_step_only_delays_its_run(rt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           step: str, awaited: bool) -> None:
-    marker = tmp_path / "ran"
-    pids = _hook(rt, monkeypatch, step, lambda pid: _hurt(pid, signal.SIGSTOP))
-    sub = rt.submit(["sh", "-c", f'touch "{marker}"; exit 3'], awaited=awaited, timeout_s=120)
-    monkeypatch.undo()
-    assert pids, "the task was not given a standby"
+    marker, pids, sub = _submit_hurt(rt, monkeypatch, tmp_path, step, signal.SIGSTOP, awaited)
     time.sleep(0.2)  # slow, not dead: the host has gone on meanwhile
     assert rt.wait(rt.submit(["true"])).status == "succeeded"
     os.killpg(pids[0], signal.SIGCONT)
