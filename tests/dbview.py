@@ -14,7 +14,7 @@ import sqlite3
 from contextlib import closing
 from typing import Any, Iterable
 
-__all__ = ["Row", "db_path", "row", "rows", "count", "update", "insert", "launcher", "CommitLog"]
+__all__ = ["Row", "db_path", "row", "rows", "count", "update", "insert", "launcher", "CommitLog", "is_log_size_commit"]
 
 _KEYS = {"ql_run": "id", "ql_run_attempt": "id", "ql_log_artifact": "id", "ql_receipt_journal": "attempt_id",
          "ql_cancel_dispatch": "run_id"}
@@ -92,6 +92,11 @@ def local_handle(handle: dict[str, Any]) -> str:
 _WRITE = re.compile(r"\s*(INSERT|UPDATE|DELETE)\b(?:\s+OR\s+\w+)?(?:\s+INTO|\s+FROM)?\s+\"?(\w+)", re.I)
 
 
+def is_log_size_commit(statements: list[str]) -> bool:
+    """A commit that only records log sizes (``UPDATE ql_log_artifact``)."""
+    return bool(statements) and set(statements) == {"UPDATE ql_log_artifact"}
+
+
 class CommitLog:
     """Every COMMIT of a runtime's edge-sqlite store, with the data-changing statements in it.
 
@@ -124,6 +129,12 @@ class CommitLog:
     @property
     def writes(self) -> list[list[str]]:
         return [c for c in self.commits if c]
+
+    @property
+    def durable_writes(self) -> list[list[str]]:
+        """The write commits of a task's life that count: without the log's final size, which follows
+        the terminal commit unsynced (a lost size is re-read from the file by the sizing queue)."""
+        return [c for c in self.writes if not is_log_size_commit(c)]
 
     @property
     def reads(self) -> int:

@@ -26,6 +26,8 @@ from completion_support import (
     write_config,
 )
 
+from tests.dbview import is_log_size_commit
+
 from ql_core.completion import CompletionOutcome, CompletionRejection
 from ql_core.consumer import ConsumeOutcome
 
@@ -49,7 +51,7 @@ def _kinds(writes: list[list[str]]) -> list[str]:
             names.append("spawned")
         elif statements.count("INSERT ql_run_event") >= 2:
             names.append("terminal")
-        elif statements and set(statements) == {"UPDATE ql_log_artifact"}:
+        elif is_log_size_commit(statements):
             # The log's final size, written right after the terminal commit without its own fsync
             # (synchronous=NORMAL: a size lost to a power cut is re-read from the file by the sizing
             # queue), so it is no durable commit of the task's life.

@@ -1,7 +1,7 @@
 """What a same-user task did to forge a sibling's receipt: read the sibling launcher's memory.
 
 ``python mem_reader.py PID OUT``: walks ``/proc/PID/maps`` and reads every readable mapping through
-``/proc/PID/mem``, looking for a standby hand-over message (``ql-standby-1`` and its NUL-separated
+``/proc/PID/mem``, looking for a standby hand-over message (``ql-standby-2`` and its NUL-separated
 fields, the token last). Writes one JSON line to OUT: ``{"error": ...}`` when the memory could not
 be opened or read, else ``{"found": [[fields...], ...]}``. Run as a ql task (a sibling of the
 victim), without CAP_SYS_PTRACE, as an ordinary same-user task would be.
@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import sys
 
-MAGIC = b"ql-standby-1\0"
+MAGIC = b"ql-standby-2\0"
 
 
 def fields_after(blob: bytes, at: int) -> list[str]:
     """The message's fields, as the launcher parses them: NUL-separated, the token last."""
     parts = blob[at:at + 70_000].split(b"\0")
-    shard, run, attempt, seq, started, mode, cwd, argc = parts[1:9]
-    rest = parts[9:]
+    shard, run, attempt, seq, started, mode, limits, cwd, argc = parts[1:10]
+    rest = parts[10:]
     n_args = int(argc)
     n_env = int(rest[n_args])
     token = rest[n_args + 1 + n_env]

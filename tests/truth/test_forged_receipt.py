@@ -70,7 +70,7 @@ def test_a_sibling_task_cannot_read_the_token_from_a_standby_launchers_memory(ql
     go = tmp_path / "go"
     # Control: the same reader, as the same kind of task, does find such a message in a dumpable
     # process of the same user (so what it finds below is the launcher's protection, not a broken reader).
-    message = b"\0".join([MAGIC[:-1], b"shard", b"run", b"attempt", b"1", b"0", b"argv", b"", b"1", b"true",
+    message = b"\0".join([MAGIC[:-1], b"shard", b"run", b"attempt", b"1", b"0", b"argv", b",,,,", b"", b"1", b"true",
                           b"0", b"T" * 43]) + b"\0"
     holder = subprocess.Popen(_unprivileged([sys.executable, "-c", "import sys, time; m = bytes.fromhex(sys.argv[1]); "
                                              "print('ready', flush=True); time.sleep(120)", message.hex()]),
