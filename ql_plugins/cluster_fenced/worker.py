@@ -696,8 +696,8 @@ class Worker:
         self.claim_paused = True
         self._count("self_fenced")
         with contextlib.suppress(Exception):
-            self.leases.mark_stopped(held.attempt_id, held.stop_reason, stopped_at_ms=now_ms(),
-                                     not_before_ms=not_before)
+            self.leases.mark_stopped(held.attempt_id, held.stop_reason,
+                                     stopped_at_ms=self._stopped_at_ms(held.attempt_id), not_before_ms=not_before)
         if not spawned and held.state in ("claimed", "started"):
             self._forget(held, "fenced")  # nothing runs and nothing ever will
             return
@@ -971,6 +971,17 @@ class Worker:
         if answer is LeaseAnswer.FENCED:
             logger.info("the control database answered fenced to draining: another process holds this worker id")
 
+    def _stopped_at_ms(self, attempt_id: str) -> int:
+        """When we stop an attempt, on the time base its receipt's finish uses (its committed start +
+        the time since on the boot clock, docs/design.md §3), so the outbox's "did the task beat the
+        stop?" compares like with like; the wall clock only when the executor cannot measure."""
+        attempt = self.rt.journal.attempt(attempt_id)
+        if attempt is not None and attempt.started_at_ms is not None:
+            elapsed = self.rt.attempt_elapsed_ms(attempt)
+            if elapsed is not None:
+                return attempt.started_at_ms + elapsed
+        return now_ms()
+
     def _hand_back_all(self) -> None:
         with self.lock:
             running = [h for h in self.held.values() if not h.ended and h.stop_reason is None and h.sub is not None]
@@ -980,7 +991,8 @@ class Worker:
                     continue
                 held.stop_reason = DRAINED
             with contextlib.suppress(Exception):
-                self.leases.mark_stopped(held.attempt_id, DRAINED, stopped_at_ms=now_ms(), not_before_ms=None)
+                self.leases.mark_stopped(held.attempt_id, DRAINED, stopped_at_ms=self._stopped_at_ms(held.attempt_id),
+                                         not_before_ms=None)
             self._signal(held, signal.SIGTERM)
             held.kill_due = time.monotonic() + float(self.profile.cancel_grace_s)
         self.guard_wake.set()
