@@ -267,6 +267,11 @@ _ql_kill_tree() {
 _ql_leader=
 if { IFS= read -r _ql_l </proc/$$/stat; } 2>/dev/null; then
 	_ql_stat_of "${_ql_l##*)}"
+	# qemu-user answers a process's read of its own stat with a made-up line (state 0, group 0):
+	# then another process, a cat, reads it. A real kernel's state is always a letter.
+	case $_ql_x in [!A-Za-z]*)
+		_ql_l=$(cat "/proc/$$/stat" 2>/dev/null) && _ql_stat_of "${_ql_l##*)}" ;;
+	esac
 	[ "$_ql_u" = "$$" ] && _ql_leader=1
 fi
 # The KILL GRACE_MS after a TERM (a cancel's, forwarded by the trap; or the deadline's).

@@ -624,7 +624,10 @@ class Worker:
         self.guard_wake.set()
 
     def _next_renew(self, held: Held, sent: float) -> float:
-        due = sent + self.ttl_s / 2
+        # Half a lease after this call, but never later than half way to the own deadline: an answer
+        # that did not extend the lease (``running`` keeps the claim's expiry) must not push the
+        # renewal past the point where the guard fences the attempt itself.
+        due = min(sent + self.ttl_s / 2, sent + max(0.0, held.own_deadline - sent) / 2)
         if held.deadline_mono is not None and held.intent is None:
             # Past the deadline the sweeper commits the timeout intent: learn it promptly.
             now = time.monotonic()
