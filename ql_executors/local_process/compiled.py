@@ -259,9 +259,12 @@ def _elf_machine(path: str) -> int | None:
 
 def shipped_launcher(body: bytes | None = None) -> str:
     """Path of the launcher shipped in this installation (a platform wheel's ``bin/``), checked: for
-    this machine, built from the installed ``launcher.c`` (``body``, read when None), trusted as a
-    cached one is (owned by this user or root, and so is every directory above it, writable by
-    nobody else) and answering ``--probe`` once per process. CompiledLauncherError says why not."""
+    this machine, built from the installed ``launcher.c`` (``body``, read when None), trusted (below)
+    and answering ``--probe`` once per process. CompiledLauncherError says why not.
+
+    Trusted as ql's own code is: the binary (and ``bin/``) may be writable by nobody who could not
+    already rewrite this module beside it, the Python the host runs (so a umask-002 install, whose
+    files are all group-writable, is used; a binary made writable on its own is not)."""
     machine = os.uname().machine
     directory = os.path.realpath(_shipped_dir())
     try:
@@ -288,8 +291,6 @@ def shipped_launcher(body: bytes | None = None) -> str:
     if not isinstance(name, str) or os.sep in name or not name.startswith("launcher-"):
         raise CompiledLauncherError(f"the shipped launcher's {MANIFEST} is damaged; reinstall ql-runner")
     path = os.path.join(directory, name)
-    if path in _VERIFIED:
-        return path
     if digest != sha256_hex(_source() if body is None else body):
         raise CompiledLauncherError("the shipped launcher was built from another launcher.c than the one installed "
                                     "beside it; reinstall ql-runner")
@@ -300,20 +301,34 @@ def shipped_launcher(body: bytes | None = None) -> str:
                                     f"ql-runner") from None
     if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IXUSR:
         raise CompiledLauncherError(f"the shipped launcher {path} is not an executable file; reinstall ql-runner")
-    if st.st_uid not in (0, os.geteuid()):
-        raise CompiledLauncherError(f"{path} belongs to uid {st.st_uid}, neither this user nor root")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CompiledLauncherError(f"{path} is writable by other users")
-    reason = _untrusted_ancestor(path)
-    if reason is not None:
-        raise CompiledLauncherError(reason)
+    package = os.path.dirname(os.path.realpath(__file__))
+    for what, reference in ((path, os.path.realpath(__file__)), (directory, package)):
+        reason = _more_exposed(what, reference)
+        if reason is not None:
+            raise CompiledLauncherError(reason)
     if _elf_machine(path) != SHIPPED_MACHINES.get(machine):
         raise CompiledLauncherError(f"the shipped launcher {path} is not a {machine} program; reinstall ql-runner")
-    if not _runs(path):
+    if path not in _VERIFIED and not _runs(path):
         raise CompiledLauncherError(f"the shipped launcher ({machine}) does not run here (it does not answer "
                                     f"--probe)")
     _VERIFIED.add(path)
     return path
+
+
+def _more_exposed(path: str, reference: str) -> str | None:
+    """Why ``path`` could be replaced by someone who cannot replace ``reference`` (ql's own code), or
+    None: the same owner (or this user, or root), and no write permission for group or others that
+    ``reference`` does not grant them too."""
+    try:
+        st, ref = os.lstat(path), os.stat(reference)
+    except OSError as exc:
+        return f"cannot check {path} ({exc.strerror})"
+    if st.st_uid not in (ref.st_uid, 0, os.geteuid()):
+        return f"{path} belongs to uid {st.st_uid}, not to the owner of ql's own files (uid {ref.st_uid})"
+    group_ok = ref.st_mode & stat.S_IWGRP and st.st_gid == ref.st_gid
+    if st.st_mode & stat.S_IWOTH and not ref.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and not group_ok:
+        return f"{path} is writable by other users (ql's own code beside it is not)"
+    return None
 
 
 def compiled_launcher(environ: Mapping[str, str], *, build: bool = True, shipped: bool = True) -> str:
