@@ -38,12 +38,8 @@ import sys
 import tempfile
 
 from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1 (pyproject.toml)
 from setuptools.command.build_py import build_py
-
-try:  # setuptools >= 70.1 has its own; before, the wheel package's
-    from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # pragma: no cover - older setuptools
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
 
 PACKAGE_DIR = os.path.join("ql_executors", "local_process")
 SOURCE = os.path.join(PACKAGE_DIR, "launcher.c")
@@ -114,8 +110,11 @@ def _probe(path: str, machine: str) -> str:
         if qemu is None:
             return f"not run (a {machine} binary on {os.uname().machine}, no qemu-{machine}-static)"
         prefix = [qemu]
-    done = subprocess.run([*prefix, path, "--probe"], capture_output=True, timeout=60, check=False,
-                          stdin=subprocess.DEVNULL)
+    try:
+        done = subprocess.run([*prefix, path, "--probe"], capture_output=True, timeout=60, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherNotBuilt(f"the built launcher does not start ({type(exc).__name__}: {exc})") from None
     if done.stdout != b"ql-launcher ok\n":
         raise LauncherNotBuilt(f"the built launcher does not answer --probe (exit {done.returncode})")
     return "answers --probe" + (f" under {os.path.basename(prefix[0])}" if prefix else "")
@@ -226,19 +225,20 @@ class BuildPyWithLauncher(build_py):
 
 
 class BdistWheelWithLauncher(bdist_wheel):
-    """A wheel tagged for the machine of the launcher it ships, or a pure one without."""
+    """A wheel tagged for the machine of the launcher it ships, or a pure one without. Compiled when
+    the wheel is built, never for its metadata alone (``prepare_metadata_for_build_wheel``) nor for
+    an editable install (which only asks this command for its tag)."""
 
-    def finalize_options(self) -> None:
-        if "editable_wheel" not in self.distribution.commands:  # editable: the runtime build
-            shipped_launcher(self.distribution)  # decided before the wheel's purity is
-        super().finalize_options()
+    def run(self) -> None:
+        if shipped_launcher(self.distribution) is not None:
+            self.root_is_pure = False  # installed as platlib; has_ext_modules() now says so too
+        super().run()
 
     def get_tag(self) -> tuple[str, str, str]:
         built = getattr(self.distribution, "_ql_launcher", None)
-        if built is None or "editable_wheel" in self.distribution.commands:
+        if built is None:
             return super().get_tag()
         return "py3", "none", platform_tag(built.machine)
-
 
 
 setup(distclass=LauncherDistribution,

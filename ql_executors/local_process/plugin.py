@@ -48,7 +48,8 @@ def _executor(context: RuntimeContext) -> Executor:
     try:
         return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby)
     except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
-        raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install a C compiler (e.g. gcc) "
+        raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install the ql-runner wheel for this "
+                          f"machine or a C compiler (e.g. gcc) "
                           f"or use launcher = \"auto\" or \"shell\"") from None
 
 
