@@ -314,8 +314,9 @@ def _plugin_checks(config, host, taken: set[str]) -> list[tuple[str, str, str]]:
             answers = list(impl.function(config=config) or ())
             checked = [(str(name), "ok" if ok else "failed", str(detail)) for name, ok, detail in answers]
         except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
-            found.append((plugin, "failed", f"plugin {plugin!r} failed its doctor checks: {type(exc).__name__}: "
-                                            f"{exc}; fix or reinstall the package that provides it"))
+            why = (f"plugin {plugin!r} failed its doctor checks: {type(exc).__name__}: {exc}; fix or reinstall the "
+                   f"package that provides it")
+            found.append((plugin, "failed", why))
             continue
         for name, result, detail in checked:
             if name in taken:

@@ -131,9 +131,9 @@ def installed(wheel_of: Callable[[str], Path], tmp_path: Path) -> Iterator[tuple
     path = _toolbin(tmp_path)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("QL_", "PYTHON", "VIRTUAL_ENV"))
             and k not in ("CC", "XDG_CACHE_HOME")}
-    install = subprocess.run([str(fresh / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              str(wheel)], env={**base, "PATH": path}, capture_output=True, text=True, timeout=600,
-                             check=False, stdin=subprocess.DEVNULL)
+    pip = [str(fresh / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    install = subprocess.run([*pip, str(wheel)], env={**base, "PATH": path}, capture_output=True, text=True,
+                             timeout=600, check=False, stdin=subprocess.DEVNULL)
     assert install.returncode == 0, install.stderr[-3000:]
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -262,7 +262,8 @@ def test_the_shipped_launcher_comes_before_the_cache_and_a_build(
     _extract(wheel_of(NATIVE), shipped_dir / "bin")
     env = _cache_env(tmp_path, compiler=True)
     found = compiled.which_launcher(env)
-    assert (found.kind, found.origin, found.path) == ("compiled", "shipped", str(shipped_dir / "bin" / f"launcher-{NATIVE}"))
+    shipped = str(shipped_dir / "bin" / f"launcher-{NATIVE}")
+    assert (found.kind, found.origin, found.path) == ("compiled", "shipped", shipped)
     assert compiled.compiled_launcher(env) == found.path
     assert not (tmp_path / "cache").exists()  # nothing was built, not even the cache directory made
 
