@@ -135,6 +135,19 @@ class QlHookSpecs:
         """
 
     @hookspec
+    def ql_doctor_checks(self, config: Config) -> list[tuple[str, bool, str]]:
+        """Called by ``ql doctor`` for each loaded plugin, after core's own checks.
+
+        Return your plugin's checks of this machine for ``config``, each ``(name, ok, detail)``:
+        ``name`` one short lower-case word that is not one of core's checks (the local executor's is
+        ``launcher``), ``ok`` False only for what stops your plugin from working here, ``detail`` one
+        line saying what is in use and why (for a failure: the fix). Doctor only reports: create,
+        build, migrate or change nothing (running a program to see that it starts is fine). An
+        implementation that raises is shown as one failed check named after the plugin. Returns a
+        list (empty: nothing to report).
+        """
+
+    @hookspec
     def ql_run_event(self, event: RunEventInfo) -> None:
         """Called after a run event was committed (``run.created``, ``attempt.spawned``,
         ``run.succeeded``, …), in the process that committed it.

@@ -73,7 +73,9 @@ def render(results: dict[str, Any]) -> str:
         "shell with a `PATH` of busybox applets only, so in foreground mode. The `compiled` row is "
         "launcher.c as this machine's C compiler built it (no shell: it resets signals itself, so "
         "always async, and has no busybox-only column); `compiled-standby` is the same binary started "
-        "as a standby before its run and handed the run in one message (the executor's default).",
+        "as a standby before its run and handed the run in one message (the executor's default); "
+        "`compiled-aarch64` is the launcher shipped in the AArch64 wheel (`tools/build_wheels.sh`, "
+        "Debian's cross compiler), run by qemu-user.",
         "",
     ]
     rows: dict[tuple[str, ...], dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))

@@ -25,7 +25,8 @@ EPILOG = ("Nothing is created, migrated or repaired. --json prints the effective
           "check ({\"check\", \"result\": ok|failed|skipped, \"detail\"}), then a summary "
           "({\"healthy\", \"checks\", \"data_dir\", \"profile\"}).")
 
-#: The checks, in the order they run and print.
+#: The checks, in the order they run and print; the loaded plugins' own (``ql_doctor_checks``: the
+#: local executor's ``launcher``) follow them.
 CHECKS = ("plugins", "data_dir", "owner", "permissions", "hard_links", "o_append", "fsync", "database", "schema")
 
 
@@ -135,12 +136,15 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
     }
 
 
-def _check_plugins(config) -> str:  # type: ignore[no-untyped-def]
-    """Load the configured plugins and resolve every selected seam by name (nothing is opened)."""
+def _check_plugins(config, hosts: list | None = None) -> str:  # type: ignore[no-untyped-def]
+    """Load the configured plugins and resolve every selected seam by name (nothing is opened);
+    the loaded host is appended to ``hosts`` (the plugins' own checks run on it)."""
     from ql_core.errors import PluginError
     from ql_core.plugins import check_plugin_config, require_selected_seams
 
     host = check_plugin_config(config, use_cache=False)  # each plugin also checks what it needs
+    if hosts is not None:
+        hosts.append(host)
     try:
         chosen = require_selected_seams(config, host)
     except PluginError as exc:
@@ -256,8 +260,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
             return check()
         return wrapped
 
+    hosts: list = []  # type: ignore[type-arg]
     checks: list[tuple[str, Callable[[], str]]] = [
-        ("plugins", lambda: _check_plugins(config)),
+        ("plugins", lambda: _check_plugins(config, hosts)),
         ("data_dir", check_data_dir),
         ("owner", needs_dir(lambda: _check_owner(data_dir))),
         ("permissions", needs_dir(lambda: _check_modes(data_dir, database))),
@@ -268,6 +273,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
         ("schema", lambda: _check_schema(config, database, skip_unless_dir)),
     ]
     results: dict[str, str] = {}
+
+    def report(name: str, result: str, detail: str) -> None:
+        detail = " ".join(detail.split())
+        results[name] = result
+        label = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}[result]
+        out.emit({"check": name, "result": result, "detail": detail}, f"{label} {name:<12} {printable(detail)}")
+
     try:
         for name, check in checks:
             try:
@@ -278,18 +290,40 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 detail, result = str(exc) or type(exc).__name__, "failed"
             except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
                 detail, result = classify(exc, "doctor")[1], "failed"
-            detail = " ".join(detail.split())
-            results[name] = result
-            label = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}[result]
-            out.emit({"check": name, "result": result, "detail": detail},
-                     f"{label} {name:<12} {printable(detail)}")
+            report(name, result, detail)
     finally:
         probe.remove()
+    for host in hosts:
+        for name, result, detail in _plugin_checks(config, host, taken=set(results)):
+            report(name, result, detail)
     failed = sum(1 for r in results.values() if r == "failed")
     out.emit({"healthy": not failed, "checks": results, "data_dir": str(data_dir), "profile": config.profile.name},
              f"data dir {data_dir} (profile {config.profile.name}): "
              + ("healthy" if not failed else f"{failed} check(s) failed"))
     return 0 if not failed else 1
+
+
+def _plugin_checks(config, host, taken: set[str]) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+    """Each loaded plugin's ``ql_doctor_checks`` as ``(name, result, detail)``: one that raises or
+    answers in another shape is a failed check named after the plugin; a name already taken gets
+    the plugin's name in front."""
+    found: list[tuple[str, str, str]] = []
+    for impl in host.pm.hook.ql_doctor_checks.get_hookimpls():
+        plugin = impl.plugin_name
+        try:
+            answers = list(impl.function(config=config) or ())
+            checked = [(str(name), "ok" if ok else "failed", str(detail)) for name, ok, detail in answers]
+        except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
+            why = (f"plugin {plugin!r} failed its doctor checks: {type(exc).__name__}: {exc}; fix or reinstall the "
+                   f"package that provides it")
+            found.append((plugin, "failed", why))
+            continue
+        for name, result, detail in checked:
+            if name in taken:
+                name = f"{plugin}.{name}"
+            taken.add(name)
+            found.append((name, result, detail))
+    return found
 
 
 _HEALTH: dict[Path, object] = {}

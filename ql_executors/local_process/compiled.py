@@ -1,16 +1,23 @@
-"""The compiled launcher: ``launcher.c`` built once per machine, kept in the user's cache.
+"""The compiled launcher: ``launcher.c`` as a binary, shipped in the wheel or built once per machine.
 
 ``launcher.c`` implements the contract of ``launcher.sh`` (same arguments, channel, statuses and
 receipt bytes) without the shell's helper processes: one process start per task instead of a shell,
 ``env`` and a publisher subshell, and about a tenth of the memory per waiting task (docs/launcher.md,
-"The compiled launcher"). It is built with the machine's C compiler the first time a host needs it
-and reused by every later host (``[plugin.local] launcher``: ``auto`` by default, ``compiled`` or
-``shell``). Without a compiler, ``auto`` keeps the shell launcher.
+"The compiled launcher"). ``[plugin.local] launcher``: ``auto`` by default, ``compiled`` or ``shell``.
 
-The build is keyed by the source's SHA-256 and the machine type, so an upgrade of ql builds anew and
-never runs an old binary. The cache directory (``$XDG_CACHE_HOME/ql``, else ``~/.cache/ql``) and the
-binary must belong to this user and be writable by nobody else; anything else there is refused, not
-repaired. Concurrent first uses build once (a lock), a failed build is tried again by the next host.
+Where the binary comes from, in order (docs/launcher.md, "Which launcher"):
+
+1. **Shipped**: a platform wheel carries ``bin/launcher-<machine>``, compiled statically when the
+   wheel was built (``setup.py``), and ``bin/launcher.json`` naming its machine and the SHA-256 of
+   the ``launcher.c`` it was built from. Used when that machine is this one, the source is the
+   ``launcher.c`` installed beside it, the file is trusted (below) and it answers ``--probe``.
+2. **Built here**: with the machine's C compiler the first time a host needs it, into the user's
+   cache, reused by every later host. The build is keyed by the source's SHA-256, the machine type,
+   the libc and the recipe, so an upgrade of ql builds anew and never runs an old binary. The cache
+   directory (``$XDG_CACHE_HOME/ql``, else ``~/.cache/ql``) and the binary must belong to this user
+   and be writable by nobody else; anything else there is refused, not repaired. Concurrent first
+   uses build once (a lock), a failed build is tried again by the next host.
+3. Otherwise ``auto`` keeps the shell launcher; :func:`which_launcher` says which one and why.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from collections.abc import Mapping
 from ql_core.paths import user_cache_dir
 from ql_core.tokens import sha256_hex
 
-__all__ = ["CompiledLauncherError", "compiled_launcher", "source_path", "BUILD_TIMEOUT_S"]
+__all__ = ["CompiledLauncherError", "compiled_launcher", "shipped_launcher", "which_launcher", "LauncherChoice",
+           "source_path", "BUILD_TIMEOUT_S"]
 
 #: A compiler that takes longer than this is given up on (the shell launcher stays in use).
 BUILD_TIMEOUT_S = 60.0
@@ -36,6 +44,10 @@ class CompiledLauncherError(Exception):
 
 def source_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.c")
+
+
+def _shipped_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin")
 
 
 #: Part of the cache key: a change of how the binary is built builds it anew.
@@ -218,34 +230,151 @@ LOCK_WAIT_S = 2 * BUILD_TIMEOUT_S + 10
 _VERIFIED: set[str] = set()
 
 
-def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
-    """Path of the compiled launcher for this ql and machine, building it first if needed.
+class NotBuiltYet(CompiledLauncherError):
+    """The cache is usable but holds no launcher for this ql yet (``build=False``)."""
 
-    Raises :class:`CompiledLauncherError` (with the reason) when it is neither in the cache nor
-    buildable here; ``build=False`` only looks in the cache.
+
+def _source() -> bytes:
+    try:
+        with open(source_path(), "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CompiledLauncherError(f"launcher.c is missing from the installation ({exc.strerror})") from None
+
+
+#: ELF e_machine of each machine (``uname -m``) a wheel can ship a launcher for.
+SHIPPED_MACHINES = {"x86_64": 62, "aarch64": 183}
+#: Beside the shipped binary: its machine and the SHA-256 of the launcher.c it was built from.
+MANIFEST = "launcher.json"
+
+
+def _elf_machine(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    return int.from_bytes(head[18:20], "little") if head[:4] == b"\x7fELF" and len(head) == 20 else None
+
+
+def shipped_launcher(body: bytes | None = None) -> str:
+    """Path of the launcher shipped in this installation (a platform wheel's ``bin/``), checked: for
+    this machine, built from the installed ``launcher.c`` (``body``, read when None), trusted (below)
+    and answering ``--probe`` once per process. CompiledLauncherError says why not.
+
+    Trusted as ql's own code is: the binary (and ``bin/``) may be writable by nobody who could not
+    already rewrite this module beside it, the Python the host runs (so a umask-002 install, whose
+    files are all group-writable, is used; a binary made writable on its own is not)."""
+    machine = os.uname().machine
+    directory = os.path.realpath(_shipped_dir())
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            raw = f.read(4096)
+    except FileNotFoundError:
+        if machine not in SHIPPED_MACHINES:
+            raise CompiledLauncherError(f"no shipped launcher for {machine} (wheels ship one for "
+                                        f"{' and '.join(SHIPPED_MACHINES)})") from None
+        raise CompiledLauncherError(f"no shipped launcher for {machine} (this installation has none: an editable "
+                                    f"install, or a wheel built without a C compiler)") from None
+    except OSError as exc:
+        raise CompiledLauncherError(f"cannot read the shipped launcher's {MANIFEST} ({exc.strerror})") from None
+    import json
+
+    try:
+        manifest = json.loads(raw)
+        built_for, name, digest = manifest["machine"], manifest["file"], manifest["source_sha256"]
+    except (ValueError, TypeError, KeyError):
+        raise CompiledLauncherError(f"the shipped launcher's {MANIFEST} is damaged; reinstall ql-runner") from None
+    if built_for != machine:
+        raise CompiledLauncherError(f"the shipped launcher is for {built_for}, this machine is {machine}; install "
+                                    f"the ql-runner wheel for {machine}")
+    if not isinstance(name, str) or os.sep in name or not name.startswith("launcher-"):
+        raise CompiledLauncherError(f"the shipped launcher's {MANIFEST} is damaged; reinstall ql-runner")
+    path = os.path.join(directory, name)
+    if digest != sha256_hex(_source() if body is None else body):
+        raise CompiledLauncherError("the shipped launcher was built from another launcher.c than the one installed "
+                                    "beside it; reinstall ql-runner")
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise CompiledLauncherError(f"the shipped launcher {path} is missing ({exc.strerror}); reinstall "
+                                    f"ql-runner") from None
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IXUSR:
+        raise CompiledLauncherError(f"the shipped launcher {path} is not an executable file; reinstall ql-runner")
+    package = os.path.dirname(os.path.realpath(__file__))
+    for what, reference in ((path, os.path.realpath(__file__)), (directory, package)):
+        reason = _more_exposed(what, reference)
+        if reason is not None:
+            raise CompiledLauncherError(reason)
+    if _elf_machine(path) != SHIPPED_MACHINES.get(machine):
+        raise CompiledLauncherError(f"the shipped launcher {path} is not a {machine} program; reinstall ql-runner")
+    if path not in _VERIFIED and not _runs(path):
+        raise CompiledLauncherError(f"the shipped launcher ({machine}) does not run here (it does not answer "
+                                    f"--probe)")
+    _VERIFIED.add(path)
+    return path
+
+
+def _more_exposed(path: str, reference: str) -> str | None:
+    """Why ``path`` could be replaced by someone who cannot replace ``reference`` (ql's own code), or
+    None: the same owner (or this user, or root), and no write permission for group or others that
+    ``reference`` does not grant them too."""
+    try:
+        st, ref = os.lstat(path), os.stat(reference)
+    except OSError as exc:
+        return f"cannot check {path} ({exc.strerror})"
+    if st.st_uid not in (ref.st_uid, 0, os.geteuid()):
+        return f"{path} belongs to uid {st.st_uid}, not to the owner of ql's own files (uid {ref.st_uid})"
+    group_ok = ref.st_mode & stat.S_IWGRP and st.st_gid == ref.st_gid
+    if st.st_mode & stat.S_IWOTH and not ref.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and not group_ok:
+        return f"{path} is writable by other users (ql's own code beside it is not)"
+    return None
+
+
+def compiled_launcher(environ: Mapping[str, str], *, build: bool = True, shipped: bool = True) -> str:
+    """Path of the compiled launcher for this ql and machine: the shipped one (``shipped``), else the
+    one built here earlier, else built now (``build``).
+
+    Raises :class:`CompiledLauncherError` (with every reason) when there is none to use;
+    ``build=False`` only looks (:class:`NotBuiltYet`: the cache could hold it but does not).
     """
+    body = _source()
+    if not shipped:
+        return _cached_or_built(environ, body, build=build)
+    try:
+        return shipped_launcher(body)
+    except CompiledLauncherError as exc:
+        not_shipped = str(exc)
+    try:
+        return _cached_or_built(environ, body, build=build)
+    except CompiledLauncherError as exc:
+        raise type(exc)(f"{exc}; {not_shipped}") from None
+
+
+def _cache_target(environ: Mapping[str, str], body: bytes) -> tuple[str, str]:
+    """The cache directory (its real path, ancestors checked) and the binary's path in it."""
     directory = user_cache_dir(environ)
     if directory is None:
         raise CompiledLauncherError("no cache directory (neither XDG_CACHE_HOME nor a home directory)")
     # Checked and used as the real path: a symlink in it cannot lead the checks elsewhere.
     directory = os.path.realpath(directory)
-    source = source_path()
-    try:
-        with open(source, "rb") as f:
-            body = f.read()
-    except OSError as exc:
-        raise CompiledLauncherError(f"launcher.c is missing from the installation ({exc.strerror})") from None
-    target = os.path.join(directory, f"launcher-{_key(body)}")
     reason = _untrusted_ancestor(directory)
     if reason is not None:
         raise CompiledLauncherError(reason)
+    return directory, os.path.join(directory, f"launcher-{_key(body)}")
+
+
+def _cached_or_built(environ: Mapping[str, str], body: bytes, *, build: bool) -> str:
+    directory, target = _cache_target(environ, body)
     if os.path.lexists(directory):
         _private_dir(directory)
         if _usable(target) and (target in _VERIFIED or _runs(target)):
             _VERIFIED.add(target)
             return target
     if not build:
-        raise CompiledLauncherError(f"{target} has not been built")
+        if os.path.lexists(target):
+            raise CompiledLauncherError(f"{target} exists but is not a private executable file that runs; remove it")
+        raise NotBuiltYet(f"{target} has not been built")
     try:
         _make_private_dirs(directory)
     except OSError as exc:
@@ -255,6 +384,56 @@ def compiled_launcher(environ: Mapping[str, str], *, build: bool = True) -> str:
         raise CompiledLauncherError(reason)
     _private_dir(directory)
     return _build_locked(body, directory, target, environ)
+
+
+class LauncherChoice:
+    """Which launcher a host would use now and why (:func:`which_launcher`; ``ql doctor``)."""
+
+    __slots__ = ("kind", "origin", "path", "detail", "usable")
+
+    def __init__(self, kind: str, origin: str, path: str | None, detail: str, usable: bool = True) -> None:
+        #: "compiled" or "shell"; origin: "shipped", "cache", "build" (at the first task) or "shell".
+        self.kind, self.origin, self.path, self.detail, self.usable = kind, origin, path, detail, usable
+
+    def __repr__(self) -> str:
+        return f"LauncherChoice({self.kind!r}, {self.origin!r}, {self.path!r}, {self.detail!r}, {self.usable!r})"
+
+
+def which_launcher(environ: Mapping[str, str], choice: str = "auto") -> LauncherChoice:
+    """Which launcher a host with ``[plugin.local] launcher = choice`` uses, and why, without
+    building or creating anything (a shipped or cached binary is run with ``--probe``).
+    ``usable`` is False only for ``compiled`` when there is none: such a host refuses to start."""
+    if choice == "shell":
+        return LauncherChoice("shell", "shell", None, 'shell launcher ([plugin.local] launcher = "shell")')
+    machine = os.uname().machine
+    not_shipped = ""
+    try:
+        body = _source()
+        try:
+            path = shipped_launcher(body)
+            return LauncherChoice("compiled", "shipped", path, f"compiled launcher (shipped in the wheel, {machine}: "
+                                                               f"{path})")
+        except CompiledLauncherError as exc:
+            not_shipped = str(exc)
+        try:
+            path = _cached_or_built(environ, body, build=False)
+            return LauncherChoice("compiled", "cache", path, f"compiled launcher (built on this machine earlier: "
+                                                             f"{path}; {not_shipped})")
+        except NotBuiltYet:
+            compilers = _compilers(environ)
+            if compilers:
+                directory = _cache_target(environ, body)[0]
+                return LauncherChoice("compiled", "build", None,
+                                      f"compiled launcher (built here with {compilers[0]} at the first task, into "
+                                      f"{directory}; {not_shipped})")
+            why = f"{not_shipped} and no C compiler (cc, gcc or clang) on PATH"
+    except CompiledLauncherError as exc:
+        why = f"{not_shipped}; {exc}" if not_shipped else str(exc)
+    if choice == "compiled":
+        return LauncherChoice("shell", "shell", None, f'none: [plugin.local] launcher = "compiled", but {why}; install '
+                                                      f'the ql-runner wheel for {machine} or a C compiler, or use '
+                                                      f'launcher = "auto"', usable=False)
+    return LauncherChoice("shell", "shell", None, f"shell launcher: {why}")
 
 
 def _build_locked(body: bytes, directory: str, target: str, environ: Mapping[str, str]) -> str:

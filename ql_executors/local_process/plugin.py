@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ql_core.config import Config
     from ql_core.ports import Executor, RuntimeContext
 
-__all__ = ["ql_register_executors", "ql_check_config"]
+__all__ = ["ql_register_executors", "ql_check_config", "ql_doctor_checks"]
 
 
 def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
@@ -48,7 +48,8 @@ def _executor(context: RuntimeContext) -> Executor:
     try:
         return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby)
     except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
-        raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install a C compiler (e.g. gcc) "
+        raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install the ql-runner wheel for this "
+                          f"machine or a C compiler (e.g. gcc) "
                           f"or use launcher = \"auto\" or \"shell\"") from None
 
 
@@ -62,3 +63,22 @@ def ql_check_config(config: Config) -> None:
     """Every command refuses a ``[plugin.local]`` key or value the executor would refuse (a reader
     run by another user than the root host is not refused for run_as needing root)."""
     _settings(dict(config.plugin_settings.get("local", {})), here=False)
+
+
+@hookimpl
+def ql_doctor_checks(config: Config) -> list[tuple[str, bool, str]]:
+    """``launcher``: which launcher this config's tasks get on this machine and why (the shipped
+    one, one built here, or the shell script), as :func:`.compiled.which_launcher` finds it with
+    doctor's own environment; never builds it. Failed only for ``launcher = "compiled"`` with none."""
+    if config.executor != "local":
+        return []
+    import os
+
+    from .compiled import which_launcher
+
+    launcher, standby, _run_as = _settings(dict(config.plugin_settings.get("local", {})), here=False)
+    found = which_launcher(os.environ, launcher)
+    detail = found.detail
+    if found.kind == "compiled":
+        detail += "; standby launchers " + ("on" if standby else "off ([plugin.local] standby = false)")
+    return [("launcher", found.usable, detail)]

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,10 @@ from tests.processes import proc_stat
 # compiled is launcher.c, built with this machine's C compiler (the `auto` default where one exists):
 # the same contract, no shell at all. compiled-standby is the same binary started as a standby
 # (`--standby`) before its run exists and handed the run in one message (the executor's default).
-SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled", "compiled-standby")
+# compiled-aarch64 is the launcher shipped in the AArch64 wheel (tools/build_wheels.sh, Debian's
+# cross compiler), run by qemu-user like busybox-aarch64.
+SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled", "compiled-standby",
+          "compiled-aarch64")
 DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
 AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
 _EM_AARCH64 = 183  # ELF e_machine of AArch64
@@ -208,7 +212,72 @@ def require_tool(argv: list[str] | None, why: str) -> list[str]:
 @pytest.fixture(params=SHELLS)
 def shell(request: pytest.FixtureRequest) -> list[str]:
     """argv prefix of one of the shells every launcher test runs under."""
+    if request.param == "compiled-aarch64":
+        return require_tool(*request.getfixturevalue("shipped_aarch64_launcher"))
     return require_tool(*_shell_argv(request.param))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The cross compiler tools/build_wheels.sh uses for a wheel of another machine than this one.
+CROSS_CC = {"aarch64": "aarch64-linux-gnu-gcc", "x86_64": "x86_64-linux-gnu-gcc"}
+
+
+def _build_wheel(machine: str, out: Path) -> Path | str:
+    """The ql-runner wheel for ``machine``, built by tools/build_wheels.sh into ``out``; a string
+    says which tool is missing (skipped, or failed under CI=true). A build that fails is an error."""
+    import importlib.util
+
+    if importlib.util.find_spec("build") is None:
+        return "the 'build' package is not installed (pip install build; it is in the dev extras)"
+    cc = "cc" if machine == os.uname().machine else CROSS_CC[machine]
+    if shutil.which(cc) is None:
+        return f"no {cc} to build the {machine} wheel (.ci/run installs gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "QL_LAUNCHER_CC", "QL_LAUNCHER_BUILD")}
+    done = subprocess.run([str(ROOT / "tools" / "build_wheels.sh"), "--out", str(out), machine],
+                          env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600,
+                          check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"tools/build_wheels.sh {machine} failed:\n{done.stderr[-3000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def wheel_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``wheel_of(machine)``: the platform wheel for x86_64 or aarch64, built once per session (both
+    are cheap to build, ~5 s each, so nothing is cached across sessions that could go stale)."""
+    out = tmp_path_factory.mktemp("wheels")
+    built: dict[str, Path | str] = {}
+
+    def get(machine: str) -> Path:
+        if machine not in built:
+            built[machine] = _build_wheel(machine, out)
+        wheel = built[machine]
+        return require_tool(None, wheel) if isinstance(wheel, str) else wheel  # type: ignore[return-value]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def shipped_aarch64_launcher(wheel_of: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+                             ) -> tuple[list[str] | None, str]:
+    """The AArch64 wheel's launcher as a ``shell`` value: a one-line wrapper that execs it under
+    qemu-user (same pid: the launcher is the process the host spawned), since spawn_launcher takes
+    one path."""
+    import zipfile
+
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if qemu is None:
+        return None, "qemu-user (qemu-aarch64-static) is not installed"
+    wheel = wheel_of("aarch64")
+    where = tmp_path_factory.mktemp("aarch64-launcher")
+    binary = where / "launcher-aarch64"
+    with zipfile.ZipFile(wheel) as z:
+        binary.write_bytes(z.read("ql_executors/local_process/bin/launcher-aarch64"))
+    binary.chmod(0o700)
+    assert _is_aarch64_elf(str(binary))
+    wrapper = where / "launcher"
+    wrapper.write_text(f'#!/bin/sh\nexec "{qemu}" "{binary}" "$@"\n')
+    wrapper.chmod(0o700)
+    return CompiledLauncher([str(wrapper)]), ""
 
 
 _MODES: dict[tuple[str, ...], str] = {}
