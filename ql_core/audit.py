@@ -38,7 +38,6 @@ See ``docs/audit.md`` for the operator's view.
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import re
 import stat
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ql_core.db.audit_reads import ID_BATCH_SIZE, lookup_states
+from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS, lstat_at, same_file
 from ql_core.errors import DatabaseError, QlError, UnsafePathError, UsageError
 from ql_core.receipts.file_store import RECEIPT_NAME_PATTERN, TEMP_NAME_PATTERN
 from ql_core.states import ATTEMPT_FINAL
@@ -115,8 +115,6 @@ ORPHAN_QUARANTINE_DIR_NAME: Final = ".orphan-quarantine"
 #: attempt) or one this version does not know — protects the attempt's files.
 FINAL_ATTEMPT_STATUSES: Final[frozenset[str]] = frozenset(ATTEMPT_FINAL)
 
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
 _SHARD_PATTERN: Final = re.compile(r"[0-9a-fA-F]{2}")
 _MAX_REF_NAME: Final = 120
 
@@ -323,17 +321,6 @@ def _display_name(name: str) -> str:
     return text
 
 
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
-    try:
-        return os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-
-
 def _verify_dir_path(path: str, what: str, *, private: bool) -> os.stat_result | None:
     """A directory that must sit exactly at ``path`` (already canonical); None when missing.
 
@@ -371,17 +358,17 @@ def _open_verified(name: str, parent_fd: int | None, path: str, expected: os.sta
     """Open a verified directory with O_NOFOLLOW and check it is the very one that was verified."""
     try:
         if parent_fd is None:
-            fd = os.open(path, _DIR_FLAGS)
+            fd = os.open(path, DIR_FLAGS)
         else:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno in _UNSAFE_ERRNOS:
+        if exc.errno in UNSAFE_ERRNOS:
             raise UnsafePathError(f"{what} became a symlink or non-directory; refusing") from exc
         raise AuditError(f"cannot open {what}: {exc.strerror}") from exc
     try:
-        if not _same_file(os.fstat(fd), expected):
+        if not same_file(os.fstat(fd), expected):
             raise UnsafePathError(f"{what} was replaced while being verified; refusing")
     except BaseException:
         os.close(fd)
@@ -392,7 +379,7 @@ def _open_verified(name: str, parent_fd: int | None, path: str, expected: os.sta
 def _reverify(fd: int, path: str, what: str) -> None:
     """Before working on a directory: its path still is a real, canonical directory: ``fd``'s."""
     st = _verify_dir_path(path, what, private=True)
-    if st is None or not _same_file(st, os.fstat(fd)):
+    if st is None or not same_file(st, os.fstat(fd)):
         raise UnsafePathError(f"{what} was replaced during the audit; stopping")
 
 
@@ -407,9 +394,9 @@ def _ensure_private_subdir(parent_fd: int, name: str, path: str, what: str) -> i
     except OSError as exc:
         raise AuditError(f"cannot create {what}: {exc.strerror}") from exc
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
-        if exc.errno in _UNSAFE_ERRNOS:
+        if exc.errno in UNSAFE_ERRNOS:
             raise UnsafePathError(f"{what} is a symlink or not a directory; refusing") from exc
         raise AuditError(f"cannot open {what}: {exc.strerror}") from exc
     try:
@@ -522,8 +509,8 @@ def _move(shard_fd: int, target_fd: int, found: _Found) -> Action:
         os.link(name, name, src_dir_fd=shard_fd, dst_dir_fd=target_fd, follow_symlinks=False)
         linked_now = True
     except FileExistsError:
-        existing = _lstat_at(name, target_fd)
-        if existing is None or not _same_file(existing, found.st):
+        existing = lstat_at(name, target_fd)
+        if existing is None or not same_file(existing, found.st):
             return Action.SKIPPED_TARGET_EXISTS  # a different file: never replaced
         # The very same file is already there: an earlier run stopped between link and
         # unlink. Finishing that move is safe; the link below is verified like a new one.
@@ -532,12 +519,12 @@ def _move(shard_fd: int, target_fd: int, found: _Found) -> Action:
     except OSError as exc:
         raise AuditError(f"cannot link into the orphan quarantine: {exc.strerror}") from exc
     try:
-        copy = _lstat_at(name, target_fd)
-        original = _lstat_at(name, shard_fd)
+        copy = lstat_at(name, target_fd)
+        original = lstat_at(name, shard_fd)
         unchanged = (
             copy is not None
             and stat.S_ISREG(copy.st_mode)
-            and _same_file(copy, found.st)
+            and same_file(copy, found.st)
             and copy.st_mtime_ns == found.st.st_mtime_ns
             and copy.st_size == found.st.st_size
         )
@@ -546,12 +533,12 @@ def _move(shard_fd: int, target_fd: int, found: _Found) -> Action:
             # classified: withdraw the link made just now, but only while the original name
             # still holds the very same file (so nothing becomes unreachable).
             if (linked_now and copy is not None and original is not None
-                    and _same_file(copy, original)):
+                    and same_file(copy, original)):
                 os.unlink(name, dir_fd=target_fd)
             return Action.SKIPPED_CHANGED
         assert copy is not None  # implied by ``unchanged``
         os.fsync(target_fd)  # the quarantined link is durable before the original goes
-        if original is None or not _same_file(original, copy):
+        if original is None or not same_file(original, copy):
             return Action.QUARANTINED  # the original name is already gone (or reused: left alone)
         os.unlink(name, dir_fd=shard_fd)
     except OSError as exc:

@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ql_core.crashpoints import crashpoint
+from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS, lstat_at, same_file
 from ql_core.ids import UUID7_PATTERN, is_uuid7, shard_of
 from ql_core.ports.receipt_store import (
     PublishOutcome,
@@ -101,12 +102,8 @@ TEMP_NAME_PATTERN: Final = re.compile(
 
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: errno values meaning "this path component is a symlink or not a directory"
-#: (O_NOFOLLOW on a symlink: ELOOP on Linux, EMLINK on FreeBSD).
-_UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
 
 
 _MISSING: Final = ReceiptRead(ReadStatus.MISSING)
@@ -178,11 +175,11 @@ def _settle_new_directory(fd: int, parent_fd: int) -> None:
 def _open_dir_at(parent_fd: int, name: str) -> int | None:
     """``openat(O_DIRECTORY|O_NOFOLLOW)``; None when missing, UnsafePathError for a symlink/file."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno in _UNSAFE_ERRNOS:
+        if exc.errno in UNSAFE_ERRNOS:
             raise UnsafePathError(f"{name!r} is a symlink or not a directory") from exc
         raise ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}") from exc
 
@@ -242,18 +239,6 @@ def _read_bounded(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
-
-
-def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
-    """lstat relative to a directory fd; None when the name does not exist."""
-    try:
-        return os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-
-
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class FileReceiptStore:
@@ -331,9 +316,9 @@ class FileReceiptStore:
 
     def _open_root_fd(self) -> int:
         try:
-            return os.open(self._root, _DIR_FLAGS)
+            return os.open(self._root, DIR_FLAGS)
         except OSError as exc:
-            if exc.errno in _UNSAFE_ERRNOS:
+            if exc.errno in UNSAFE_ERRNOS:
                 raise UnsafePathError("receipt root is a symlink or not a directory") from exc
             raise ReceiptStoreError("cannot open receipt root") from exc
 
@@ -471,7 +456,7 @@ class FileReceiptStore:
     @staticmethod
     def _read_final(shard_fd: int, attempt_id: str) -> bytes | ReceiptRead:
         name = _receipt_name(attempt_id)
-        before = _lstat_at(name, shard_fd)
+        before = lstat_at(name, shard_fd)
         if before is None:
             return _MISSING
         if not stat.S_ISREG(before.st_mode):
@@ -486,7 +471,7 @@ class FileReceiptStore:
             raise
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not _same_file(st, before):
+            if not stat.S_ISREG(st.st_mode) or not same_file(st, before):
                 return _not_regular()
             return _read_bounded(fd, MAX_RECEIPT_BYTES + 1)
         finally:
@@ -521,7 +506,7 @@ class FileReceiptStore:
     @staticmethod
     def _entry_exists(dir_fd: int, attempt_id: str) -> bool:
         try:
-            return _lstat_at(_receipt_name(attempt_id), dir_fd) is not None
+            return lstat_at(_receipt_name(attempt_id), dir_fd) is not None
         except OSError as exc:
             raise ReceiptStoreError(f"cannot stat receipt: {exc.strerror}") from exc
 
@@ -568,7 +553,7 @@ class FileReceiptStore:
             with self._shard(attempt_id) as shard_fd:
                 if shard_fd is None:
                     return False
-                original = _lstat_at(_receipt_name(attempt_id), shard_fd)
+                original = lstat_at(_receipt_name(attempt_id), shard_fd)
                 if original is None:
                     return False
                 with self._quarantine_shard(attempt_id, create=True) as qs_fd:
@@ -586,11 +571,11 @@ class FileReceiptStore:
             return False  # a concurrent quarantine or remove got there first
         except FileExistsError:
             pass  # verified below: only the same inode is acceptable
-        original = _lstat_at(name, shard_fd)
-        copy = _lstat_at(name, qs_fd)
+        original = lstat_at(name, shard_fd)
+        copy = lstat_at(name, qs_fd)
         if original is None:
             return False
-        if copy is None or not _same_file(original, copy):
+        if copy is None or not same_file(original, copy):
             raise QuarantineConflictError("quarantine slot holds a different file")
         if fsync:
             os.fsync(qs_fd)  # the copy is durable before the original goes
