@@ -50,7 +50,7 @@ from typing import Any, Final
 from ql_core.db.audit_reads import ID_BATCH_SIZE, lookup_states
 from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS, lstat_at, same_file
 from ql_core.errors import DatabaseError, QlError, UnsafePathError, UsageError
-from ql_core.receipts.file_store import RECEIPT_NAME_PATTERN, TEMP_NAME_PATTERN
+from ql_core.receipts.names import RECEIPT_NAME_PATTERN, TEMP_NAME_PATTERN
 from ql_core.states import ATTEMPT_FINAL
 
 __all__ = [
