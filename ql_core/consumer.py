@@ -46,7 +46,7 @@ from .ports.journal import EventSpec
 from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, UnsafePathError
 
 if TYPE_CHECKING:
-    from .ports.journal import JournalBackend
+    from .ports.journal import ReceiptJournal
     from .ports.receipt_store import ReceiptStore
     from .receipts.codec import Receipt
 
@@ -92,7 +92,8 @@ class ConsumeResult:
 class ReceiptConsumer:
     """Turns one attempt's receipt file into at most one terminal commit."""
 
-    def __init__(self, store: ReceiptStore, journal: JournalBackend, completion: CompletionService) -> None:
+    def __init__(self, store: ReceiptStore, journal: ReceiptJournal, completion: CompletionService) -> None:
+        """``journal``: only its receipt-journal part is used (the quarantine decision, the consumed hint)."""
         self._store = store
         self._journal = journal
         self._completion = completion
