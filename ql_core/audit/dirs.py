@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS, same_file
+from ql_core.dirfd import open_dir, same_file
 from ql_core.errors import UnsafePathError
 
 from .model import AuditError
@@ -53,17 +53,11 @@ def _check_ownership(st: os.stat_result, what: str) -> None:
 def open_verified(name: str, parent_fd: int | None, path: str, expected: os.stat_result,
                    what: str) -> int | None:
     """Open a verified directory with O_NOFOLLOW and check it is the very one that was verified."""
-    try:
-        if parent_fd is None:
-            fd = os.open(path, DIR_FLAGS)
-        else:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
+    fd = open_dir(path if parent_fd is None else name, parent_fd,
+                  unsafe=lambda: UnsafePathError(f"{what} became a symlink or non-directory; refusing"),
+                  failed=lambda exc: AuditError(f"cannot open {what}: {exc.strerror}"))
+    if fd is None:
         return None
-    except OSError as exc:
-        if exc.errno in UNSAFE_ERRNOS:
-            raise UnsafePathError(f"{what} became a symlink or non-directory; refusing") from exc
-        raise AuditError(f"cannot open {what}: {exc.strerror}") from exc
     try:
         if not same_file(os.fstat(fd), expected):
             raise UnsafePathError(f"{what} was replaced while being verified; refusing")
@@ -90,12 +84,10 @@ def ensure_private_subdir(parent_fd: int, name: str, path: str, what: str) -> in
         pass
     except OSError as exc:
         raise AuditError(f"cannot create {what}: {exc.strerror}") from exc
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in UNSAFE_ERRNOS:
-            raise UnsafePathError(f"{what} is a symlink or not a directory; refusing") from exc
-        raise AuditError(f"cannot open {what}: {exc.strerror}") from exc
+    fd = open_dir(name, parent_fd, unsafe=lambda: UnsafePathError(f"{what} is a symlink or not a directory; refusing"),
+                  failed=lambda exc: AuditError(f"cannot open {what}: {exc.strerror}"))
+    if fd is None:
+        raise AuditError(f"cannot open {what}: it vanished while being created")
     try:
         if created:
             os.fchmod(fd, 0o700)  # exact mode whatever the umask

@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ql_core.crashpoints import crashpoint
-from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS, lstat_at, same_file
+from ql_core.dirfd import lstat_at, open_dir, same_file
 from ql_core.ids import shard_of
 from ql_core.ports.receipt_store import (
     PublishOutcome,
@@ -194,12 +194,11 @@ class FileReceiptStore:
         return st.st_dev, st.st_ino
 
     def _open_root_fd(self) -> int:
-        try:
-            return os.open(self._root, DIR_FLAGS)
-        except OSError as exc:
-            if exc.errno in UNSAFE_ERRNOS:
-                raise UnsafePathError("receipt root is a symlink or not a directory") from exc
-            raise ReceiptStoreError("cannot open receipt root") from exc
+        fd = open_dir(self._root, unsafe=lambda: UnsafePathError("receipt root is a symlink or not a directory"),
+                      failed=lambda _exc: ReceiptStoreError("cannot open receipt root"))
+        if fd is None:
+            raise ReceiptStoreError("cannot open receipt root")
+        return fd
 
     @contextlib.contextmanager
     def _root_dir(self) -> Iterator[int]:

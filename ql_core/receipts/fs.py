@@ -14,7 +14,7 @@ import os
 import stat
 from typing import Final
 
-from ql_core.dirfd import DIR_FLAGS, UNSAFE_ERRNOS
+from ql_core.dirfd import open_dir
 from ql_core.ports.receipt_store import ReceiptStoreError, UnsafePathError
 
 __all__ = ["DIR_MODE", "FILE_MODE", "TEMP_FLAGS", "READ_FLAGS", "unlink_quietly", "open_subdir", "verify_directory",
@@ -71,14 +71,8 @@ def _settle_new_directory(fd: int, parent_fd: int) -> None:
 
 def _open_dir_at(parent_fd: int, name: str) -> int | None:
     """``openat(O_DIRECTORY|O_NOFOLLOW)``; None when missing, UnsafePathError for a symlink/file."""
-    try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in UNSAFE_ERRNOS:
-            raise UnsafePathError(f"{name!r} is a symlink or not a directory") from exc
-        raise ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}") from exc
+    return open_dir(name, parent_fd, unsafe=lambda: UnsafePathError(f"{name!r} is a symlink or not a directory"),
+                    failed=lambda exc: ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}"))
 
 
 def _mkdir_at(parent_fd: int, name: str) -> bool:
