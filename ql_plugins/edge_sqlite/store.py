@@ -89,6 +89,11 @@ class SqliteJournal(SqlJournalKernel):
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def connections(self) -> SqliteConnections:
+        """The store's connections (diagnostics, tests and the bulk history filler)."""
+        return self._db
+
     def trace(self, callback: Callable[[int, str], None] | None) -> None:
         """Diagnostics: ``callback(connection_id, sql)`` for every statement this store runs (no
         parameters, so no values); None stops. Tests count commits with it."""
