@@ -74,13 +74,17 @@ def _lifecycles(store: object, n: int) -> float:
     return _cpu_s() - start
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=500, help="task lifecycles (default 500)")
-    parser.add_argument("--dir", default="/var/tmp", help="parent of the temp dir (default /var/tmp)")
+    for flag, kind, default, text in (("--n", int, 500, "task lifecycles"),
+                                      ("--dir", str, "/var/tmp", "parent of the temp dir")):
+        parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = _arguments()
     from ql_plugins.edge_sqlite.store import SqliteJournal
 
     work = Path(tempfile.mkdtemp(prefix="ql-bench-kernel-", dir=args.dir))

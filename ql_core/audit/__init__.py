@@ -46,33 +46,10 @@ from contextlib import ExitStack
 
 from ql_core.db.audit_reads import ID_BATCH_SIZE, lookup_states
 
-from .model import (
-    DEFAULT_LIMIT,
-    DEFAULT_MIN_AGE_S,
-    DEFAULT_SHARD,
-    DEFAULT_SHARDS,
-    ELIGIBLE,
-    FINAL_ATTEMPT_STATUSES,
-    MAX_LIMIT,
-    MAX_MIN_AGE_S,
-    MAX_SHARDS,
-    MIN_AGE_FLOOR_S,
-    ORPHAN_QUARANTINE_DIR_NAME,
-    SHARD_COUNT,
-    Action,
-    AuditEntry,
-    AuditError,
-    AuditOptionError,
-    AuditReport,
-    EntryClass,
-    ShardReport,
-    ShardStatus,
-    check_options,
-    display_name,
-    file_type,
-    parse_shard,
-    shard_names,
-)
+from .model import (DEFAULT_LIMIT, DEFAULT_MIN_AGE_S, DEFAULT_SHARD, DEFAULT_SHARDS, ELIGIBLE, FINAL_ATTEMPT_STATUSES,
+                    MAX_LIMIT, MAX_MIN_AGE_S, MAX_SHARDS, MIN_AGE_FLOOR_S, ORPHAN_QUARANTINE_DIR_NAME, SHARD_COUNT,
+                    Action, AuditEntry, AuditError, AuditOptionError, AuditReport, EntryClass, ShardReport,
+                    ShardStatus, check_options, display_name, file_type, parse_shard, shard_names)
 from .dirs import open_verified, verify_dir_path
 from .move import quarantine_eligible, verify_orphan_quarantine
 from .scan import Shard, classify, scan_shard

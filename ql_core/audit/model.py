@@ -16,33 +16,11 @@ from typing import Any, Final
 from ql_core.errors import QlError, UsageError
 from ql_core.states import ATTEMPT_FINAL
 
-__all__ = [
-    "DEFAULT_LIMIT",
-    "DEFAULT_MIN_AGE_S",
-    "DEFAULT_SHARD",
-    "DEFAULT_SHARDS",
-    "ELIGIBLE",
-    "FINAL_ATTEMPT_STATUSES",
-    "MAX_LIMIT",
-    "MAX_MIN_AGE_S",
-    "MAX_SHARDS",
-    "MIN_AGE_FLOOR_S",
-    "ORPHAN_QUARANTINE_DIR_NAME",
-    "SHARD_COUNT",
-    "Action",
-    "AuditEntry",
-    "AuditError",
-    "AuditOptionError",
-    "AuditReport",
-    "EntryClass",
-    "ShardReport",
-    "ShardStatus",
-    "check_options",
-    "display_name",
-    "file_type",
-    "parse_shard",
-    "shard_names",
-]
+__all__ = ["DEFAULT_LIMIT", "DEFAULT_MIN_AGE_S", "DEFAULT_SHARD", "DEFAULT_SHARDS", "ELIGIBLE",
+           "FINAL_ATTEMPT_STATUSES", "MAX_LIMIT", "MAX_MIN_AGE_S", "MAX_SHARDS", "MIN_AGE_FLOOR_S",
+           "ORPHAN_QUARANTINE_DIR_NAME", "SHARD_COUNT", "Action", "AuditEntry", "AuditError", "AuditOptionError",
+           "AuditReport", "EntryClass", "ShardReport", "ShardStatus", "check_options", "display_name", "file_type",
+           "parse_shard", "shard_names"]
 
 #: Number of shard directories ``00``..``ff`` under the receipt root.
 SHARD_COUNT: Final = 256
@@ -259,22 +237,15 @@ def check_options(shards: object, limit: object, min_age_s: object) -> tuple[int
 # ------------------------------------------------------------------- rendering
 
 
+#: ``AuditEntry.file_type`` by the test that recognises it, first match wins.
+_FILE_TYPES: Final = ((stat.S_ISREG, "regular"), (stat.S_ISLNK, "symlink"), (stat.S_ISDIR, "directory"),
+                      (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISBLK, "block_device"),
+                      (stat.S_ISCHR, "char_device"))
+
+
 def file_type(mode: int) -> str:
-    if stat.S_ISREG(mode):
-        return "regular"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISBLK(mode):
-        return "block_device"
-    if stat.S_ISCHR(mode):
-        return "char_device"
-    return "other"
+    """What an entry is, by its ``lstat`` mode (never by opening it)."""
+    return next((name for test, name in _FILE_TYPES if test(mode)), "other")
 
 
 def display_name(name: str) -> str:

@@ -48,17 +48,8 @@ from ql_core.ports.journal import (
     Transition,
     create_facts,
 )
-from ql_core.records import (
-    AttemptRecord,
-    AttemptView,
-    DispatchRecord,
-    EventRecord,
-    JournalEntry,
-    LogFacts,
-    NewRun,
-    RunRecord,
-    RunView,
-)
+from ql_core.records import (AttemptRecord, AttemptView, DispatchRecord, EventRecord, JournalEntry, LogFacts, NewRun,
+                             RunRecord, RunView)
 
 from .journal_sql import ATTEMPT_COLUMNS as ATTEMPT_SELECT
 
