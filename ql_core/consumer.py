@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal
 
 from .clock import now_ms
-from .completion import CompletionOutcome, CompletionService
+from .completion import CompletionOutcome, CompletionResult, CompletionService
 from .crashpoints import crashpoint
 from .log import logger
 from .ports.journal import EventSpec
 from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, UnsafePathError
 
 if TYPE_CHECKING:
-    from .ports.journal import JournalBackend
+    from .ports.journal import ReceiptJournal
     from .ports.receipt_store import ReceiptStore
     from .receipts.codec import Receipt
 
@@ -92,7 +92,8 @@ class ConsumeResult:
 class ReceiptConsumer:
     """Turns one attempt's receipt file into at most one terminal commit."""
 
-    def __init__(self, store: ReceiptStore, journal: JournalBackend, completion: CompletionService) -> None:
+    def __init__(self, store: ReceiptStore, journal: ReceiptJournal, completion: CompletionService) -> None:
+        """``journal``: only its receipt-journal part is used (the quarantine decision, the consumed hint)."""
         self._store = store
         self._journal = journal
         self._completion = completion
@@ -104,6 +105,51 @@ class ReceiptConsumer:
         kernel truth. A valid receipt that disagrees with it is not applied: it is quarantined
         (``disagrees_with_observed_exit``) and the caller applies what it observed.
         """
+        judge = None if observed_exit_code is None else (lambda _receipt: observed_exit_code)
+        found = self._read_and_judge(attempt_id, judge)
+        if isinstance(found, ConsumeResult):
+            return found
+        try:
+            result = self._completion.complete(found)
+        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep the receipt
+            logger.warning("completion of attempt {} deferred: {}", attempt_id, type(exc).__name__)
+            return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+        if result.outcome is not CompletionOutcome.REJECTED:
+            crashpoint("consumer.after_commit")
+        return self._settle(attempt_id, result)
+
+    def consume_many(self, attempt_ids: list[str], *, judge: Judge | None = None) -> dict[str, ConsumeResult]:
+        """:meth:`consume` for a page of attempts (recovery), with every valid receipt applied in
+        ONE terminal transaction where the run store can batch; the files are removed only after
+        that commit. A failed batch keeps every receipt (``retry``). ``judge`` is asked about each
+        valid receipt only (the common round, with no receipt, costs nothing more): it may defer
+        it (``deferred``) or name the status the kernel showed, which the receipt must match."""
+        results: dict[str, ConsumeResult] = {}
+        valid: list[Receipt] = []
+        for attempt_id in attempt_ids:
+            found = self._read_and_judge(attempt_id, judge)
+            if isinstance(found, ConsumeResult):
+                results[attempt_id] = found
+            else:
+                valid.append(found)
+        if not valid:
+            return results
+        try:
+            completions = self._completion.complete_many(valid)
+        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep every receipt
+            logger.warning("completion of {} attempts deferred: {}", len(valid), type(exc).__name__)
+            for receipt in valid:
+                results[receipt.attempt_id] = ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+            return results
+        crashpoint("consumer.after_commit")
+        for receipt, result in zip(valid, completions):
+            results[receipt.attempt_id] = self._settle(receipt.attempt_id, result)
+        return results
+
+    def _read_and_judge(self, attempt_id: str, judge: Judge | None) -> ConsumeResult | Receipt:
+        """Read the attempt's receipt and classify it: the valid receipt to apply, or what became of
+        the attempt's slot instead (missing, unusable, unreadable this round, quarantined, deferred).
+        ``judge`` is asked about a valid receipt only (see :meth:`consume_many`)."""
         try:
             read = self._store.read(attempt_id)
         except UnsafePathError as exc:
@@ -118,72 +164,22 @@ class ReceiptConsumer:
             assert read.rejection is not None
             return self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
         assert read.receipt is not None
-        if observed_exit_code is not None and read.receipt.exit_code != observed_exit_code:
+        verdict = judge(read.receipt) if judge is not None else None
+        if verdict == DEFER:
+            return ConsumeResult(ConsumeOutcome.DEFERRED)
+        if verdict is not None and read.receipt.exit_code != verdict:
             return self._quarantine(attempt_id, DISAGREES_WITH_OBSERVED)
-        try:
-            result = self._completion.complete(read.receipt)
-        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep the receipt
-            logger.warning("completion of attempt {} deferred: {}", attempt_id, type(exc).__name__)
-            return ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
+        return read.receipt
+
+    def _settle(self, attempt_id: str, result: CompletionResult) -> ConsumeResult:
+        """After the completion: a rejected receipt is quarantined, an applied (or consistent
+        already-terminal) one is removed — its terminal state is committed by now."""
         if result.outcome is CompletionOutcome.REJECTED:
             assert result.rejection is not None
             return self._quarantine(attempt_id, str(result.rejection))
-        crashpoint("consumer.after_commit")
-        return self._clean(attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
-                           else ConsumeOutcome.ALREADY_TERMINAL, result.status)
-
-    def consume_many(self, attempt_ids: list[str], *, judge: Judge | None = None) -> dict[str, ConsumeResult]:
-        """:meth:`consume` for a page of attempts (recovery), with every valid receipt applied in
-        ONE terminal transaction where the run store can batch; the files are removed only after
-        that commit. A failed batch keeps every receipt (``retry``). ``judge`` is asked about each
-        valid receipt only (the common round, with no receipt, costs nothing more): it may defer
-        it (``deferred``) or name the status the kernel showed, which the receipt must match."""
-        results: dict[str, ConsumeResult] = {}
-        valid: list[Receipt] = []
-        for attempt_id in attempt_ids:
-            try:
-                read = self._store.read(attempt_id)
-            except UnsafePathError as exc:
-                logger.warning("receipt slot of attempt {} is unusable: {}", attempt_id, type(exc).__name__)
-                results[attempt_id] = ConsumeResult(ConsumeOutcome.UNUSABLE, reason=type(exc).__name__)
-                continue
-            except ReceiptStoreError as exc:
-                logger.warning("receipt of attempt {} unreadable this round: {}", attempt_id, type(exc).__name__)
-                results[attempt_id] = ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
-                continue
-            if read.status == "missing":
-                results[attempt_id] = ConsumeResult(ConsumeOutcome.MISSING)
-            elif read.status == "invalid":
-                assert read.rejection is not None
-                results[attempt_id] = self._quarantine(attempt_id, f"codec:{read.rejection.reason}")
-            else:
-                assert read.receipt is not None
-                verdict = judge(read.receipt) if judge is not None else None
-                if verdict == DEFER:
-                    results[attempt_id] = ConsumeResult(ConsumeOutcome.DEFERRED)
-                elif verdict is not None and read.receipt.exit_code != verdict:
-                    results[attempt_id] = self._quarantine(attempt_id, DISAGREES_WITH_OBSERVED)
-                else:
-                    valid.append(read.receipt)
-        if not valid:
-            return results
-        try:
-            completions = self._completion.complete_many(valid)
-        except Exception as exc:  # noqa: BLE001 - any DB/CAS failure: keep every receipt
-            logger.warning("completion of {} attempts deferred: {}", len(valid), type(exc).__name__)
-            for receipt in valid:
-                results[receipt.attempt_id] = ConsumeResult(ConsumeOutcome.RETRY, reason=type(exc).__name__)
-            return results
-        crashpoint("consumer.after_commit")
-        for receipt, result in zip(valid, completions):
-            if result.outcome is CompletionOutcome.REJECTED:
-                assert result.rejection is not None
-                results[receipt.attempt_id] = self._quarantine(receipt.attempt_id, str(result.rejection))
-            else:
-                results[receipt.attempt_id] = self._clean(
-                    receipt.attempt_id, ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
-                    else ConsumeOutcome.ALREADY_TERMINAL, result.status)
-        return results
+        outcome = (ConsumeOutcome.APPLIED if result.outcome is CompletionOutcome.APPLIED
+                   else ConsumeOutcome.ALREADY_TERMINAL)
+        return self._clean(attempt_id, outcome, result.status)
 
     def _clean(self, attempt_id: str, outcome: ConsumeOutcome, status: str | None) -> ConsumeResult:
         try:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from .dirfd import DIR_FLAGS
 from .errors import UnsafePathError
 from .paths import FILE_MODE, ensure_private_dir, log_path, log_relative_path, logs_root
 from .records import LogFacts
@@ -78,8 +79,6 @@ __all__ = [
 LOG_CHUNK_BYTES = 64 * 1024
 #: ``reason`` of the ``log.truncated`` event.
 QUOTA_REASON = "LOG_MAX_BYTES"
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
@@ -131,8 +130,8 @@ class _LogDir:
         self.fd: int | None = None
         root = -1
         try:
-            root = os.open(logs_root(data_dir), _DIR_FLAGS)
-            self.fd = os.open(shard, _DIR_FLAGS, dir_fd=root)
+            root = os.open(logs_root(data_dir), DIR_FLAGS)
+            self.fd = os.open(shard, DIR_FLAGS, dir_fd=root)
         except FileNotFoundError:
             pass
         except OSError as exc:

@@ -2,7 +2,8 @@
 
 - :mod:`~ql_core.ports.executor` — start, inspect, signal and wait for tasks;
 - :mod:`~ql_core.ports.receipt_store` — publish, read, remove, quarantine receipts;
-- :mod:`~ql_core.ports.journal` — the run store (journal backend);
+- :mod:`~ql_core.ports.journal` — the run store (journal backend), in four parts: runs and events,
+  the receipt journal, cancel dispatch, the log ledger;
 - :mod:`~ql_core.ports.wakeup` — best-effort "something changed" notifications;
 - :mod:`~ql_core.ports.context` — what every plugin factory receives.
 
@@ -28,14 +29,18 @@ if TYPE_CHECKING:
     )
     from .journal import (
         BatchTransitions,
+        CancelDispatch,
         ConflictError,
         ControlService,
         Decide,
         DispatchClaim,
         EventSpec,
         JournalBackend,
+        LogLedger,
         QueuedRun,
         QueueingBackend,
+        ReceiptJournal,
+        RunJournal,
         Snapshot,
         StoreBusyError,
         StoreError,
@@ -70,14 +75,18 @@ _WHERE = {
     "SpawnedTask": "executor",
     "SpawnRequest": "executor",
     "BatchTransitions": "journal",
+    "CancelDispatch": "journal",
     "ConflictError": "journal",
     "ControlService": "journal",
     "Decide": "journal",
     "DispatchClaim": "journal",
     "EventSpec": "journal",
     "JournalBackend": "journal",
+    "LogLedger": "journal",
     "QueuedRun": "journal",
     "QueueingBackend": "journal",
+    "ReceiptJournal": "journal",
+    "RunJournal": "journal",
     "Snapshot": "journal",
     "StoreBusyError": "journal",
     "StoreError": "journal",
@@ -124,6 +133,10 @@ __all__ = [
     "SpawnRequest",
     "SpawnedTask",
     "JournalBackend",
+    "RunJournal",
+    "ReceiptJournal",
+    "CancelDispatch",
+    "LogLedger",
     "Snapshot",
     "Transition",
     "Decide",

@@ -1,4 +1,13 @@
-"""The journal-backend seam: the whole run store (runs, attempts, events, receipt journal, dispatch, logs).
+"""The journal-backend seam: the whole run store, in four parts a store can be read and tested by.
+
+- :class:`RunJournal` — runs, attempts and events: create, decided transitions, reads, recovery pages;
+- :class:`ReceiptJournal` — the receipt journal's rows (ADR-0007 §2.5);
+- :class:`CancelDispatch` — the cancellation dispatch records and their leases;
+- :class:`LogLedger` — the log artifacts' facts (quota, truncation, sizes, deletion);
+
+:class:`JournalBackend` is their union (plus ``name`` and ``close``): what a ``journal`` plugin
+registers. The optional capabilities (:class:`BatchTransitions`, :class:`RunningCreate`,
+:class:`HistoryRetention`, :class:`QueueingBackend`) are checked with ``isinstance`` by core.
 
 Core decides, the backend stores. Every state change goes through
 :meth:`JournalBackend.transition` (or :meth:`JournalBackend.run_transition`):
@@ -15,7 +24,9 @@ Errors a backend raises: :class:`ConflictError` (a compare-and-set lost) and
 a bounded number of times; :class:`StoreError` for anything else (the message
 names the fix, never a command or a token).
 
-Contract (checked by :class:`ql_core.testing.JournalBackendContract`):
+Contract (checked by :class:`ql_core.testing.JournalBackendContract`, which is one suite per part
+— ``RunJournalContract``, ``ReceiptJournalContract``, ``CancelDispatchContract``,
+``LogLedgerContract`` — plus the whole):
 
 - the *create* commit writes the run (``queued``), its first attempt
   (``starting``), the log artifact, the receipt-journal row (``pending``) and
@@ -72,6 +83,11 @@ __all__ = [
     "RUN_COLUMNS",
     "DISPATCH_COLUMNS",
     "JournalBackend",
+    "RunJournal",
+    "ReceiptJournal",
+    "CancelDispatch",
+    "LogLedger",
+    "JOURNAL_PARTS",
     "TaskSpec",
     "QueuedRun",
     "QueueingBackend",
@@ -164,16 +180,11 @@ class DispatchClaim(NamedTuple):
 
 
 @runtime_checkable
-class JournalBackend(Protocol):
-    """Where runs, attempts, events, the receipt journal, cancel dispatch and log facts live."""
+class RunJournal(Protocol):
+    """Part 1 of 4, runs and events: the create commit, the decided transitions, the run reads and
+    the recovery pages of active attempts and due deadlines. Every other part's rows hang off a run
+    that this part created."""
 
-    name: str
-
-    def close(self) -> None:
-        """Release connections. Idempotent."""
-        ...
-
-    # -- create -----------------------------------------------------------------------
     def create(self, new: NewRun) -> list[RunEventInfo]:
         """The *create* commit (before any side effect): run, attempt, log, journal row, ``run.created``.
 
@@ -181,11 +192,6 @@ class JournalBackend(Protocol):
         """
         ...
 
-    def note_consumed(self, attempt_id: str) -> None:
-        """Hint: the attempt's receipt was deleted after its terminal commit; drop its row in a later write."""
-        ...
-
-    # -- decided changes ----------------------------------------------------------------
     def transition(self, attempt_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         """One write transaction: snapshot the attempt and its run, ``decide``, apply with CAS."""
         ...
@@ -194,7 +200,6 @@ class JournalBackend(Protocol):
         """Like :meth:`transition`, keyed by run (the snapshot's attempt is the run's current one)."""
         ...
 
-    # -- reads ----------------------------------------------------------------------------
     def run(self, run_id: str) -> RunRecord | None: ...
 
     def attempt(self, attempt_id: str) -> AttemptRecord | None: ...
@@ -211,7 +216,6 @@ class JournalBackend(Protocol):
         """The run's events in ``seq`` order; None when the run is unknown."""
         ...
 
-    # -- recovery paging ---------------------------------------------------------------------
     def page_active_attempts(self, owner: str, after: str, limit: int) -> list[AttemptRecord]:
         """``starting``/``running`` attempts of ``owner`` with id > ``after``, by id."""
         ...
@@ -220,11 +224,20 @@ class JournalBackend(Protocol):
         """Run ids of ``owner``'s current active/blocked attempts whose deadline passed, no intent yet."""
         ...
 
+
+@runtime_checkable
+class ReceiptJournal(Protocol):
+    """Part 2 of 4, the receipt journal (ADR-0007 §2.5): one row per attempt whose receipt may exist,
+    written ``pending`` by the create commit; never deleted while that receipt may still exist."""
+
+    def note_consumed(self, attempt_id: str) -> None:
+        """Hint: the attempt's receipt was deleted after its terminal commit; drop its row in a later write."""
+        ...
+
     def page_journal(self, after: str, limit: int) -> list[JournalEntry]:
         """Receipt-journal rows with attempt_id > ``after``, by attempt id, with their attempts."""
         ...
 
-    # -- the receipt journal ---------------------------------------------------------------
     def journal_entry(self, attempt_id: str) -> JournalEntry | None: ...
 
     def register_journal(self, entries: Mapping[str, tuple[str, str]], now_ms: int) -> int:
@@ -247,7 +260,12 @@ class JournalBackend(Protocol):
         """A quarantined row of a still-active attempt goes back to ``pending`` (CAS on updated_at)."""
         ...
 
-    # -- cancellation dispatch ----------------------------------------------------------------
+
+@runtime_checkable
+class CancelDispatch(Protocol):
+    """Part 3 of 4, cancel dispatch: the record a cancel or timeout intent leaves (inserted by a
+    :class:`Transition` with ``dispatch``), leased to the node that signals the attempt."""
+
     def dispatch(self, run_id: str) -> DispatchRecord | None: ...
 
     def due_dispatches(self, owner: str, limit: int) -> list[str]:
@@ -262,7 +280,12 @@ class JournalBackend(Protocol):
         """Write an outcome and release the lease — only while the claim's version still holds."""
         ...
 
-    # -- log artifacts ------------------------------------------------------------------------
+
+@runtime_checkable
+class LogLedger(Protocol):
+    """Part 4 of 4, the log ledger: each attempt's log artifact (written by the create commit) — its
+    quota, truncation, final size and deletion, and the bounded pages the supervisor works through."""
+
     def log_facts(self, log_id: str) -> LogFacts | None: ...
 
     def mark_log_truncated(self, log_id: str, event: EventSpec) -> list[RunEventInfo]:
@@ -290,6 +313,21 @@ class JournalBackend(Protocol):
         ...
 
     def mark_log_deleted(self, log_id: str, now_ms: int, size_bytes: int) -> None: ...
+
+
+@runtime_checkable
+class JournalBackend(RunJournal, ReceiptJournal, CancelDispatch, LogLedger, Protocol):
+    """The whole run store: the four parts, a name and ``close`` (what a ``journal`` plugin registers)."""
+
+    name: str
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+#: The four parts of :class:`JournalBackend`, in the order the docs and contract suites take them.
+JOURNAL_PARTS: tuple[type, ...] = (RunJournal, ReceiptJournal, CancelDispatch, LogLedger)
 
 
 # -- capabilities a journal backend may add (the cluster backend does) -----------------------

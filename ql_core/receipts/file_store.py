@@ -42,6 +42,10 @@ unlink outside the root: it raises :class:`UnsafePathError` instead. There is
 no in-process state beyond the root's identity, so the store is safe to use
 from many threads and processes at once (``O_EXCL`` temp names, no-replace
 ``link``) and it pickles.
+
+This module is the protocol; the names it publishes under are :mod:`ql_core.receipts.names`, the
+file-system steps it orders (verified directories, the temp file, bounded reads) are
+:mod:`ql_core.receipts.fs`.
 """
 
 from __future__ import annotations
@@ -49,13 +53,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
 from collections.abc import Iterator
 from typing import Final
 
 from ql_core.crashpoints import crashpoint
-from ql_core.ids import UUID7_PATTERN, is_uuid7, shard_of
+from ql_core.dirfd import lstat_at, open_dir, same_file
+from ql_core.ids import shard_of
 from ql_core.ports.receipt_store import (
     PublishOutcome,
     QuarantineConflictError,
@@ -73,6 +77,25 @@ from ql_core.receipts.codec import (
     parse_receipt,
     serialize_receipt,
 )
+from ql_core.receipts.fs import (
+    DIR_MODE,
+    FILE_MODE,
+    READ_FLAGS,
+    TEMP_FLAGS,
+    fill_temp,
+    open_subdir,
+    read_bounded,
+    unlink_quietly,
+    verify_directory,
+)
+from ql_core.receipts.names import (
+    QUARANTINE_DIR_NAME,
+    RECEIPT_NAME_PATTERN,
+    TEMP_NAME_PATTERN,
+    receipt_name,
+    require_uuid7,
+    temp_name,
+)
 
 __all__ = [
     "QUARANTINE_DIR_NAME",
@@ -88,27 +111,6 @@ __all__ = [
     "UnsafePathError",
 ]
 
-#: Name of the quarantine directory directly under the receipt root.
-QUARANTINE_DIR_NAME: Final = ".quarantine"
-
-#: A final receipt's file name; group ``attempt_id``.
-RECEIPT_NAME_PATTERN: Final = re.compile(rf"(?P<attempt_id>{UUID7_PATTERN.pattern})\.json")
-
-#: A publication temp file's name; groups ``attempt_id`` and ``unique``.
-TEMP_NAME_PATTERN: Final = re.compile(
-    rf"\.(?P<attempt_id>{UUID7_PATTERN.pattern})\.(?P<unique>[A-Za-z0-9]{{1,32}})\.tmp"
-)
-
-_DIR_MODE: Final = 0o700
-_FILE_MODE: Final = 0o600
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: errno values meaning "this path component is a symlink or not a directory"
-#: (O_NOFOLLOW on a symlink: ELOOP on Linux, EMLINK on FreeBSD).
-_UNSAFE_ERRNOS: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
-
-
 _MISSING: Final = ReceiptRead(ReadStatus.MISSING)
 
 
@@ -116,144 +118,6 @@ def _require_canonical(path: str) -> None:
     """Refuse a root reached through a symlink: a later swap would move every operation."""
     if os.path.realpath(path) != path:
         raise UnsafePathError("receipt root must not contain symlinks")
-
-
-def _require_uuid7(attempt_id: str) -> str:
-    """Refuse to build any path from an unvalidated id (no ``..``, no ``/``, no case games)."""
-    if not is_uuid7(attempt_id):
-        raise ValueError("attempt_id must be a lowercase UUIDv7")
-    return attempt_id
-
-
-def _receipt_name(attempt_id: str) -> str:
-    return f"{attempt_id}.json"
-
-
-def _temp_name(attempt_id: str) -> str:
-    """A fresh temp name: pid plus 64 random bits, unique across processes and threads."""
-    return f".{attempt_id}.{os.getpid()}r{os.urandom(8).hex()}.tmp"
-
-
-def _unlink_quietly(name: str, dir_fd: int) -> None:
-    """Best-effort cleanup on an error path, where the original error is the one to report."""
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=dir_fd)
-
-
-def _open_subdir(parent_fd: int, name: str, *, create: bool) -> int | None:
-    """Open (optionally create) a child directory without following symlinks, and verify it.
-
-    A directory created here gets mode 0700 whatever the umask, and its parent
-    is fsynced so the new entry is durable. Returns None when the directory is
-    missing and ``create`` is False.
-    """
-    fd = _open_dir_at(parent_fd, name)
-    created = False
-    if fd is None:
-        if not create:
-            return None
-        created = _mkdir_at(parent_fd, name)  # False: a concurrent creator won the race
-        fd = _open_dir_at(parent_fd, name)
-        if fd is None:
-            raise ReceiptStoreError("receipt directory vanished while in use")
-    try:
-        _verify_directory(fd, repr(name))
-        if created:
-            _settle_new_directory(fd, parent_fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _settle_new_directory(fd: int, parent_fd: int) -> None:
-    """Exact 0700 whatever the umask, and a durable entry in the parent."""
-    try:
-        os.fchmod(fd, _DIR_MODE)
-        os.fsync(parent_fd)
-    except OSError as exc:
-        raise ReceiptStoreError(f"cannot prepare receipt directory: {exc.strerror}") from exc
-
-
-def _open_dir_at(parent_fd: int, name: str) -> int | None:
-    """``openat(O_DIRECTORY|O_NOFOLLOW)``; None when missing, UnsafePathError for a symlink/file."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in _UNSAFE_ERRNOS:
-            raise UnsafePathError(f"{name!r} is a symlink or not a directory") from exc
-        raise ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}") from exc
-
-
-def _mkdir_at(parent_fd: int, name: str) -> bool:
-    """mkdir 0700 relative to a directory fd; False when the name already exists."""
-    try:
-        os.mkdir(name, _DIR_MODE, dir_fd=parent_fd)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        raise ReceiptStoreError(f"cannot create receipt directory: {exc.strerror}") from exc
-    return True
-
-
-def _verify_directory(fd: int, what: str) -> os.stat_result:
-    """An opened directory must be a directory owned by us and not writable by others."""
-    try:
-        st = os.fstat(fd)
-    except OSError as exc:
-        raise ReceiptStoreError(f"cannot stat {what}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{what} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise UnsafePathError(f"{what} is not owned by the current user")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafePathError(f"{what} is writable by group or others")
-    return st
-
-
-def _fill_temp(fd: int, payload: bytes, *, fsync: bool) -> None:
-    """Steps 3–4: exact mode, the whole payload, fsync; always closes ``fd``."""
-    try:
-        os.fchmod(fd, _FILE_MODE)  # exact mode whatever the umask
-        _write_all(fd, payload)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _read_bounded(fd: int, limit: int) -> bytes:
-    """Read until EOF or ``limit`` bytes, whichever comes first."""
-    chunks: list[bytes] = []
-    remaining = limit
-    while remaining > 0:
-        chunk = os.read(fd, remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
-    """lstat relative to a directory fd; None when the name does not exist."""
-    try:
-        return os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-
-
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class FileReceiptStore:
@@ -275,7 +139,7 @@ class FileReceiptStore:
         created = False
         if create:
             try:
-                os.mkdir(path, _DIR_MODE)
+                os.mkdir(path, DIR_MODE)
                 created = True
             except FileExistsError:
                 pass
@@ -300,8 +164,8 @@ class FileReceiptStore:
     @staticmethod
     def relative_ref(attempt_id: str) -> str:
         """Bounded, root-relative reference ``<xx>/<attempt_id>.json`` (never absolute)."""
-        _require_uuid7(attempt_id)
-        return f"{shard_of(attempt_id)}/{_receipt_name(attempt_id)}"
+        require_uuid7(attempt_id)
+        return f"{shard_of(attempt_id)}/{receipt_name(attempt_id)}"
 
     def prepare(self, attempt_id: str) -> str:
         """Create (0700) and verify the attempt's shard directory; return its absolute path.
@@ -310,7 +174,7 @@ class FileReceiptStore:
         walk directory fds itself: the shard gets the same checks as every
         publish here (real directory, ours, private, under the canonical root).
         """
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         with self._shard(attempt_id, create=True):
             pass
         return os.path.join(self._root, shard_of(attempt_id))
@@ -321,8 +185,8 @@ class FileReceiptStore:
         fd = self._open_root_fd()
         try:
             if created:
-                os.fchmod(fd, _DIR_MODE)  # exact mode whatever the umask
-            st = _verify_directory(fd, "receipt root")
+                os.fchmod(fd, DIR_MODE)  # exact mode whatever the umask
+            st = verify_directory(fd, "receipt root")
         except OSError as exc:
             raise ReceiptStoreError(f"cannot prepare receipt root: {exc.strerror}") from exc
         finally:
@@ -330,19 +194,18 @@ class FileReceiptStore:
         return st.st_dev, st.st_ino
 
     def _open_root_fd(self) -> int:
-        try:
-            return os.open(self._root, _DIR_FLAGS)
-        except OSError as exc:
-            if exc.errno in _UNSAFE_ERRNOS:
-                raise UnsafePathError("receipt root is a symlink or not a directory") from exc
-            raise ReceiptStoreError("cannot open receipt root") from exc
+        fd = open_dir(self._root, unsafe=lambda: UnsafePathError("receipt root is a symlink or not a directory"),
+                      failed=lambda _exc: ReceiptStoreError("cannot open receipt root"))
+        if fd is None:
+            raise ReceiptStoreError("cannot open receipt root")
+        return fd
 
     @contextlib.contextmanager
     def _root_dir(self) -> Iterator[int]:
         """The root's fd, verified to be the very directory seen at construction."""
         fd = self._open_root_fd()
         try:
-            st = _verify_directory(fd, "receipt root")
+            st = verify_directory(fd, "receipt root")
             if (st.st_dev, st.st_ino) != self._identity:
                 raise UnsafePathError("receipt root was replaced")
             yield fd
@@ -353,7 +216,7 @@ class FileReceiptStore:
     @contextlib.contextmanager
     def _subdir(parent_fd: int, name: str, *, create: bool) -> Iterator[int | None]:
         """A verified child directory fd, or None when it is missing and ``create`` is False."""
-        fd = _open_subdir(parent_fd, name, create=create)
+        fd = open_subdir(parent_fd, name, create=create)
         if fd is None:
             yield None
             return
@@ -407,17 +270,17 @@ class FileReceiptStore:
     def _publish_in_shard(
         self, shard_fd: int, attempt_id: str, payload: bytes, *, fsync: bool
     ) -> PublishOutcome:
-        temp = _temp_name(attempt_id)
+        temp = temp_name(attempt_id)
         try:
-            fd = os.open(temp, _TEMP_FLAGS, _FILE_MODE, dir_fd=shard_fd)  # step 2
+            fd = os.open(temp, TEMP_FLAGS, FILE_MODE, dir_fd=shard_fd)  # step 2
         except OSError as exc:
             raise ReceiptPublishError(f"cannot create receipt temp: {exc.strerror}") from exc
         try:
-            _fill_temp(fd, payload, fsync=fsync)  # steps 3-4
+            fill_temp(fd, payload, fsync=fsync)  # steps 3-4
             crashpoint("receipt.publish.after_temp")
             linked = self._link_no_replace(shard_fd, temp, attempt_id)  # step 5
         except OSError as exc:
-            _unlink_quietly(temp, shard_fd)
+            unlink_quietly(temp, shard_fd)
             raise ReceiptPublishError(f"receipt publication failed: {exc.strerror}") from exc
         if linked:
             crashpoint("receipt.publish.after_link")
@@ -437,7 +300,7 @@ class FileReceiptStore:
         try:
             os.link(
                 temp,
-                _receipt_name(attempt_id),
+                receipt_name(attempt_id),
                 src_dir_fd=shard_fd,
                 dst_dir_fd=shard_fd,
                 follow_symlinks=False,
@@ -456,7 +319,7 @@ class FileReceiptStore:
         name this very attempt. OS errors other than "not found" raise
         :class:`ReceiptStoreError` (transient: the caller retries next round).
         """
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         try:
             with self._shard(attempt_id) as shard_fd:
                 if shard_fd is None:
@@ -470,14 +333,14 @@ class FileReceiptStore:
 
     @staticmethod
     def _read_final(shard_fd: int, attempt_id: str) -> bytes | ReceiptRead:
-        name = _receipt_name(attempt_id)
-        before = _lstat_at(name, shard_fd)
+        name = receipt_name(attempt_id)
+        before = lstat_at(name, shard_fd)
         if before is None:
             return _MISSING
         if not stat.S_ISREG(before.st_mode):
             return _not_regular()
         try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+            fd = os.open(name, READ_FLAGS, dir_fd=shard_fd)
         except FileNotFoundError:
             return _MISSING
         except OSError as exc:
@@ -486,9 +349,9 @@ class FileReceiptStore:
             raise
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not _same_file(st, before):
+            if not stat.S_ISREG(st.st_mode) or not same_file(st, before):
                 return _not_regular()
-            return _read_bounded(fd, MAX_RECEIPT_BYTES + 1)
+            return read_bounded(fd, MAX_RECEIPT_BYTES + 1)
         finally:
             os.close(fd)
 
@@ -508,39 +371,39 @@ class FileReceiptStore:
 
     def exists(self, attempt_id: str) -> bool:
         """True when anything (of any file type) is at the attempt's final receipt path."""
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         with self._shard(attempt_id) as shard_fd:
             return shard_fd is not None and self._entry_exists(shard_fd, attempt_id)
 
     def quarantined_exists(self, attempt_id: str) -> bool:
         """True when the attempt has an entry in the quarantine."""
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         with self._quarantine_shard(attempt_id) as qs_fd:
             return qs_fd is not None and self._entry_exists(qs_fd, attempt_id)
 
     @staticmethod
     def _entry_exists(dir_fd: int, attempt_id: str) -> bool:
         try:
-            return _lstat_at(_receipt_name(attempt_id), dir_fd) is not None
+            return lstat_at(receipt_name(attempt_id), dir_fd) is not None
         except OSError as exc:
             raise ReceiptStoreError(f"cannot stat receipt: {exc.strerror}") from exc
 
     def remove(self, attempt_id: str, *, fsync: bool = True) -> bool:
         """Delete the final receipt (only after its terminal commit!); False if already gone."""
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         with self._shard(attempt_id) as shard_fd:
             return shard_fd is not None and self._unlink_entry(shard_fd, attempt_id, fsync=fsync)
 
     def purge_quarantined(self, attempt_id: str, *, fsync: bool = True) -> bool:
         """Delete the quarantined copy (retention expired); False if already gone."""
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         with self._quarantine_shard(attempt_id) as qs_fd:
             return qs_fd is not None and self._unlink_entry(qs_fd, attempt_id, fsync=fsync)
 
     @staticmethod
     def _unlink_entry(dir_fd: int, attempt_id: str, *, fsync: bool) -> bool:
         try:
-            os.unlink(_receipt_name(attempt_id), dir_fd=dir_fd)
+            os.unlink(receipt_name(attempt_id), dir_fd=dir_fd)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -563,12 +426,12 @@ class FileReceiptStore:
         :class:`QuarantineConflictError` and leaves both files alone. Returns
         False when there was nothing to quarantine. Contents are never read.
         """
-        _require_uuid7(attempt_id)
+        require_uuid7(attempt_id)
         try:
             with self._shard(attempt_id) as shard_fd:
                 if shard_fd is None:
                     return False
-                original = _lstat_at(_receipt_name(attempt_id), shard_fd)
+                original = lstat_at(receipt_name(attempt_id), shard_fd)
                 if original is None:
                     return False
                 with self._quarantine_shard(attempt_id, create=True) as qs_fd:
@@ -579,18 +442,18 @@ class FileReceiptStore:
 
     @staticmethod
     def _move_to_quarantine(shard_fd: int, qs_fd: int, attempt_id: str, *, fsync: bool) -> bool:
-        name = _receipt_name(attempt_id)
+        name = receipt_name(attempt_id)
         try:
             os.link(name, name, src_dir_fd=shard_fd, dst_dir_fd=qs_fd, follow_symlinks=False)
         except FileNotFoundError:
             return False  # a concurrent quarantine or remove got there first
         except FileExistsError:
             pass  # verified below: only the same inode is acceptable
-        original = _lstat_at(name, shard_fd)
-        copy = _lstat_at(name, qs_fd)
+        original = lstat_at(name, shard_fd)
+        copy = lstat_at(name, qs_fd)
         if original is None:
             return False
-        if copy is None or not _same_file(original, copy):
+        if copy is None or not same_file(original, copy):
             raise QuarantineConflictError("quarantine slot holds a different file")
         if fsync:
             os.fsync(qs_fd)  # the copy is durable before the original goes

@@ -42,7 +42,7 @@ def fill_history(store: Any, n: int, *, owner: str, start_ms: int, step_ms: int 
             ended_runs.append((at + 1, run_id))
             ended_attempts.append((at + 1, attempt_id))
             sizes.append((log_bytes, log_id))
-        with store._db.write() as c:
+        with store.connections.write() as c:
             c.executemany(sql.INSERT_RUN, runs)
             c.executemany(sql.INSERT_ATTEMPT, attempts)
             c.executemany(sql.INSERT_LOG, logs)

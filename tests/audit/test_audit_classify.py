@@ -45,11 +45,11 @@ def test_only_final_statuses_are_unprotected() -> None:
 
 def test_name_patterns_are_the_file_stores(audit_dir: DataDir) -> None:
     """The audit classifies by the very names FileReceiptStore publishes (its contract)."""
-    from ql_core.receipts import file_store
+    from ql_core.receipts import names
 
     attempt_id = id_in_shard("a7")
-    temp = file_store._temp_name(attempt_id)
-    assert file_store.TEMP_NAME_PATTERN.fullmatch(temp)
+    temp = names.temp_name(attempt_id)
+    assert names.TEMP_NAME_PATTERN.fullmatch(temp)
     audit_dir.put("a7", temp)
     audit_dir.put("a7", f"{attempt_id}.json")
     report = audit_receipts(audit_dir.path, audit_dir.url, shard="a7", shards=1)

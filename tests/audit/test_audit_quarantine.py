@@ -8,7 +8,9 @@ from pathlib import Path
 
 from audit_support import DataDir, id_in_shard, regular_inodes, run_ql, snapshot
 
-from ql_core.audit import Action, _Found, _move, audit_receipts
+from ql_core.audit import Action, audit_receipts
+from ql_core.audit.move import move
+from ql_core.audit.scan import Found
 
 
 def populate(d: DataDir) -> dict[str, list[str]]:
@@ -190,8 +192,8 @@ def test_overflow_in_report_mode(audit_dir: DataDir) -> None:
     assert len(doc["entries"]) == 64
 
 
-def _found(path: Path) -> _Found:
-    return _Found(path.name, os.lstat(path), None, "other")
+def _found(path: Path) -> Found:
+    return Found(path.name, os.lstat(path), None, "other")
 
 
 def _dir_fd(path: Path) -> int:
@@ -209,7 +211,7 @@ def test_move_refuses_a_file_replaced_after_classification(tmp_path: Path) -> No
         os.link(src / "f", keep)  # keep the old inode alive so a new file cannot reuse its number
         (src / "f").unlink()
         (src / "f").write_bytes(b"new, published since")
-        assert _move(src_fd, dst_fd, stale) is Action.SKIPPED_CHANGED
+        assert move(src_fd, dst_fd, stale) is Action.SKIPPED_CHANGED
         assert (src / "f").read_bytes() == b"new, published since"
         assert not (dst / "f").exists()  # our extra link was withdrawn; the file stayed in place
     finally:
@@ -226,13 +228,13 @@ def test_move_refuses_a_file_written_after_classification(tmp_path: Path) -> Non
         stale = _found(src / "f")
         with open(src / "f", "ab") as fh:
             fh.write(b" and more")
-        assert _move(src_fd, dst_fd, stale) is Action.SKIPPED_CHANGED
+        assert move(src_fd, dst_fd, stale) is Action.SKIPPED_CHANGED
         assert (src / "f").read_bytes() == b"partial and more"
         assert not (dst / "f").exists()
         # a vanished file is skipped as well
         fresh = _found(src / "f")
         (src / "f").unlink()
-        assert _move(src_fd, dst_fd, fresh) is Action.SKIPPED_CHANGED
+        assert move(src_fd, dst_fd, fresh) is Action.SKIPPED_CHANGED
     finally:
         os.close(src_fd)
         os.close(dst_fd)
