@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from ql_core.cli.output import Output
+from ql_core.cli.output import Output, silence_stdout
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
 EPILOG = ("The task's output (stdout and stderr, merged) streams to our stdout; ql's own notes go to stderr. "
@@ -156,7 +156,5 @@ class _LogStreamer:
                 return
 
     def _stop(self) -> None:
-        from ql_core.cli.main import _silence_stdout
-
         self.stopped = True
-        _silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere
+        silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere
