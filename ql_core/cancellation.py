@@ -1,9 +1,5 @@
 """Durable cancellation (ADR-0007 §2.7, DESIGN.md §2): persist the intent, then dispatch.
 
-0. :meth:`Canceller.enforce_deadline` is the deadline rule, written once for every path that
-   notices a deadline (the waiting host, a reader settling a run, a recovery round): a run whose
-   deadline passed and that has no intent yet gets the intent ``timeout`` — a request like any other.
-   Whether it passed is a duration on the attempt's executor's clock (:meth:`deadline_passed`).
 1. :meth:`Canceller.request` commits ``run.cancel_requested(reason)`` and one
    dispatch record bound to the run's current attempt — before any signal.
    A run that is already terminal is left alone: no event, no signal.
@@ -27,6 +23,11 @@ cannot be verified at all is ``blocked``. A ``starting`` attempt whose host has
 not committed the handle yet is retried (backoff) while its host lives; once the
 host is gone the command provably never started (``already_exited``); a host
 that cannot be identified is retried for the spawn grace, then blocked.
+
+The deadline rule lives here, once, for every path that notices a deadline (the waiting host, a
+reader settling a run, a recovery round): :meth:`Canceller.enforce_deadline` gives a run whose
+deadline passed and that has no intent yet the intent ``timeout`` — a request like any other.
+Whether it passed is a duration on the attempt's executor's clock (:meth:`Canceller.deadline_passed`).
 """
 
 from __future__ import annotations

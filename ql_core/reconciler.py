@@ -283,7 +283,7 @@ class Reconciler:
                 state = self._identity(attempt)
                 if state == _NEVER_STARTED:
                     result = self.node.completion.end_without_receipt(attempt.id, status="lost",
-                                                                    reason=NEVER_STARTED_REASON)
+                                                                      reason=NEVER_STARTED_REASON)
                     report.counts["lost" if str(result.outcome) == "applied" else "already_terminal"] += 1
                 elif state is IdentityState.RUNNING:
                     report.counts["still_running"] += 1
