@@ -3,7 +3,7 @@
 Run: ``python bench/bench_completion.py [--n N] [--dir DIR] [--json]``.
 
 1. **Completions applied per second.** N attempts are created through the
-   runtime's own create path (``Runtime._create_run``: run, attempt, log artifact,
+   runtime's own create path (``ql_core.submit.create``: run, attempt, log artifact,
    event, journal row and token hash in one commit — no process is spawned),
    each gets its valid receipt published by the real ``FileReceiptStore``
    (fsync on), then ``ReceiptConsumer.consume`` applies them one by one: read
@@ -46,6 +46,7 @@ from ql_core.config import load_config
 from ql_core.consumer import ConsumeOutcome
 from ql_core.receipts import Receipt
 from ql_core.runtime import Runtime
+from ql_core.submit import create
 
 
 class CommitLog:
@@ -83,7 +84,7 @@ def open_runtime(data_dir: Path) -> Runtime:
 def prepare(rt: Runtime, n: int) -> tuple[list[Any], float, float]:
     """N created attempts with published receipts; returns (subs, creates/s, publishes/s)."""
     start = time.perf_counter()
-    subs = [rt._create_run(name=None, timeout_s=None) for _ in range(n)]
+    subs = [create(rt.node) for _ in range(n)]
     created = time.perf_counter() - start
     start = time.perf_counter()
     assert rt.receipts is not None

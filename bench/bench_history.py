@@ -78,7 +78,7 @@ def idle_round_cpu(data: Path) -> float:
 
     rt = open_runtime(data, history_max_runs=10_000_000)
     try:
-        rec = Reconciler(rt)
+        rec = Reconciler(rt.node)
         rec.round()
         started = time.process_time()
         for _ in range(ROUNDS):
@@ -132,7 +132,7 @@ def purge(data: Path, n: int) -> dict[str, Any]:
             path = log_path(data, log_id)
             ensure_private_dir(path.parent)
             path.write_bytes(b"x" * 64)
-        rec = Reconciler(rt)
+        rec = Reconciler(rt.node)
         rounds, purged, cpu, wall = 0, 0, 0.0, 0.0
         first_cpu = first_purged = 0
         while True:

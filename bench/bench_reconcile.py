@@ -206,7 +206,7 @@ def idle_child(data_dir: str, mode: str, seconds: float) -> None:
         # (SQLModel/pydantic, loaded on first query) is resident, no supervisor thread.
         from ql_core.reconciler import Reconciler
 
-        Reconciler(rt).round()
+        Reconciler(rt.node).round()
     if mode == "supervisor":
         sup = rt.supervisor()  # standalone profile: 5 s interval
         sup.start()

@@ -23,6 +23,11 @@ cannot be verified at all is ``blocked``. A ``starting`` attempt whose host has
 not committed the handle yet is retried (backoff) while its host lives; once the
 host is gone the command provably never started (``already_exited``); a host
 that cannot be identified is retried for the spawn grace, then blocked.
+
+The deadline rule lives here, once, for every path that notices a deadline (the waiting host, a
+reader settling a run, a recovery round): :meth:`Canceller.enforce_deadline` gives a run whose
+deadline passed and that has no intent yet the intent ``timeout`` — a request like any other.
+Whether it passed is a duration on the attempt's executor's clock (:meth:`Canceller.deadline_passed`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .clock import now_ms
 from .crashpoints import crashpoint
 from .never_started import StartState, start_state
 from .ports.context import RunEventInfo
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     from .ports.executor import Executor
     from .ports.journal import DispatchClaim, JournalBackend
     from .profiles import Profile
+    from .records import AttemptRecord
 
 __all__ = ["CancelRequest", "Canceller", "DISPATCH_ACTIVE"]
 
@@ -68,6 +75,42 @@ class Canceller:
     node_id: str
     profile: Profile
     notify: Callable[[RunEventInfo], None] | None = None
+    #: How long an attempt has run since its committed start on its executor's clock that does not
+    #: step (``Node.attempt_elapsed_ms``); None (or an answer of None): the wall clock decides.
+    elapsed: Callable[[AttemptRecord], int | None] | None = None
+
+    # -- the deadline rule -------------------------------------------------------------------
+    def enforce_deadline(self, run_id: str, *, has_deadline: bool = True, has_intent: bool = False,
+                         remaining_s: float | None = None) -> CancelRequest | None:
+        """A run whose deadline passed and that has no cancel intent yet gets the intent ``timeout``
+        (committed before any signal, then dispatched like any intent). The one home of that rule.
+
+        ``has_deadline`` / ``has_intent``: what the caller already read (a view, its own
+        submission), so nothing is read again when nothing can be due. ``remaining_s``: the
+        caller's own measure of the time left (the waiting host's, on the boot clock from the
+        committed start); without it :meth:`deadline_passed` measures. Returns what the request
+        answered, or None when no timeout was due.
+        """
+        if not has_deadline or has_intent:
+            return None
+        passed = remaining_s <= 0 if remaining_s is not None else self.deadline_passed(run_id)
+        return self.request(run_id, "timeout") if passed else None
+
+    def deadline_passed(self, run_id: str) -> bool:
+        """Has ``run_id``'s deadline passed? A duration: the current attempt's time since its
+        committed start on its executor's clock that does not step, compared with the deadline's
+        distance from that start — never two wall clocks (the submitter's, ours). The wall clock
+        only when the executor cannot measure (then the task cannot have survived a reboot, or it
+        runs elsewhere)."""
+        run = self.store.run(run_id)
+        if run is None or run.deadline_at_ms is None:
+            return False
+        attempt = self.store.attempt(run.current_attempt_id) if run.current_attempt_id else None
+        if attempt is not None and attempt.started_at_ms is not None and self.elapsed is not None:
+            elapsed = self.elapsed(attempt)
+            if elapsed is not None:
+                return elapsed >= run.deadline_at_ms - attempt.started_at_ms
+        return now_ms() >= run.deadline_at_ms
 
     # -- intent ----------------------------------------------------------------------
     def request(self, run_id: str, reason: str = "user") -> CancelRequest:

@@ -45,13 +45,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .ids import UUID7_PATTERN, shard_of
 from .logs import LOG_CHUNK_BYTES, enforce_log_quota, finalize_log, log_facts, read_log_chunk
+from .node import node_of
 from .paths import log_path, receipts_root
 from .ports.artifact_store import MAX_CHUNK_BYTES
 from .ports.wakeup import OnChange, WakeupSource, WakeupWatch
 
 if TYPE_CHECKING:
+    from .node import Node
     from .ports.artifact_store import ArtifactStore
-    from .runtime import Runtime
 
 __all__ = [
     "LogChunk",
@@ -109,38 +110,40 @@ def _warn_once(key: str, message: str) -> None:
     logger.warning(message)
 
 
-def wakeup_policy(rt: Runtime) -> str:
+def wakeup_policy(node: Node) -> str:
     """Why wake-ups are (not) available: "on", "none" (no source configured), "off", "refused"."""
-    if not rt.plugins.wakeup_sources.names():
+    node = node_of(node)  # a Runtime is accepted too: its node
+    if not node.plugins.wakeup_sources.names():
         return "none"
     switch = os.environ.get(FILE_WATCHER_ENV, "").strip().lower()
     if switch == "off":
         return "off"
-    if rt.profile.file_watcher == "never" and switch != "force":
+    if node.profile.file_watcher == "never" and switch != "force":
         return "refused"
     return "on"
 
 
-def wakeup_sources(rt: Runtime) -> list[WakeupSource]:
+def wakeup_sources(node: Node) -> list[WakeupSource]:
     """The configured wake-up sources this profile allows; [] means periodic scans only."""
-    policy = wakeup_policy(rt)
+    node = node_of(node)  # a Runtime is accepted too: its node
+    policy = wakeup_policy(node)
     if policy == "refused":
-        _warn_once("refused", f"wake-up sources {rt.plugins.wakeup_sources.names()} not started: profile "
-                              f"{rt.profile.name!r} has file_watcher = never (use profile standalone, or set "
+        _warn_once("refused", f"wake-up sources {node.plugins.wakeup_sources.names()} not started: profile "
+                              f"{node.profile.name!r} has file_watcher = never (use profile standalone, or set "
                               f"{FILE_WATCHER_ENV}=force); periodic scans only")
     if policy != "on":
         return []
     sources: list[WakeupSource] = []
-    for name in rt.plugins.wakeup_sources.names():
+    for name in node.plugins.wakeup_sources.names():
         try:
-            sources.append(rt.plugins.wakeup_sources.create(name, rt.context))
+            sources.append(node.plugins.wakeup_sources.create(name, node.context))
         except Exception as exc:  # noqa: BLE001 - optional: degrade to periodic scans
             _warn_once(f"create:{name}", f"wake-up source {name!r} unavailable: {exc}; periodic scans only")
     return sources
 
 
-def _start_watch(rt: Runtime, paths: Sequence[Path], on_change: OnChange, **options: Any) -> WakeupWatch | None:
-    for source in wakeup_sources(rt):
+def _start_watch(node: Node, paths: Sequence[Path], on_change: OnChange, **options: Any) -> WakeupWatch | None:
+    for source in wakeup_sources(node):
         try:
             return source.watch(paths, on_change, **options)
         except Exception as exc:  # noqa: BLE001 - best effort
@@ -162,7 +165,7 @@ def _is_receipt(root: Path, kind: str, path: str) -> bool:
     return (match is not None and p.parent.parent == root and p.parent.name == shard_of(match.group(1)))
 
 
-def start_supervisor_wakeups(rt: Runtime, supervisor: Any) -> WakeupWatch | None:
+def start_supervisor_wakeups(node: Node, supervisor: Any) -> WakeupWatch | None:
     """Wake ``supervisor`` (its ``wake()``) when a receipt appears; None if no source may run.
 
     The caller owns the returned watch: ``stop()`` it before stopping the
@@ -170,15 +173,16 @@ def start_supervisor_wakeups(rt: Runtime, supervisor: Any) -> WakeupWatch | None
     watching only ``<data_dir>/receipts`` recursively; batches are debounced
     (``RECEIPT_DEBOUNCE_MS``), so the supervisor is woken at most once per batch.
     """
-    if rt.receipts is None:
+    node = node_of(node)  # a Runtime is accepted too: its node
+    if node.receipts is None:
         return None
-    root = receipts_root(rt.config.data_dir)
+    root = receipts_root(node.config.data_dir)
 
     def on_change(changes: set[tuple[str, str]]) -> None:
         if any(_is_receipt(root, kind, path) for kind, path in changes):
             supervisor.wake()
 
-    return _start_watch(rt, [root], on_change, recursive=True, debounce_ms=RECEIPT_DEBOUNCE_MS,
+    return _start_watch(node, [root], on_change, recursive=True, debounce_ms=RECEIPT_DEBOUNCE_MS,
                         step_ms=WATCH_STEP_MS, thread_name="ql-wakeup-receipts")
 
 
@@ -188,14 +192,14 @@ class _FollowWaiter:
     Created at a follower's first wait, closed when the follower ends.
     """
 
-    def __init__(self, rt: Runtime, log_id: str, attempt_id: str) -> None:
+    def __init__(self, node: Node, log_id: str, attempt_id: str) -> None:
         self._event = threading.Event()
         self._receipt_seen = False
         self.watch: WakeupWatch | None = None
-        if not rt.plugins.wakeup_sources.names():
+        if not node.plugins.wakeup_sources.names():
             return  # nothing configured: not even a policy look
-        log_file = log_path(rt.config.data_dir, log_id)
-        shard_dir = receipts_root(rt.config.data_dir) / shard_of(attempt_id)
+        log_file = log_path(node.config.data_dir, log_id)
+        shard_dir = receipts_root(node.config.data_dir) / shard_of(attempt_id)
         receipt = str(shard_dir / f"{attempt_id}.json")
         wanted = str(log_file)
         paths = [p for p in (log_file, shard_dir) if p.exists()]
@@ -212,7 +216,7 @@ class _FollowWaiter:
             if hit:
                 self._event.set()
 
-        self.watch = _start_watch(rt, paths, on_change, recursive=False, debounce_ms=LOG_DEBOUNCE_MS,
+        self.watch = _start_watch(node, paths, on_change, recursive=False, debounce_ms=LOG_DEBOUNCE_MS,
                                   step_ms=WATCH_STEP_MS, thread_name=f"ql-follow-{log_id[-12:]}")
 
     @property
@@ -238,7 +242,7 @@ class _FollowWaiter:
 # -- following ------------------------------------------------------------------------
 
 
-def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = False,
+def follow_log(node: Node, run_id: str, *, offset: int = 0, follow: bool = False,
                chunk_bytes: int = LOG_CHUNK_BYTES, poll_s: float = FOLLOW_POLL_S,
                heartbeat_s: float | None = None) -> Iterator[LogChunk]:
     """Yield the log of ``run_id`` from byte ``offset``; with ``follow``, until the run is terminal and drained.
@@ -255,18 +259,19 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
     A deleted log (retention) yields nothing. Raises ``NotFoundError`` for an
     unknown run (at the first ``next()``).
     """
+    node = node_of(node)  # a Runtime is accepted too: its node
     if offset < 0:
         raise ValueError("offset must be >= 0")
-    view = rt.status(run_id)
+    view = node.view(run_id)
     if view.log_artifact_id is None or not view.attempts:
         return
     log_id = view.log_artifact_id
     attempt_id = view.attempts[-1].attempt_id
-    facts = log_facts(rt, log_id)
+    facts = log_facts(node, log_id)
     if facts is not None and facts.deleted:
         return
     max_bytes = facts.max_bytes if facts is not None else None
-    data_dir = rt.config.data_dir
+    data_dir = node.config.data_dir
     terminal = view.terminal
     next_state_look = 0.0
     last_yield = time.monotonic()
@@ -285,18 +290,18 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
             receipt_seen = waiter is not None and waiter.take_receipt()
             if receipt_seen or now >= next_state_look:
                 next_state_look = now + FOLLOW_STATE_S
-                terminal = _settle(rt, run_id, attempt_id)
+                terminal = _settle(node, run_id, attempt_id)
                 if terminal:
-                    _quietly(finalize_log, rt, log_id)
+                    _quietly(finalize_log, node, log_id)
                     continue  # drain what was written before the end
-                if facts is not None and _quietly(enforce_log_quota, rt, facts):
+                if facts is not None and _quietly(enforce_log_quota, node, facts):
                     facts = facts._replace(truncated=True)
             if heartbeat_s is not None and now - last_yield >= heartbeat_s:
                 yield LogChunk(offset, b"")
                 last_yield = time.monotonic()
                 continue
             if waiter is None:
-                waiter = _FollowWaiter(rt, log_id, attempt_id)
+                waiter = _FollowWaiter(node, log_id, attempt_id)
             timeout = next_state_look - now
             if not waiter.watched:
                 timeout = min(timeout, poll_s)
@@ -308,19 +313,20 @@ def follow_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = Fals
             waiter.close()
 
 
-def follow_run_log(rt: Runtime, run_id: str, *, offset: int = 0, follow: bool = False,
+def follow_run_log(node: Node, run_id: str, *, offset: int = 0, follow: bool = False,
                    heartbeat_s: float | None = None) -> Iterator[LogChunk]:
     """A run's log wherever it lives: on a cluster profile (``artifact_store`` set) the chunks the
     worker shipped to the artifact store (:func:`follow_artifact`), else this node's file
     (:func:`follow_log`). Same chunks, same byte offsets, same resume rule."""
-    name = rt.config.artifact_store
+    node = node_of(node)  # a Runtime is accepted too: its node
+    name = node.config.artifact_store
     if not name:
-        yield from follow_log(rt, run_id, offset=offset, follow=follow, heartbeat_s=heartbeat_s)
+        yield from follow_log(node, run_id, offset=offset, follow=follow, heartbeat_s=heartbeat_s)
         return
-    store = rt.plugins.artifact_stores.create(name, rt.context)
+    store = node.plugins.artifact_stores.create(name, node.context)
     try:
         yield from follow_artifact(store, run_id, offset=offset, follow=follow, heartbeat_s=heartbeat_s,
-                                   unfinalized_s=float(rt.profile.log_follow_unfinalized_s))
+                                   unfinalized_s=float(node.profile.log_follow_unfinalized_s))
     finally:
         store.close()
 
@@ -383,14 +389,16 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
         time.sleep(poll_s if heartbeat_s is None else max(0.0, min(poll_s, heartbeat_s - (now - last_yield))))
 
 
-def _settle(rt: Runtime, run_id: str, attempt_id: str) -> bool:
+def _settle(node: Node, run_id: str, attempt_id: str) -> bool:
     """Is the run over? If not, try to end it: its passed deadline, its receipt or its exited process."""
-    view = rt.status(run_id)
+    view = node.view(run_id)
     if view.terminal:
         return True
-    if rt.consumer is not None:
-        rt.settle(view)
-        return rt.status(run_id).terminal
+    if node.consumer is not None:
+        from .reconciler import settle
+
+        settle(node, view)
+        return node.view(run_id).terminal
     return False
 
 

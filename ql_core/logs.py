@@ -55,7 +55,7 @@ from .paths import FILE_MODE, ensure_private_dir, log_path, log_relative_path, l
 from .records import LogFacts
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .node import Node
 
 __all__ = [
     "LOG_CHUNK_BYTES",
@@ -69,6 +69,7 @@ __all__ = [
     "enforce_log_quota",
     "enforce_log_quotas",
     "finalize_log",
+    "delete_log",
     "finalize_logs",
     "Finalized",
     "enforce_log_retention",
@@ -254,30 +255,30 @@ def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
 # -- facts from the run store -----------------------------------------------------------
 
 
-def log_facts(rt: Runtime, log_artifact_id: str) -> LogFacts | None:
+def log_facts(node: Node, log_artifact_id: str) -> LogFacts | None:
     """The artifact's facts (quota, recorded size, truncation, deletion), or None."""
-    return rt.journal.log_facts(log_artifact_id)
+    return node.journal.log_facts(log_artifact_id)
 
 
-def _record_truncation(rt: Runtime, facts: LogFacts) -> bool:
+def _record_truncation(node: Node, facts: LogFacts) -> bool:
     """Set ``truncated`` once and append one ``log.truncated`` event; True if this call did it."""
     from .ports.journal import EventSpec
     from .retrying import retrying
 
     event = EventSpec("log.truncated", attempt_id=facts.attempt_id, reason=QUOTA_REASON)
-    events = retrying(lambda: rt.journal.mark_log_truncated(facts.id, event), retries=rt.profile.completion_retries)
+    events = retrying(lambda: node.journal.mark_log_truncated(facts.id, event), retries=node.profile.completion_retries)
     for info in events:
-        rt.plugins.notify_event(info)
+        node.notify(info)
     return bool(events)
 
 
-def enforce_log_quota(rt: Runtime, facts: LogFacts) -> bool:
+def enforce_log_quota(node: Node, facts: LogFacts) -> bool:
     """Cut this log back to its quota if it is longer; record the first cut. True if it was cut."""
     if facts.deleted:
         return False
-    _size, cut = _cut_to(rt.config.data_dir, facts.id, facts.max_bytes)
+    _size, cut = _cut_to(node.config.data_dir, facts.id, facts.max_bytes)
     if cut and not facts.truncated:
-        _record_truncation(rt, facts)
+        _record_truncation(node, facts)
     return cut
 
 
@@ -290,40 +291,40 @@ class Finalized:
     size_bytes: int | None = None
 
 
-def _finalize(rt: Runtime, log_artifact_id: str) -> Finalized:
+def _finalize(node: Node, log_artifact_id: str) -> Finalized:
     """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
     from .states import ATTEMPT_FINAL
 
-    facts = rt.journal.log_facts(log_artifact_id)
+    facts = node.journal.log_facts(log_artifact_id)
     if facts is None or facts.deleted:
         return Finalized("missing")
-    attempt = rt.journal.attempt(facts.attempt_id)
+    attempt = node.journal.attempt(facts.attempt_id)
     if attempt is None:
         return Finalized("missing")
-    if attempt.runtime_owner != rt.node_id:
+    if attempt.runtime_owner != node.node_id:
         return Finalized("foreign")  # another node's file: not ours to touch
     if attempt.status not in ATTEMPT_FINAL:
         return Finalized("active")
-    size, cut = _cut_to(rt.config.data_dir, facts.id, facts.max_bytes)
+    size, cut = _cut_to(node.config.data_dir, facts.id, facts.max_bytes)
     if cut and not facts.truncated:
-        _record_truncation(rt, facts)
+        _record_truncation(node, facts)
     return Finalized("truncated" if cut else "finalized", facts, min(size or 0, facts.max_bytes))
 
 
-def finalize_log(rt: Runtime, log_artifact_id: str, *, record_size: bool = True) -> str:
+def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) -> str:
     """After the attempt ended: cut the log to its quota (the first cut is recorded at once) and record
     its final ``size_bytes`` (one small commit right after the terminal one; skipped when the recorded
     size is already right). ``record_size=False`` leaves the size to the sizing queue. Idempotent. Returns
     ``"truncated"`` (it was cut now), ``"finalized"``, ``"active"`` (the attempt
     has not ended: nothing done), ``"foreign"`` (another node's) or ``"missing"``.
     """
-    done = _finalize(rt, log_artifact_id)
+    done = _finalize(node, log_artifact_id)
     if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
-        rt.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
+        node.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
     return done.outcome
 
 
-def finalize_logs(rt: Runtime, log_artifact_ids: list[str]) -> Counter[str]:
+def finalize_logs(node: Node, log_artifact_ids: list[str]) -> Counter[str]:
     """:func:`finalize_log` for many logs, their sizes recorded in ONE transaction; logs of attempts
     still active (or another node's) are left alone. Counts ``log_finalized``, ``log_truncated``,
     ``log_errors``."""
@@ -331,7 +332,7 @@ def finalize_logs(rt: Runtime, log_artifact_ids: list[str]) -> Counter[str]:
     sizes: dict[str, int] = {}
     for log_id in log_artifact_ids:
         try:
-            done = _finalize(rt, log_id)
+            done = _finalize(node, log_id)
         except (OSError, UnsafePathError) as exc:
             counts["log_errors"] += 1
             _warn(f"log {log_id} not finalized this round: {type(exc).__name__}")
@@ -340,25 +341,25 @@ def finalize_logs(rt: Runtime, log_artifact_ids: list[str]) -> Counter[str]:
             sizes[done.facts.id] = done.size_bytes
         counts["log_finalized"] += done.outcome in ("finalized", "truncated")
         counts["log_truncated"] += done.outcome == "truncated"
-    rt.journal.record_log_sizes(sizes)
+    node.journal.record_log_sizes(sizes)
     return counts
 
 
 # -- bounded maintenance passes (a supervisor round calls these) ---------------------------
 
 
-def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Counter[str], str]:
+def enforce_log_quotas(node: Node, limit: int, *, cursor: str = "") -> tuple[Counter[str], str]:
     """Check up to ``limit`` logs of this node's running (or blocked) attempts, from ``cursor``.
 
     Returns the counts (``log_quota_checked``, ``log_truncated``) and the next
     cursor ("" once the pass wrapped around).
     """
     counts: Counter[str] = Counter()
-    rows = rt.journal.page_live_logs(rt.node_id, cursor, limit)
+    rows = node.journal.page_live_logs(node.node_id, cursor, limit)
     for facts in rows:
         counts["log_quota_checked"] += 1
         try:
-            if enforce_log_quota(rt, facts):
+            if enforce_log_quota(node, facts):
                 counts["log_truncated"] += 1
         except (OSError, UnsafePathError) as exc:
             counts["log_errors"] += 1
@@ -367,18 +368,18 @@ def enforce_log_quotas(rt: Runtime, limit: int, *, cursor: str = "") -> tuple[Co
     return counts, next_cursor
 
 
-def delete_log_file(rt: Runtime, log_artifact_id: str) -> None:
+def delete_log_file(node: Node, log_artifact_id: str) -> None:
     """Remove one log file (never following a link, never a directory); gone already is fine."""
-    _unlink(rt.config.data_dir, log_artifact_id)
+    _unlink(node.config.data_dir, log_artifact_id)
 
 
-def _delete(rt: Runtime, facts: LogFacts, now: int) -> None:
-    """Unlink first, then record: a crash in between leaves a row whose file is already gone."""
-    _unlink(rt.config.data_dir, facts.id)
-    rt.journal.mark_log_deleted(facts.id, now, facts.size_bytes if facts.size_bytes is not None else 0)
+def delete_log(node: Node, facts: LogFacts, now: int) -> None:
+    """Delete an ended attempt's log: unlink first, then record: a crash in between leaves a row whose file is already gone."""
+    _unlink(node.config.data_dir, facts.id)
+    node.journal.mark_log_deleted(facts.id, now, facts.size_bytes if facts.size_bytes is not None else 0)
 
 
-def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = None) -> Counter[str]:
+def enforce_log_retention(node: Node, limit: int, *, deadline: float | None = None) -> Counter[str]:
     """A retention pass over this node's logs of *terminal* attempts, in pages of ``limit``.
 
     Three steps, oldest first, each read from a partial index (never a walk of history):
@@ -398,7 +399,7 @@ def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = N
     counts: Counter[str] = Counter()
     if limit <= 0:
         return counts
-    owner = rt.node_id
+    owner = node.node_id
 
     def pages(fetch: Callable[[], list[LogFacts]]) -> Iterator[list[LogFacts]]:
         while True:
@@ -413,25 +414,25 @@ def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = N
 
     # 1. size: cut each to its quota, then record the page's sizes in one transaction
     seen: set[str] = set()
-    for page in pages(lambda: rt.journal.ended_logs(owner, unsized=True, limit=limit)):
+    for page in pages(lambda: node.journal.ended_logs(owner, unsized=True, limit=limit)):
         fresh = [f.id for f in page if f.id not in seen]
         if not fresh:
             break  # every log of the page failed before: next round
         seen.update(fresh)
-        counts.update(finalize_logs(rt, fresh))
+        counts.update(finalize_logs(node, fresh))
 
     # 2. age
     now = now_ms()
-    cutoff = now - int(rt.profile.log_retention_s * 1000)
+    cutoff = now - int(node.profile.log_retention_s * 1000)
     failed: set[str] = set()
-    for page in pages(lambda: rt.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit)):
+    for page in pages(lambda: node.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit)):
         if all(f.id in failed for f in page):
             break
         for facts in page:
             if facts.id in failed:
                 continue
             try:
-                _delete(rt, facts, now)
+                delete_log(node, facts, now)
                 counts["log_expired"] += 1
             except (OSError, UnsafePathError) as exc:
                 failed.add(facts.id)
@@ -439,9 +440,9 @@ def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = N
                 _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
 
     # 3. total size
-    excess = rt.journal.ended_log_bytes(owner) - rt.profile.log_total_max_bytes
+    excess = node.journal.ended_log_bytes(owner) - node.profile.log_total_max_bytes
     failed.clear()
-    for page in pages(lambda: rt.journal.ended_logs(owner, sized=True, limit=limit) if excess > 0 else []):
+    for page in pages(lambda: node.journal.ended_logs(owner, sized=True, limit=limit) if excess > 0 else []):
         if all(f.id in failed for f in page):
             break
         for facts in page:
@@ -450,7 +451,7 @@ def enforce_log_retention(rt: Runtime, limit: int, *, deadline: float | None = N
             if facts.id in failed:
                 continue
             try:
-                _delete(rt, facts, now)
+                delete_log(node, facts, now)
             except (OSError, UnsafePathError) as exc:
                 failed.add(facts.id)
                 counts["log_errors"] += 1
@@ -473,13 +474,13 @@ class LogKeeper:
     counts it (``log_errors``) and the next round retries.
     """
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, node: Node) -> None:
+        self.node = node
         self.cursor = ""
 
     def round(self, limit: int, *, deadline: float | None = None) -> Counter[str]:
-        counts, self.cursor = enforce_log_quotas(self.rt, limit, cursor=self.cursor)
-        counts.update(enforce_log_retention(self.rt, limit, deadline=deadline))
+        counts, self.cursor = enforce_log_quotas(self.node, limit, cursor=self.cursor)
+        counts.update(enforce_log_retention(self.node, limit, deadline=deadline))
         return counts
 
 

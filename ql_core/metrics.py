@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from .node import Node
     from .ports import RunEventInfo
-    from .runtime import Runtime
 
 __all__ = ["QlMetrics", "enable", "active", "disable", "serve", "parse_listen", "attach_active", "round_scope",
            "observe_round", "count", "MAX_REASONS", "INSTALL_HINT"]
@@ -101,22 +101,26 @@ class QlMetrics:
                                          "outcome (requeued, lost, retried)", ["outcome"], registry=r)
         self._reasons: set[str] = set()
         self._reasons_lock = threading.Lock()
-        self._attached: list[tuple[Any, Any, Any]] = []  # (runtime, observer, collector)
+        self._attached: list[tuple[Any, Any, Any]] = []  # (node, observer, collector)
         self._server: Any = None
 
     # -- the runtime --------------------------------------------------------------------------------
-    def attach(self, runtime: Runtime) -> None:
-        """Observe ``runtime``'s committed events and export its store's gauges at scrape time."""
-        observer = _Observer(self, runtime)
-        runtime.plugins.pm.register(observer, name=f"ql-metrics-{id(observer):x}")
-        collector = _StoreCollector(runtime)
+    def attach(self, runtime: Any) -> None:
+        """Observe the committed events of ``runtime`` (a Runtime, or a Node) and export its store's
+        gauges at scrape time."""
+        from .node import node_of
+
+        node = node_of(runtime)
+        observer = _Observer(self, node)
+        node.plugins.pm.register(observer, name=f"ql-metrics-{id(observer):x}")
+        collector = _StoreCollector(node)
         self.registry.register(collector)
-        self._attached.append((runtime, observer, collector))
+        self._attached.append((node, observer, collector))
 
     def detach_all(self) -> None:
-        for runtime, observer, collector in self._attached:
+        for node, observer, collector in self._attached:
             try:
-                runtime.plugins.pm.unregister(observer)
+                node.plugins.pm.unregister(observer)
             except ValueError:
                 pass
             self.registry.unregister(collector)
@@ -160,11 +164,11 @@ class QlMetrics:
 
 
 class _Observer:
-    """A ``ql_run_event`` observer registered on one runtime's plugin manager."""
+    """A ``ql_run_event`` observer registered on one node's plugin manager."""
 
-    def __init__(self, metrics: QlMetrics, runtime: Runtime) -> None:
+    def __init__(self, metrics: QlMetrics, node: Node) -> None:
         self.m = metrics
-        self.rt = runtime
+        self.node = node
 
     @hookimpl
     def ql_run_event(self, event: RunEventInfo) -> None:
@@ -187,25 +191,27 @@ class _Observer:
             self._exit_latency(event)
 
     def _submit_latency(self, event: RunEventInfo) -> None:
-        run = self.rt.journal.run(event.run_id)
-        attempt = self.rt.journal.attempt(event.attempt_id or "")
+        run = self.node.journal.run(event.run_id)
+        attempt = self.node.journal.attempt(event.attempt_id or "")
         if run is not None and attempt is not None and attempt.started_at_ms is not None:
             self.m.submit_to_exec.observe(max(0.0, (attempt.started_at_ms - run.created_at_ms) / 1000))
 
     def _exit_latency(self, event: RunEventInfo) -> None:
-        attempt = self.rt.journal.attempt(event.attempt_id or "")
+        attempt = self.node.journal.attempt(event.attempt_id or "")
         if attempt is not None and attempt.finished_at_ms is not None:
             self.m.exit_to_terminal.observe(max(0.0, time.time() - attempt.finished_at_ms / 1000))
 
     def _log_bytes(self, event: RunEventInfo) -> None:
-        attempt = self.rt.journal.attempt(event.attempt_id or "") if event.attempt_id else None
+        attempt = self.node.journal.attempt(event.attempt_id or "") if event.attempt_id else None
         if attempt is None:
             return
-        facts = self.rt.journal.log_facts(attempt.log_artifact_id)
+        facts = self.node.journal.log_facts(attempt.log_artifact_id)
         size = facts.size_bytes if facts is not None else None
         if size is None:
             try:
-                size = self.rt.log_path(event.run_id).stat().st_size
+                from .paths import log_path
+
+                size = log_path(self.node.config.data_dir, attempt.log_artifact_id).stat().st_size
             except Exception:  # noqa: BLE001 - no local log (a cluster run's is elsewhere): nothing to count
                 return
         self.m.log_bytes.inc(max(0, int(size)))
@@ -214,8 +220,8 @@ class _Observer:
 class _StoreCollector:
     """Gauges read from the store at scrape time, with bounded indexed queries (cluster stores only)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
+    def __init__(self, node: Node) -> None:
+        self.node = node
 
     def describe(self) -> list[Any]:
         return []  # no query at registration time
@@ -223,7 +229,7 @@ class _StoreCollector:
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
 
-        snapshot = _cluster_snapshot(self.rt)
+        snapshot = _cluster_snapshot(self.node)
         if snapshot is None:
             return
         ok = GaugeMetricFamily("ql_cluster_scrape_ok", "1 when the control database answered this scrape")
@@ -251,10 +257,10 @@ class _StoreCollector:
         yield lag
 
 
-def _cluster_snapshot(runtime: Runtime) -> dict[str, Any] | None:
+def _cluster_snapshot(node: Node) -> dict[str, Any] | None:
     """Queue, workers and shipping facts from the control database (``ops_snapshot`` of the cluster
     journal backend); None for a store that has none (edge, standalone, a worker's local store)."""
-    snapshot = getattr(runtime.journal, "ops_snapshot", None)
+    snapshot = getattr(node.journal, "ops_snapshot", None)
     if snapshot is None:
         return None
     try:
@@ -316,7 +322,7 @@ def serve(listen: str | None) -> QlMetrics | None:
     return metrics
 
 
-def attach_active(runtime: Runtime) -> None:
+def attach_active(runtime: Any) -> None:
     """Attach ``runtime`` to the process's metrics when they are on (a no-op otherwise)."""
     if _active is not None:
         _active.attach(runtime)

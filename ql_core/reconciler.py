@@ -5,7 +5,7 @@ One round, in this fixed order, every step capped by the profile
 
 1. passed deadlines → commit ``run.cancel_requested(reason=timeout)`` (before any signal);
 2. due cancellation dispatch records → lease, verify, TERM/KILL;
-3. this runtime's active attempts, paged from the *database* with a stable
+3. this node's active attempts, paged from the *database* with a stable
    cursor (``id > cursor ORDER BY id``; never a walk of the receipt directory):
    a receipt → the consumer (judged first: one whose launcher still runs beside
    its live host is deferred to the next round, one that contradicts the status
@@ -71,10 +71,11 @@ from .tokens import same_hash
 
 if TYPE_CHECKING:
     from .receipts.codec import Receipt
-    from .records import AttemptRecord, JournalEntry
-    from .runtime import Runtime
+    from .node import Node
+    from .records import AttemptRecord, JournalEntry, RunView
 
-__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS"]
+__all__ = ["Reconciler", "RoundReport", "CursorStuckError", "REPORT_KEYS", "SPAWN_GRACE_MS", "settle",
+           "recover_attempt"]
 
 #: A ``starting`` attempt without a handle whose host cannot be identified is left this long before it
 #: is ``blocked`` (nothing proves anything about it; it is never ended by a timer).
@@ -108,17 +109,35 @@ class RoundReport:
             k: v for k, v in sorted(self.counts.items()) if k not in REPORT_KEYS}
 
 
-class Reconciler:
-    """Bounded recovery rounds for one runtime. Stateless apart from its two cursors."""
+def settle(node: Node, view: RunView) -> None:
+    """Try to end a non-terminal run shown to a reader: its passed deadline becomes a timeout intent
+    (and its signals are dispatched), and this node's attempt is settled from its receipt or its
+    process identity — what a round would do for it, bounded to this one run."""
+    if view.terminal or node.consumer is None or view.current_attempt is None:
+        return
+    node.canceller.enforce_deadline(view.run_id, has_deadline=view.deadline_at_ms is not None,
+                                    has_intent=view.cancel_reason is not None)
+    if view.cancel_reason is not None or view.deadline_at_ms is not None:
+        node.canceller.dispatch_one(view.run_id)
+    recover_attempt(node, view.current_attempt.attempt_id)
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
-        self.profile = runtime.profile
+
+def recover_attempt(node: Node, attempt_id: str) -> dict[str, int]:
+    """Settle one attempt now (receipt, else identity) — what a round does, for one; its counts."""
+    return Reconciler(node).check_attempt(attempt_id).as_dict()
+
+
+class Reconciler:
+    """Bounded recovery rounds for one node. Stateless apart from its two cursors."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.profile = node.profile
         self.attempt_cursor = ""
         self.journal_cursor = ""
         #: How long a ``starting`` attempt without a handle is left to its host (ms).
         self.spawn_grace_ms = SPAWN_GRACE_MS
-        self._log_keeper = _log_keeper(runtime)
+        self._log_keeper = _log_keeper(node)
 
     @property
     def limit(self) -> int:
@@ -133,9 +152,9 @@ class Reconciler:
     def _round(self, *, attempts: bool, journal: bool) -> RoundReport:
         report = RoundReport()
         self._deadlines(report, self.limit)
-        for outcome, n in self.rt.canceller.dispatch_due(self.limit).items():
+        for outcome, n in self.node.canceller.dispatch_due(self.limit).items():
             report.counts[f"dispatch_{outcome}"] += n
-        if self.rt.consumer is not None:
+        if self.node.consumer is not None:
             if attempts:
                 self._active_attempts(report)
             if journal:
@@ -165,14 +184,12 @@ class Reconciler:
 
     # -- step 1: deadlines ---------------------------------------------------------
     def _deadlines(self, report: RoundReport, limit: int) -> None:
-        # The store's wall clock picks candidates; a duration decides (Runtime.deadline_passed): a
+        # The store's wall clock picks candidates; a duration decides (Canceller.deadline_passed): a
         # submitter whose clock was behind does not make a task time out early here. (One whose
         # clock was ahead is not a candidate yet: its launcher enforces its deadline itself.)
-        for run_id in self.rt.journal.due_deadlines(self.rt.node_id, now_ms(), limit):
+        for run_id in self.node.journal.due_deadlines(self.node.node_id, now_ms(), limit):
             try:
-                if not self.rt.deadline_passed(run_id):
-                    continue
-                if str(self.rt.canceller.request(run_id, "timeout")) == "requested":
+                if str(self.node.canceller.enforce_deadline(run_id)) == "requested":
                     report.counts["timeouts_requested"] += 1
             except Exception as exc:  # noqa: BLE001 - the next round retries this deadline
                 report.counts["errors"] += 1
@@ -180,12 +197,12 @@ class Reconciler:
 
     # -- paging ------------------------------------------------------------------------
     def _fetch_attempts(self, cursor: str, limit: int) -> list[AttemptRecord]:
-        """One page of this runtime's active attempts with id > ``cursor``, in id order."""
-        return self.rt.journal.page_active_attempts(self.rt.node_id, cursor, limit)
+        """One page of this node's active attempts with id > ``cursor``, in id order."""
+        return self.node.journal.page_active_attempts(self.node.node_id, cursor, limit)
 
     def _fetch_journal(self, cursor: str, limit: int) -> list[JournalEntry]:
         """One page of journal rows with attempt_id > ``cursor``, with their attempts' status and owner."""
-        return self.rt.journal.page_journal(cursor, limit)
+        return self.node.journal.page_journal(cursor, limit)
 
     def _pages(self, fetch: Any, cursor_attr: str) -> Iterator[Any]:
         """Yield rows page by page (at most ``pages_per_round`` pages), moving the named cursor.
@@ -219,8 +236,8 @@ class Reconciler:
     def check_attempt(self, attempt_id: str) -> RoundReport:
         """The same recovery steps for one attempt (a follower uses this when no supervisor runs)."""
         report = RoundReport()
-        attempt = self.rt.journal.attempt(attempt_id)
-        if attempt is None or attempt.runtime_owner != self.rt.node_id or self.rt.consumer is None:
+        attempt = self.node.journal.attempt(attempt_id)
+        if attempt is None or attempt.runtime_owner != self.node.node_id or self.node.consumer is None:
             return report
         if attempt.status in ATTEMPT_ACTIVE:
             report.attempts_touched = 1
@@ -244,7 +261,7 @@ class Reconciler:
         from .logs import finalize_logs
 
         try:
-            report.counts.update(finalize_logs(self.rt, [a.log_artifact_id for a in attempts]))
+            report.counts.update(finalize_logs(self.node, [a.log_artifact_id for a in attempts]))
         except Exception as exc:  # noqa: BLE001 - the sizing queue (ix_ql_log_unsized) retries them
             report.counts["log_errors"] += 1
             logger.warning("log sizes deferred: {}", type(exc).__name__)
@@ -265,8 +282,8 @@ class Reconciler:
                     continue
                 state = self._identity(attempt)
                 if state == _NEVER_STARTED:
-                    result = self.rt.completion.end_without_receipt(attempt.id, status="lost",
-                                                                    reason=NEVER_STARTED_REASON)
+                    result = self.node.completion.end_without_receipt(attempt.id, status="lost",
+                                                                      reason=NEVER_STARTED_REASON)
                     report.counts["lost" if str(result.outcome) == "applied" else "already_terminal"] += 1
                 elif state is IdentityState.RUNNING:
                     report.counts["still_running"] += 1
@@ -276,7 +293,7 @@ class Reconciler:
                 elif state is IdentityState.UNVERIFIABLE:
                     reason = ("RECOVERY_NO_DURABLE_HANDLE" if attempt.handle is None
                               else "RECOVERY_IDENTITY_UNVERIFIABLE")
-                    if self.rt.completion.mark_blocked(attempt.id, reason).status == "blocked":
+                    if self.node.completion.mark_blocked(attempt.id, reason).status == "blocked":
                         report.counts["blocked"] += 1
                 else:
                     report.counts["still_starting"] += 1
@@ -303,7 +320,7 @@ class Reconciler:
         attempt whose executor is not installed here is ``UNVERIFIABLE`` too.
         """
         if attempt.handle is None:
-            proof = start_state(self.rt.executor_for, attempt) if attempt.status == "starting" else None
+            proof = start_state(self.node.executor_for, attempt) if attempt.status == "starting" else None
             if proof is StartState.HOST_ALIVE:
                 return None
             if proof is StartState.NEVER_STARTED:
@@ -311,7 +328,7 @@ class Reconciler:
             if now_ms() - attempt.created_at_ms < self.spawn_grace_ms:
                 return None
             return IdentityState.UNVERIFIABLE
-        executor = self.rt.executor_for(attempt.executor)
+        executor = self.node.executor_for(attempt.executor)
         if executor is None:
             return IdentityState.UNVERIFIABLE
         return executor.inspect(attempt.handle)
@@ -334,7 +351,7 @@ class Reconciler:
         if (receipt.run_id != attempt.run_id or receipt.callback_sequence != attempt.callback_sequence + 1
                 or not same_hash(attempt.callback_token_hash, receipt.token)):
             return None
-        executor = self.rt.executor_for(attempt.executor)
+        executor = self.node.executor_for(attempt.executor)
         leader_state = getattr(executor, "leader_state", None)
         if executor is None or leader_state is None or attempt.handle is None:
             return None
@@ -353,9 +370,9 @@ class Reconciler:
                       judge: Any = None) -> set[str]:
         """The attempts whose receipt settled them (or must be retried, or was deferred): no
         identity check for those."""
-        assert self.rt.consumer is not None
+        assert self.node.consumer is not None
         try:
-            results = self.rt.consumer.consume_many(attempt_ids, judge=judge)
+            results = self.node.consumer.consume_many(attempt_ids, judge=judge)
         except Exception as exc:  # noqa: BLE001 - one bad page must not stop the round
             report.counts["errors"] += 1
             logger.warning("{} receipts not settled this round: {}", len(attempt_ids), type(exc).__name__)
@@ -364,8 +381,8 @@ class Reconciler:
 
     def _consume(self, attempt_id: str, report: RoundReport) -> bool:
         """True when the receipt settled the attempt (or must be retried): no identity check then."""
-        assert self.rt.consumer is not None
-        return self._count(self.rt.consumer.consume(attempt_id), report)
+        assert self.node.consumer is not None
+        return self._count(self.node.consumer.consume(attempt_id), report)
 
     @staticmethod
     def _count(result: ConsumeResult, report: RoundReport) -> bool:
@@ -392,7 +409,7 @@ class Reconciler:
         """Exited, grace over, still no receipt: lost — or the intent's state if we signalled it."""
         for attempt in attempts:
             try:
-                result = self.rt.completion.end_without_receipt(attempt.id, reason=LOST_REASON)
+                result = self.node.completion.end_without_receipt(attempt.id, reason=LOST_REASON)
             except Exception as exc:  # noqa: BLE001
                 report.counts["errors"] += 1
                 logger.warning("attempt {} not settled this round: {}", attempt.id, type(exc).__name__)
@@ -405,12 +422,12 @@ class Reconciler:
 
     def _ensure_journal(self, attempts: list[AttemptRecord], report: RoundReport) -> None:
         """Attempts from before the journal existed get their row (idempotent back-registration)."""
-        receipts = self.rt.receipts
+        receipts = self.node.receipts
         assert receipts is not None
         missing = {a.id: (a.run_id, receipts.relative_ref(a.id)) for a in attempts
-                   if self.rt.journal.journal_entry(a.id) is None}
+                   if self.node.journal.journal_entry(a.id) is None}
         if missing:
-            report.counts["journal_registered"] += self.rt.journal.register_journal(missing, now_ms())
+            report.counts["journal_registered"] += self.node.journal.register_journal(missing, now_ms())
 
     # -- step 5: log quota and retention (age and size only; never because of a receipt) --------
     def _logs(self, report: RoundReport, deadline: float) -> None:
@@ -428,13 +445,13 @@ class Reconciler:
         round's ``retention_budget_ms`` lasts; ``retention_more`` tells the supervisor work is left."""
         from .ports.journal import HistoryRetention
 
-        journal = self.rt.journal
+        journal = self.node.journal
         if not isinstance(journal, HistoryRetention):
             return
         try:
             cutoff = now_ms() - int(self.profile.history_retention_s * 1000)
             while True:
-                candidates = journal.history_candidates(self.rt.node_id, finished_before_ms=cutoff,
+                candidates = journal.history_candidates(self.node.node_id, finished_before_ms=cutoff,
                                                         keep_newest=self.profile.history_max_runs,
                                                         limit=self.limit)
                 if not candidates:
@@ -455,14 +472,14 @@ class Reconciler:
         for run_id, log_ids in candidates.items():
             try:
                 for log_id in log_ids:
-                    delete_log_file(self.rt, log_id)  # files first: a crash leaves rows, never orphans
+                    delete_log_file(self.node, log_id)  # files first: a crash leaves rows, never orphans
                 ready.append(run_id)
             except Exception as exc:  # noqa: BLE001 - this run waits for the next round
                 report.counts["history_errors"] += 1
                 logger.warning("history of run {} kept this round: {}", run_id, type(exc).__name__)
         if not ready:
             return 0
-        purged = int(self.rt.journal.purge_runs(ready))  # type: ignore[attr-defined]
+        purged = int(self.node.journal.purge_runs(ready))  # type: ignore[attr-defined]
         report.counts["history_purged"] += purged
         return purged
 
@@ -473,7 +490,7 @@ class Reconciler:
             # Only this node's rows: on a shared database another node's rows index receipts in a
             # directory this node cannot see — judging them "missing" would purge live rows. (Rows
             # of unknown attempts have no owner and are left alone too.)
-            mine = [row for row in page if row.attempt_owner == self.rt.node_id]
+            mine = [row for row in page if row.attempt_owner == self.node.node_id]
             report.journal_touched += len(mine)
             expired_or_unseen: list[JournalEntry] = []
             for row in mine:
@@ -481,7 +498,7 @@ class Reconciler:
                     outcome, kept_in_place = None, False
                     if row.attempt_status not in ATTEMPT_ACTIVE:  # step 3 owns active attempts' receipts
                         # Ended (or blocked) attempt: a receipt left behind is replayed and cleaned.
-                        result = self.rt.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
+                        result = self.node.consumer.consume(row.attempt_id)  # type: ignore[union-attr]
                         outcome, kept_in_place = result.outcome, getattr(result, "kept_in_place", False)
                         if outcome is ConsumeOutcome.UNUSABLE:
                             report.counts["receipt_unusable"] += 1
@@ -514,9 +531,9 @@ class Reconciler:
         unseen = [r.attempt_id for r in rows if r.terminal_seen_at_ms is None]
         expired = [r.attempt_id for r in rows
                    if r.terminal_seen_at_ms is not None and now - r.terminal_seen_at_ms >= window]
-        self.rt.journal.mark_terminal_seen(unseen, now)
+        self.node.journal.mark_terminal_seen(unseen, now)
         if expired:
-            report.counts["journal_purged"] += self.rt.journal.resolve(expired)
+            report.counts["journal_purged"] += self.node.journal.resolve(expired)
 
     def _expire_quarantine(self, row: JournalEntry, now: int, report: RoundReport) -> bool:
         """After ``quarantine_retention_s``: delete the quarantined copy, whatever the attempt's state.
@@ -527,7 +544,7 @@ class Reconciler:
         """
         if now - row.updated_at_ms < int(self.profile.quarantine_retention_s * 1000):
             return False
-        receipts = self.rt.receipts
+        receipts = self.node.receipts
         assert receipts is not None
         if receipts.purge_quarantined(row.attempt_id):
             report.counts["quarantine_purged"] += 1
@@ -537,20 +554,20 @@ class Reconciler:
             # it into the freed slot on its own clock — never an unindexed file left behind.
             return True
         if ended:
-            self.rt.journal.resolve([row.attempt_id])
+            self.node.journal.resolve([row.attempt_id])
         else:
             # Active or blocked attempt: back to pending, its valid receipt may still come.
-            self.rt.journal.requeue_quarantined(row.attempt_id, row.updated_at_ms, now)
+            self.node.journal.requeue_quarantined(row.attempt_id, row.updated_at_ms, now)
         return ended
 
 
-def _log_keeper(runtime: Runtime) -> Any:
-    """The log quota/retention keeper of a runtime that runs local processes (None otherwise)."""
-    if runtime.receipts is None:
+def _log_keeper(node: Node) -> Any:
+    """The log quota/retention keeper of a node that runs local processes (None otherwise)."""
+    if node.receipts is None:
         return None
     from .logs import LogKeeper
 
-    return LogKeeper(runtime)
+    return LogKeeper(node)
 
 
 def _key(row: Any) -> str:

@@ -28,19 +28,19 @@ from .log import logger
 from .reconciler import CursorStuckError, Reconciler, RoundReport
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .node import Node
 
 __all__ = ["Supervisor"]
 
 
 class Supervisor:
-    """Periodic, non-overlapping, bounded reconciliation for one runtime."""
+    """Periodic, non-overlapping, bounded reconciliation for one node."""
 
-    def __init__(self, runtime: Runtime, *, interval_s: float | None = None,
+    def __init__(self, node: Node, *, interval_s: float | None = None,
                  on_round: Callable[[RoundReport], None] | None = None) -> None:
-        self.rt = runtime
-        self.reconciler = Reconciler(runtime)
-        self.interval_s = runtime.profile.scan_interval_s if interval_s is None else interval_s
+        self.profile = node.profile
+        self.reconciler = Reconciler(node)
+        self.interval_s = node.profile.scan_interval_s if interval_s is None else interval_s
         if not self.interval_s > 0:
             raise ValueError("the supervisor's interval must be positive")
         self.on_round = on_round
@@ -87,7 +87,7 @@ class Supervisor:
         if thread is None:
             return True
         if thread is not threading.current_thread():
-            thread.join(self.rt.profile.stop_drain_s if drain_s is None else max(0.0, drain_s))
+            thread.join(self.profile.stop_drain_s if drain_s is None else max(0.0, drain_s))
         return not thread.is_alive()
 
     def run_round(self) -> RoundReport:
@@ -125,6 +125,6 @@ class Supervisor:
             if backlog:
                 # Retention stopped at its budget with work left: the next round after a pause as long
                 # as the budget, so a backlog drains at up to half of one core, never more.
-                remaining = min(remaining, self.rt.profile.retention_budget_ms / 1000)
+                remaining = min(remaining, self.profile.retention_budget_ms / 1000)
             if remaining > 0:
                 self._wake.wait(remaining)

@@ -112,9 +112,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
             rt.close()
     try:
         chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
-        _write_chunks(follow_log(rt, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
+        _write_chunks(follow_log(rt.node, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
         view = rt.status(args.run_id)
-        facts = log_facts(rt, view.log_artifact_id) if view.log_artifact_id else None
+        facts = log_facts(rt.node, view.log_artifact_id) if view.log_artifact_id else None
         if chunks is not None:
             if view.terminal:  # nothing will complete a character cut at the very end any more
                 for record in chunks.flush():

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--max-rounds must be at least 1")
     rt = runtime_from_args(args)
     try:
-        report, rounds = Reconciler(rt).full_pass(max_rounds=args.max_rounds)
+        report, rounds = Reconciler(rt.node).full_pass(max_rounds=args.max_rounds)
     except CursorStuckError as exc:
         raise DatabaseError(f"reconciliation stopped, failing closed: {exc}; "
                             f"check the database with `ql doctor`") from None

@@ -12,8 +12,12 @@ import argparse
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from ql_core.cli.output import Output
+from ql_core.cli.output import Output, silence_stdout
+
+if TYPE_CHECKING:
+    from ql_core.node import Node
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
 EPILOG = ("The task's output (stdout and stderr, merged) streams to our stdout; ql's own notes go to stderr. "
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     if out.json_mode:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state})
-    streamer = (_LogStreamer(rt, sub.log_artifact_id)
+    streamer = (_LogStreamer(rt.node, sub.log_artifact_id)
                 if not out.json_mode and sub.log_artifact_id is not None else None)
 
     def on_tick() -> None:
@@ -112,12 +116,12 @@ class _LogStreamer:
     Reads stop at the artifact's quota: bytes past it are about to be cut, so nobody sees them.
     """
 
-    def __init__(self, rt: object, log_artifact_id: str) -> None:
+    def __init__(self, node: Node, log_artifact_id: str) -> None:
         from ql_core.logs import log_facts
 
-        self._data_dir = rt.config.data_dir  # type: ignore[attr-defined]
+        self._data_dir = node.config.data_dir
         self._log_id = log_artifact_id
-        facts = log_facts(rt, log_artifact_id)  # type: ignore[arg-type]
+        facts = log_facts(node, log_artifact_id)
         self._max_bytes = facts.max_bytes if facts is not None else None
         self._offset = 0
         #: Our stdout went away (its reader left), or the log file was replaced: stop streaming,
@@ -156,7 +160,5 @@ class _LogStreamer:
                 return
 
     def _stop(self) -> None:
-        from ql_core.cli.main import _silence_stdout
-
         self.stopped = True
-        _silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere
+        silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere

@@ -53,7 +53,7 @@ def _supervise(args: argparse.Namespace, out: Output, stop: threading.Event) -> 
         if busy:
             out.emit({"type": "round", **r.as_dict()}, " ".join(f"{k}={v}" for k, v in busy.items()))
 
-    supervisor = Supervisor(rt, interval_s=args.interval, on_round=report)
+    supervisor = Supervisor(rt.node, interval_s=args.interval, on_round=report)
     watcher = rt.start_wakeups(supervisor)
     supervisor.start()
     out.text(f"ql: supervising {rt.config.data_dir} every {supervisor.interval_s:g}s (profile "

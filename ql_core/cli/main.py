@@ -19,6 +19,8 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
+from ql_core.cli.output import silence_stdout
+
 __all__ = ["main", "build_parser", "COMMANDS", "EXIT_CODES"]
 
 #: subcommand -> module; each module defines ``configure(parser)`` and ``run(args, out) -> int``.
@@ -296,16 +298,6 @@ def _ensure_std_fds() -> None:
             setattr(sys, name, stream)
 
 
-def _silence_stdout() -> None:
-    """The reader of our stdout left: send the rest (and Python's final flush) to /dev/null."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ql`` command; returns (and exits with) its status."""
     _ensure_std_fds()
@@ -338,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `ql list | head`: the reader left; not an error of ours.
-        _silence_stdout()
+        silence_stdout()
         return 0
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
         kind, message, code = classify(exc, command)
@@ -365,7 +357,7 @@ def console_main() -> NoReturn:
             stream.flush()
         except BrokenPipeError:
             if stream is sys.stdout:
-                _silence_stdout()
+                silence_stdout()
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(status if 0 <= status <= 255 else 1)

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from typing import Any, TextIO
 
-__all__ = ["Output", "escape_undecodable"]
+__all__ = ["Output", "escape_undecodable", "silence_stdout"]
+
+
+def silence_stdout() -> None:
+    """The reader of our stdout left: send the rest (and Python's final flush) to /dev/null."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def escape_undecodable(text: str) -> str:
@@ -57,7 +68,5 @@ class Output:
         except (BrokenPipeError, ValueError):
             if not self.tolerate_broken_pipe:
                 raise BrokenPipeError from None
-            from ql_core.cli.main import _silence_stdout
-
             self.broken = True
-            _silence_stdout()
+            silence_stdout()

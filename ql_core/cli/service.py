@@ -10,7 +10,7 @@ __all__ = ["serve"]
 
 def serve(args: argparse.Namespace, *, role: str, capability: type, method: str, profile_hint: str) -> int:
     """Install the stop handlers first (an early TERM must not kill us mid-start), open the runtime,
-    check its journal backend offers ``capability`` and run ``method(runtime, stop)``."""
+    check its journal backend offers ``capability`` and run ``method(node, stop)`` (the runtime's node)."""
     from ql_core.cli.common import stop_on_signals
 
     with stop_on_signals(threading.Event()) as stop:
@@ -24,6 +24,6 @@ def serve(args: argparse.Namespace, *, role: str, capability: type, method: str,
             if not isinstance(rt.journal, capability):
                 raise UsageError(f"`ql {role}` needs a journal backend that serves it; the configured one "
                                  f"({rt.config.journal}, profile {rt.profile.name}) does not: use {profile_hint}")
-            return int(getattr(rt.journal, method)(rt, stop))
+            return int(getattr(rt.journal, method)(rt.node, stop))  # the role takes the node's seams
         finally:
             rt.close()

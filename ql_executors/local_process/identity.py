@@ -36,7 +36,7 @@ only after the whole group is gone *and* the pid space wrapped around could it n
 Sources. Identity is read by one of two sources behind the same opaque handle:
 
 - ``proc`` (the default on Linux): the above, exact (clock ticks, kernel boot id);
-- ``psutil`` (the default elsewhere; ``identity_psutil``): ``psutil.boot_time()``,
+- ``psutil`` (the default elsewhere; ``identity_psutil``, loaded on first use): ``psutil.boot_time()``,
   ``Process(pid).create_time()``, ``os.getpgid``, status zombie/dead = exited. Both times are
   wall-clock derived, so they are compared with a slack (see that module); a wall-clock step larger
   than the slack between capture and inspection makes a live task look exited (it then ends
@@ -46,7 +46,8 @@ Sources. Identity is read by one of two sources behind the same opaque handle:
 source that made it and is only ever judged by that same source: when the active source differs,
 the handle is ``UNVERIFIABLE`` (never signalled, never declared exited). ``handle_to_dict`` /
 ``handle_from_dict`` are the JSON form core stores; a dict without ``source`` is the original
-``/proc`` format.
+``/proc`` format. What a source reads and the protocol both sources follow are in
+``identity_source``.
 """
 
 from __future__ import annotations
@@ -57,9 +58,11 @@ import re
 import sys
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from ql_core.log import logger
+
+from .identity_source import IdentitySource, IdentityUnreadable, ProcStat
 
 __all__ = [
     "ProcessHandle",
@@ -116,18 +119,6 @@ class SignalOutcome(StrEnum):
     BLOCKED = "blocked"
 
 
-@dataclass(frozen=True)
-class _Stat:
-    state: str
-    pgrp: int
-    start_time: int
-    session: int = -1
-    #: Field 2, the command name (15 bytes at most): a fork keeps it, an exec changes it.
-    comm: bytes = b""
-    #: Field 52, the wait status of an exited (zombie) process; 0 also when it cannot be read.
-    exit_code: int = 0
-
-
 class LeaderState(StrEnum):
     """What became of the launcher process itself (not its group): see :func:`leader_state`."""
 
@@ -141,9 +132,6 @@ _ORPHANED = "orphaned"
 #: Stands for the publisher an exited launcher left behind (see _publisher_pending).
 _PUBLISHING = "publishing"
 
-class _Unreadable(Exception):
-    """Identity cannot be read at all: no /proc, permission denied, or an unparsable record."""
-
 
 def read_boot_id() -> str | None:
     """The current boot id, or ``None`` when it cannot be read."""
@@ -155,35 +143,35 @@ def read_boot_id() -> str | None:
     return value if _BOOT_ID.fullmatch(value) else None
 
 
-def _parse_stat(raw: bytes) -> _Stat:
+def _parse_stat(raw: bytes) -> ProcStat:
     # comm (field 2) may contain spaces and parentheses: everything after the LAST ')' is fields 3..
     end = raw.rfind(b")")
     if end < 0:
-        raise _Unreadable("no ')' in stat")
+        raise IdentityUnreadable("no ')' in stat")
     fields = raw[end + 1 :].split()
     # fields[0] is field 3 (state), [2] field 5 (pgrp), [3] field 6 (session), [19] field 22 (starttime)
     if len(fields) < 20:
-        raise _Unreadable("short stat")
+        raise IdentityUnreadable("short stat")
     try:
         state = fields[0].decode("ascii")
         pgrp = int(fields[2])
         session = int(fields[3])
         start_time = int(fields[19])
     except (UnicodeDecodeError, ValueError) as exc:
-        raise _Unreadable("bad stat field") from exc
+        raise IdentityUnreadable("bad stat field") from exc
     if len(state) != 1 or start_time < 0:
-        raise _Unreadable("bad stat field")
+        raise IdentityUnreadable("bad stat field")
     start = raw.find(b"(")
     comm = raw[start + 1 : end] if 0 <= start < end else b""
     try:
         exit_code = int(fields[49]) if len(fields) > 49 else 0
     except ValueError:
         exit_code = 0
-    return _Stat(state=state, pgrp=pgrp, start_time=start_time, session=session, comm=comm,
+    return ProcStat(state=state, pgrp=pgrp, start_time=start_time, session=session, comm=comm,
                  exit_code=exit_code)
 
 
-def _read_stat(pid: int) -> _Stat | None:
+def _read_stat(pid: int) -> ProcStat | None:
     """The stat record of ``pid``; ``None`` when that process does not exist."""
     try:
         with open(f"{_PROC}/{pid}/stat", "rb") as f:
@@ -191,12 +179,12 @@ def _read_stat(pid: int) -> _Stat | None:
     except (FileNotFoundError, ProcessLookupError):
         # ENOENT means "no such pid" only if /proc itself is there to ask.
         if not os.path.exists(f"{_PROC}/self/stat"):
-            raise _Unreadable("/proc is not mounted") from None
+            raise IdentityUnreadable("/proc is not mounted") from None
         return None
     except OSError as exc:
         if exc.errno == errno.ESRCH:  # exited between open and read
             return None
-        raise _Unreadable(str(exc)) from exc
+        raise IdentityUnreadable(str(exc)) from exc
     return _parse_stat(raw)
 
 
@@ -205,25 +193,9 @@ def proc_start_time(pid: int) -> int | None:
     process is gone or its record cannot be read."""
     try:
         found = _read_stat(pid)
-    except _Unreadable:
+    except IdentityUnreadable:
         return None
     return None if found is None else found.start_time
-
-
-class _Source(Protocol):
-    """One way of reading process identity; ``stat`` raises ``_Unreadable`` when it cannot tell."""
-
-    name: str
-
-    def boot(self) -> str | None: ...
-
-    def same_boot(self, stored: str, current: str) -> bool: ...
-
-    def stat(self, pid: int) -> _Stat | None: ...
-
-    def same_start(self, stored: int, current: int) -> bool: ...
-
-    def valid_boot(self, value: str) -> bool: ...
 
 
 class _ProcSource:
@@ -237,7 +209,7 @@ class _ProcSource:
     def same_boot(self, stored: str, current: str) -> bool:
         return stored == current
 
-    def stat(self, pid: int) -> _Stat | None:
+    def stat(self, pid: int) -> ProcStat | None:
         return _read_stat(pid)
 
     def same_start(self, stored: int, current: int) -> bool:
@@ -261,7 +233,7 @@ def default_source() -> str:
     return "proc" if sys.platform.startswith("linux") else "psutil"
 
 
-def _get_source(name: str) -> _Source | None:
+def _get_source(name: str) -> IdentitySource | None:
     if name == "proc":
         return _PROC_SOURCE
     if name == "psutil":
@@ -272,7 +244,7 @@ def _get_source(name: str) -> _Source | None:
     return None
 
 
-def _active(handle: ProcessHandle | None, source: str | None) -> _Source | None:
+def _active(handle: ProcessHandle | None, source: str | None) -> IdentitySource | None:
     """The source to judge ``handle`` with: the active one, and only if it made the handle."""
     name = default_source() if source is None else source
     if handle is not None and handle.source != name:
@@ -302,7 +274,7 @@ def capture_handle(pid: int, *, source: str | None = None) -> ProcessHandle | No
         return None
     try:
         stat = src.stat(pid)
-    except _Unreadable:
+    except IdentityUnreadable:
         return None
     if stat is None or stat.start_time < 0:
         return None
@@ -322,7 +294,7 @@ def _valid(handle: ProcessHandle) -> bool:
     )
 
 
-def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _Stat | None]:
+def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, ProcStat | None]:
     if not _valid(handle):  # e.g. a corrupted stored handle: fail closed
         return IdentityState.UNVERIFIABLE, None
     src = _active(handle, source)
@@ -335,7 +307,7 @@ def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _S
         return IdentityState.EXITED, None
     try:
         stat = src.stat(handle.pid)
-    except _Unreadable:
+    except IdentityUnreadable:
         return IdentityState.UNVERIFIABLE, None
     leader_gone = stat is None or (stat.state in _GONE_STATES and src.same_start(handle.start_time, stat.start_time))
     if (leader_gone and stat is not None and src.name == "proc" and handle.pgid == handle.pid
@@ -343,11 +315,11 @@ def _probe(handle: ProcessHandle, source: str | None) -> tuple[IdentityState, _S
         # The launcher exited (its host has not reaped it: stopped, say) and left its publisher
         # waiting (bounded) for that host's word: the task's result exists and may still be
         # published. Nothing is decided yet, and nothing is signalled (signal_group).
-        return IdentityState.RUNNING, _Stat(state=_PUBLISHING, pgrp=handle.pgid, start_time=handle.start_time)
+        return IdentityState.RUNNING, ProcStat(state=_PUBLISHING, pgrp=handle.pgid, start_time=handle.start_time)
     if leader_gone and src.name == "proc" and handle.pgid == handle.pid and _orphaned_group(handle):
         # The launcher is gone (or an unreaped zombie) but its command runs on in its group: still
         # running, still in reach.
-        return IdentityState.RUNNING, _Stat(state=_ORPHANED, pgrp=handle.pgid, start_time=handle.start_time)
+        return IdentityState.RUNNING, ProcStat(state=_ORPHANED, pgrp=handle.pgid, start_time=handle.start_time)
     if stat is None or stat.state in _GONE_STATES:
         return IdentityState.EXITED, stat
     if not src.same_start(handle.start_time, stat.start_time):
@@ -378,7 +350,7 @@ def _orphaned_group(handle: ProcessHandle) -> bool:
             continue
         try:
             member = _read_stat(int(name))
-        except _Unreadable:
+        except IdentityUnreadable:
             return False  # cannot tell: fail closed (exited, never signalled)
         if member is None or member.pgrp != handle.pgid or member.state in _GONE_STATES:
             continue
@@ -388,7 +360,7 @@ def _orphaned_group(handle: ProcessHandle) -> bool:
     return found
 
 
-def _publisher_pending(handle: ProcessHandle, leader: _Stat) -> bool:
+def _publisher_pending(handle: ProcessHandle, leader: ProcStat) -> bool:
     """Is the zombie launcher's publisher still there to publish the task's result?
 
     The publisher is the launcher's own fork (same command name; the command's processes were
@@ -408,7 +380,7 @@ def _publisher_pending(handle: ProcessHandle, leader: _Stat) -> bool:
             continue
         try:
             member = _read_stat(int(name))
-        except _Unreadable:
+        except IdentityUnreadable:
             continue
         if (member is not None and member.pgrp == handle.pgid and member.session == handle.pid
                 and member.start_time >= handle.start_time and member.comm == leader.comm
@@ -438,7 +410,7 @@ def leader_state(handle: ProcessHandle, *, source: str | None = None) -> tuple[L
         return LeaderState.EXITED, None
     try:
         stat = src.stat(handle.pid)
-    except _Unreadable:
+    except IdentityUnreadable:
         return LeaderState.UNKNOWN, None
     if stat is None or not src.same_start(handle.start_time, stat.start_time):
         return LeaderState.EXITED, None

@@ -23,7 +23,7 @@ from types import ModuleType
 
 from ql_core.log import logger
 
-from .identity import _Stat, _Unreadable
+from .identity_source import IdentityUnreadable, ProcStat
 
 __all__ = ["BOOT_SLACK_S", "START_SLACK_MS", "PSUTIL_SOURCE", "PsutilSource"]
 
@@ -51,14 +51,14 @@ class PsutilSource:
                         "unverifiable until it is: {}",
                         _INSTALL_HINT,
                     )
-                raise _Unreadable("psutil is not installed") from exc
+                raise IdentityUnreadable("psutil is not installed") from exc
             self._module = psutil
         return self._module
 
     def boot(self) -> str | None:
         try:
             value = self._psutil().boot_time()
-        except Exception:  # _Unreadable, or anything psutil raises on an odd system
+        except Exception:  # IdentityUnreadable, or anything psutil raises on an odd system
             return None
         if not isinstance(value, (int, float)) or value <= 0:
             return None
@@ -76,7 +76,7 @@ class PsutilSource:
     def _create_ms(self, psutil: ModuleType, pid: int) -> int:
         return int(round(psutil.Process(pid).create_time() * 1000))
 
-    def stat(self, pid: int) -> _Stat | None:
+    def stat(self, pid: int) -> ProcStat | None:
         psutil = self._psutil()
         try:
             proc = psutil.Process(pid)
@@ -87,15 +87,15 @@ class PsutilSource:
                 return None  # the pid now names another process: ours is gone
         except psutil.ZombieProcess:
             # Some systems cannot read a zombie's create time; a zombie has exited either way.
-            return _Stat(state="Z", pgrp=-1, start_time=-1)
+            return ProcStat(state="Z", pgrp=-1, start_time=-1)
         except (psutil.NoSuchProcess, ProcessLookupError):
             return None
         except psutil.AccessDenied as exc:
-            raise _Unreadable("access denied") from exc
+            raise IdentityUnreadable("access denied") from exc
         except OSError as exc:
-            raise _Unreadable(str(exc)) from exc
+            raise IdentityUnreadable(str(exc)) from exc
         gone = status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-        return _Stat(state="Z" if gone else "R", pgrp=pgrp, start_time=created)
+        return ProcStat(state="Z" if gone else "R", pgrp=pgrp, start_time=created)
 
 
 PSUTIL_SOURCE = PsutilSource()

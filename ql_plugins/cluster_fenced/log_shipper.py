@@ -57,7 +57,7 @@ from ql_core.states import RUN_TERMINAL
 from .results import LeaseFence, WorkerFence
 
 if TYPE_CHECKING:
-    from ql_core.runtime import Runtime
+    from ql_core.node import Node
 
 __all__ = ["LogShipper", "ShipTable", "ShipRow", "SHIP_PAGE", "local_log_sha256", "open_ship_table"]
 
@@ -202,9 +202,9 @@ class _Progress:
 class LogShipper:
     """The ``ql-worker-logs`` thread (see the module docstring)."""
 
-    def __init__(self, rt: Runtime, table: ShipTable, make_store: Callable[[], ArtifactStore], *,
+    def __init__(self, node: Node, table: ShipTable, make_store: Callable[[], ArtifactStore], *,
                  worker_id: str, fence: Callable[[], WorkerFence | None], profile: Any) -> None:
-        self.rt = rt
+        self.node = node
         self.table = table
         self._make_store = make_store
         self._store: ArtifactStore | None = None
@@ -254,7 +254,7 @@ class LogShipper:
 
     def _ended_pending(self) -> bool:
         for row in self.table.by_state("shipping"):
-            attempt = self.rt.journal.attempt(row.attempt_id)
+            attempt = self.node.journal.attempt(row.attempt_id)
             if attempt is not None and attempt.status in RUN_TERMINAL:
                 return True
         return False
@@ -320,7 +320,7 @@ class LogShipper:
 
     def _ship(self, row: ShipRow, fence: WorkerFence) -> float:
         """Ship (and maybe finalize) one attempt's log; returns when it wants to be looked at again."""
-        attempt = self.rt.journal.attempt(row.attempt_id)
+        attempt = self.node.journal.attempt(row.attempt_id)
         if attempt is None:
             lease = self._lease_state(row.attempt_id)
             if lease in (None, "answered"):
@@ -347,8 +347,8 @@ class LogShipper:
             from ql_core.logs import finalize_log
 
             # Cut to the quota first: the local bytes are then final and the SHA is of exactly them.
-            finalize_log(self.rt, row.log_id)
-        fd = _open_local(self.rt.config.data_dir, row.log_id)
+            finalize_log(self.node, row.log_id)
+        fd = _open_local(self.node.config.data_dir, row.log_id)
         try:
             size = 0 if fd is None else os.fstat(fd).st_size
             size = min(size, progress.max_bytes, self.max_bytes)
@@ -447,7 +447,7 @@ class LogShipper:
         return max(self.interval_s, 1.0)
 
     def _lease_state(self, attempt_id: str) -> str | None:
-        leases = getattr(self.rt.journal, "leases", None)
+        leases = getattr(self.node.journal, "leases", None)
         if leases is None:
             return None
         row = leases.get(attempt_id)
@@ -455,14 +455,14 @@ class LogShipper:
 
     def _delete_shipped(self) -> None:
         """Local copies of acknowledged logs, once the keep time passed (bounded page)."""
-        from ql_core.logs import _delete
+        from ql_core.logs import delete_log
 
         cutoff = now_ms() - self.keep_ms
         for row in self.table.due_deletions(cutoff):
-            facts = self.rt.journal.log_facts(row.log_id)
+            facts = self.node.journal.log_facts(row.log_id)
             try:
                 if facts is not None and not facts.deleted:
-                    _delete(self.rt, facts, now_ms())
+                    delete_log(self.node, facts, now_ms())
                 self.table.forget(row.attempt_id)
                 self._count("local_deleted")
             except Exception as exc:  # noqa: BLE001 - retried next round

@@ -6,9 +6,10 @@ Threads, and who may talk to whom:
   control database (one connection, every call capped by ``control_call_timeout_s``): heartbeat,
   claim, start, running, renew, outbox submissions, release;
 - one **runner** thread per attempt: writes ``launching`` locally, mirrors the attempt into the local
-  store and spawns it through the runtime (``Runtime._spawn``: log artifact, receipt location,
-  executor, durable handle), then blocks in ``Runtime.wait`` — the local live path, which also
-  dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends locally;
+  store and spawns it through the node's own two steps (``ql_core.submit.create`` with the claim's
+  ids, then ``start``: log artifact, receipt location, executor, durable handle), then blocks in
+  ``ql_core.wait.wait`` — the local live path, which also dispatches the local cancel intents (TERM,
+  KILL after the grace) — until the attempt ends locally;
 - the **fence guard**: never touches the network. Past an attempt's own lease deadline on the
   monotonic clock (renew *sent* + TTL − ``fence_margin_s``, always before the database can expire
   the lease) it fences the attempt itself: stops its process group (verified identity: TERM, KILL
@@ -18,7 +19,7 @@ Threads, and who may talk to whom:
 - the **log shipper** (:mod:`.log_shipper`): ships each claimed attempt's local log to the artifact
   store on its own connection, resumes from the store's committed offset, finalizes after the
   attempt ended; it never holds a lock the others need, so it never delays a task or a completion;
-- the runtime's own **supervisor** (local reconciliation rounds): settles attempts whose runner is
+- the node's own **supervisor** (local reconciliation rounds): settles attempts whose runner is
   gone (e.g. after a restart) from their receipts or process identity.
 
 Every local terminal transition of a claimed attempt puts its payload into the outbox
@@ -52,14 +53,18 @@ from ql_core.crashpoints import crashpoint
 from ql_core.errors import QlError
 from ql_core import metrics
 from ql_core.log import logger
+from ql_core.reconciler import Reconciler
 from ql_core.states import RUN_TERMINAL
+from ql_core.supervisor import Supervisor
+from ql_core.wait import wait as wait_locally
 
 from .control_db import ControlDB, ControlDBError, TransientError
 from .outbox import DRAINED, FENCED, NEVER_STARTED, SELF_FENCED, Payload
 from .results import EndAnswer, EndStatus, LeaseAnswer, LeaseFence, WorkerFence
 
 if TYPE_CHECKING:
-    from ql_core.runtime import Runtime, Submission
+    from ql_core.node import Node
+    from ql_core.submit import Submission
 
     from .log_shipper import LogShipper
     from .worker_store import WorkerJournal
@@ -109,40 +114,26 @@ class Held:
         return self.fence.attempt_id
 
 
-def spawn_claimed(runtime: Runtime, *, run_id: str, attempt_id: str, log_id: str, token: str,
+def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, token: str,
                   command: tuple[str, ...], shell: bool, cwd: str | None, env: dict[str, str] | None,
                   before_spawn: Callable[[], None] | None = None) -> Submission:
     """Mirror a claimed attempt into the local store (same ids, the lease token as callback token)
-    and spawn it through the runtime's own spawn path (log, receipt location, executor, handle).
-    The returned submission's ``run_id`` is the *local* run id (see below)."""
-    from ql_core.completion import hash_token
-    from ql_core.paths import log_relative_path
-    from ql_core.records import NewRun
-    from ql_core.retrying import retrying
-    from ql_core.runtime import Submission
-
+    and spawn it through the node's own path (:func:`ql_core.submit.create`, then
+    :func:`~ql_core.submit.start`: log, receipt location, executor, handle). The returned
+    submission's ``run_id`` is the *local* run id (see below)."""
     from ql_core.ids import new_id
+    from ql_core.submit import RunIds, create, start
 
-    executor, receipts = runtime._require_executor()
-    assert runtime.config.executor is not None
-    if runtime.journal.run(run_id) is not None:
+    if node.journal.run(run_id) is not None:
         # A later attempt of a run this worker ran before (retried here): the local store holds one
         # current attempt per run, so this attempt gets a local run of its own. The control plane
         # never sees the local run id (every fenced call names the attempt).
         run_id = new_id()
-    now = now_ms()
-    new = NewRun(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, name=None,
-                 executor=runtime.config.executor, runtime_owner=runtime.node_id,
-                 callback_token_hash=hash_token(token), created_at_ms=now, deadline_at_ms=None,
-                 log_relative_path=log_relative_path(log_id), log_max_bytes=runtime.profile.log_max_bytes,
-                 receipt_ref=receipts.relative_ref(attempt_id), host_handle=executor.host_handle())
-    for event in retrying(lambda: runtime.journal.create(new), retries=runtime.profile.completion_retries):
-        runtime.plugins.notify_event(event)
+    # No local deadline: the control plane's lease and the worker's own timers bound the attempt.
+    sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token))
     if before_spawn is not None:
         before_spawn()
-    sub = Submission(run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, callback_sequence=1,
-                     started_at_ms=now, deadline_at_ms=None, executor=runtime.config.executor, token=token)
-    return runtime._spawn(executor, sub, command, shell=shell, cwd=cwd, env=env)
+    return start(node, sub, command, shell=shell, cwd=cwd, env=env)
 
 
 def _task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, str] | None] | None:
@@ -165,10 +156,10 @@ def _task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, 
 class Worker:
     """One ``ql worker`` process (see the module docstring)."""
 
-    def __init__(self, runtime: Any, journal: WorkerJournal, stop: threading.Event) -> None:
+    def __init__(self, node: Node, journal: WorkerJournal, stop: threading.Event) -> None:
         from ql_core import __version__
 
-        self.rt = runtime
+        self.node = node
         self.journal = journal
         self.leases = journal.leases
         self.stop = stop
@@ -243,7 +234,7 @@ class Worker:
                 self.shipper.start()
             self._thread(self._guard_loop, "ql-worker-fence-guard")
             self._thread(self._listen_loop, "ql-worker-queue")
-            supervisor = self.rt.supervisor()
+            supervisor = Supervisor(self.node)
             supervisor.start()
             logger.info("ql worker {} (generation {}): {} slots, run lease {:g}s", self.worker_id,
                         self.worker.generation if self.worker else "?", self.settings.slots, self.ttl_s)
@@ -274,18 +265,18 @@ class Worker:
         this data dir still holds a token for is tracked — before the recovery of the previous
         process answers (and so erases) any token: a crash between recording a claim and tracking it
         leaves no log behind. Started after registering (its proof needs the live session)."""
-        name = self.rt.config.artifact_store
+        name = self.node.config.artifact_store
         if not name:
             return
         from .log_shipper import LogShipper, open_ship_table
 
-        table = open_ship_table(self.rt.config.data_dir, int(self.profile.busy_timeout_ms))
-        self.shipper = LogShipper(self.rt, table, lambda: self.rt.plugins.artifact_stores.create(name, self.rt.context),
+        table = open_ship_table(self.node.config.data_dir, int(self.profile.busy_timeout_ms))
+        self.shipper = LogShipper(self.node, table, lambda: self.node.plugins.artifact_stores.create(name, self.node.context),
                                   worker_id=self.worker_id, profile=self.profile,
                                   fence=lambda: None if self.taken_over else self.worker)
         missing = []
         for row in self.leases.unanswered():
-            attempt = self.rt.journal.attempt(row.attempt_id)
+            attempt = self.node.journal.attempt(row.attempt_id)
             if row.lease_token and attempt is not None and table.get(row.attempt_id) is None:
                 missing.append((row.attempt_id, row.run_id, attempt.log_artifact_id, row.lease_generation,
                                 row.lease_token))
@@ -304,13 +295,13 @@ class Worker:
                 return
 
     def _lock_data_dir(self) -> None:
-        path = Path(self.rt.config.data_dir) / WORKER_LOCK
+        path = Path(self.node.config.data_dir) / WORKER_LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise QlError(f"another ql worker runs on {self.rt.config.data_dir} ({WORKER_LOCK} is locked); "
+            raise QlError(f"another ql worker runs on {self.node.config.data_dir} ({WORKER_LOCK} is locked); "
                           f"stop it first, or give this worker its own --data-dir") from None
         self._lock_fd = fd
 
@@ -450,7 +441,7 @@ class Worker:
         assert worker is not None
         ids = [new_id() for _ in range(n)]
         logs = [new_id() for _ in range(n)]
-        executor = self.rt.config.executor
+        executor = self.node.config.executor
         try:
             result, sent = self.call(lambda db: db.claim(worker, max_n=n, free_slots=free, executor=executor,
                                                          attempt_ids=ids, log_ids=logs, lease_ttl_ms=self.ttl_ms))
@@ -561,7 +552,7 @@ class Worker:
                 self.journal.outbox_direct(attempt_id, Payload("lost", reason=reason))
                 return
             command, shell, cwd, env = spec
-            sub = spawn_claimed(self.rt, run_id=held.run_id, attempt_id=attempt_id, log_id=held.log_id,
+            sub = spawn_claimed(self.node, run_id=held.run_id, attempt_id=attempt_id, log_id=held.log_id,
                                 token=held.fence.lease_token, command=command, shell=shell, cwd=cwd, env=env,
                                 before_spawn=lambda: crashpoint("worker.launch.before_spawn"))
         except QlError as exc:
@@ -583,7 +574,7 @@ class Worker:
         self.events.put(("spawned", attempt_id))
         self.wake.set()
         try:
-            self.rt.wait(sub)
+            wait_locally(self.node, sub)
         except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity
             logger.warning("waiting for attempt {} failed: {}", attempt_id, type(exc).__name__)
 
@@ -639,8 +630,8 @@ class Worker:
         """The control plane's cancel/timeout intent: commit it locally and signal (TERM now, KILL later)."""
         try:
             local_run = held.sub.run_id if held.sub is not None else held.run_id
-            self.rt.canceller.request(local_run, reason)
-            self.rt.canceller.dispatch_one(local_run)
+            self.node.canceller.request(local_run, reason)
+            self.node.canceller.dispatch_one(local_run)
         except Exception as exc:  # noqa: BLE001 - the runner's wait loop dispatches again
             logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
 
@@ -711,10 +702,10 @@ class Worker:
 
     def _signal(self, held: Held, signum: int) -> str | None:
         """A verified group signal through the attempt's executor (its durable handle)."""
-        attempt = self.rt.journal.attempt(held.attempt_id)
+        attempt = self.node.journal.attempt(held.attempt_id)
         if attempt is None or attempt.handle is None or attempt.status in RUN_TERMINAL:
             return None
-        executor = self.rt.executor_for(attempt.executor)
+        executor = self.node.executor_for(attempt.executor)
         if executor is None:
             return None
         try:
@@ -834,7 +825,7 @@ class Worker:
                                               ttl_ms=int(self.profile.session_lease_s * 1000)))
         # What ended while no worker ran: receipts, process identities (one bounded local pass).
         with contextlib.suppress(Exception):
-            self.rt.reconcile()
+            Reconciler(self.node).full_pass()
         for row in rows:
             self._recover_row(row)
         self.journal.rebuild_outbox()
@@ -856,15 +847,15 @@ class Worker:
             return
         if row.state != "launching":
             return
-        attempt = self.rt.journal.attempt(row.attempt_id)
+        attempt = self.node.journal.attempt(row.attempt_id)
         if attempt is None:
             self.journal.outbox_direct(row.attempt_id, Payload("released"))  # crashed before the local create
             return
         if attempt.status == "starting" and attempt.handle is None \
-                and start_state(self.rt.executor_for, attempt) is StartState.NEVER_STARTED:
+                and start_state(self.node.executor_for, attempt) is StartState.NEVER_STARTED:
             # Its host (the previous worker process) is gone and never committed the handle, so it
             # never released the held task: the command never started (ql_core.never_started).
-            self.rt.completion.end_without_receipt(attempt.id, status="lost", reason=NEVER_STARTED)
+            self.node.completion.end_without_receipt(attempt.id, status="lost", reason=NEVER_STARTED)
 
     def _fence_previous(self) -> None:
         """After registering: every attempt of the previous process still running lost its lease."""
@@ -875,7 +866,7 @@ class Worker:
                 continue
             fence = row.fence()
             held = Held(fence=fence, run_id=row.run_id, state="spawned", previous=True, last_ok=0.0)
-            attempt = self.rt.journal.attempt(row.attempt_id)
+            attempt = self.node.journal.attempt(row.attempt_id)
             if attempt is None or attempt.status in RUN_TERMINAL:
                 continue
             if attempt.handle is None:
@@ -978,9 +969,9 @@ class Worker:
         """When we stop an attempt, on the time base its receipt's finish uses (its committed start +
         the time since on the boot clock, docs/design.md §3), so the outbox's "did the task beat the
         stop?" compares like with like; the wall clock only when the executor cannot measure."""
-        attempt = self.rt.journal.attempt(attempt_id)
+        attempt = self.node.journal.attempt(attempt_id)
         if attempt is not None and attempt.started_at_ms is not None:
-            elapsed = self.rt.attempt_elapsed_ms(attempt)
+            elapsed = self.node.attempt_elapsed_ms(attempt)
             if elapsed is not None:
                 return attempt.started_at_ms + elapsed
         return now_ms()

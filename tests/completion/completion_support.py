@@ -19,6 +19,7 @@ from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
+from ql_core.submit import create
 from tests import dbview
 
 T = TypeVar("T")
@@ -259,7 +260,7 @@ def create_with_receipts(rt: Any, n: int, *, exit_code: Callable[[int], int] = l
     """``n`` attempts through the runtime's own create path (no process), each with its valid receipt."""
     subs = []
     for i in range(n):
-        sub = rt._create_run(name=f"r{i}", timeout_s=None)
+        sub = create(rt.node, name=f"r{i}")
         rt.receipts.publish(valid_receipt(sub, exit_code=exit_code(i)))
         subs.append(sub)
     return subs

@@ -34,6 +34,7 @@ from ql_core.cancellation import CancelRequest
 from ql_core.clock import now_ms
 from ql_core.consumer import ConsumeOutcome
 from ql_core.ports import IdentityState
+from ql_core.submit import create
 
 
 def _identity(rt: Any, sub: Any) -> IdentityState:
@@ -181,7 +182,7 @@ def race_cancel_and_completion(rt: Any, n: int) -> dict[str, int]:
     Attempts are created through the runtime's own create path (no process is needed: the race is
     between two transactions). Returns how often each side won.
     """
-    subs = [rt._create_run(name=None, timeout_s=None) for _ in range(n)]
+    subs = [create(rt.node) for _ in range(n)]
     for sub in subs:
         rt.receipts.publish(valid_receipt(sub, exit_code=0, finished_at_ms=now_ms() + 3_600_000))
     wins = {"cancel": 0, "completion": 0}

@@ -30,6 +30,7 @@ from tests.dbview import is_log_size_commit
 
 from ql_core.completion import CompletionOutcome, CompletionRejection
 from ql_core.consumer import ConsumeOutcome
+from ql_core.submit import create
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_consumed_rows_leave_with_the_next_create_and_never_before_their_receipt
 def test_rows_of_other_processes_go_by_retention_only_once_their_receipt_is_missing(
         runtime: Any, ql_env: dict[str, str], data_dir: Path, tmp_path: Path) -> None:
     """A `ql reconcile` process consumes and exits: its note is lost, the row waits for retention."""
-    sub = runtime._create_run(name=None, timeout_s=None)
+    sub = create(runtime.node)
     runtime.receipts.publish(valid_receipt(sub, exit_code=4))
     assert reconcile(ql_env)["applied"] == 1
     assert journal_row(runtime, sub.attempt_id)["terminal_seen_at_ms"] is not None
@@ -150,7 +151,7 @@ def test_a_quarantined_row_survives_success_and_retention_purges_both(
 
 
 def test_end_without_receipt_never_writes_a_second_terminal_event(runtime: Any) -> None:
-    sub = runtime._create_run(name=None, timeout_s=None)
+    sub = create(runtime.node)
     runtime.receipts.publish(valid_receipt(sub, exit_code=2))
     assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
     before = runtime.events(sub.run_id)
@@ -162,7 +163,7 @@ def test_end_without_receipt_never_writes_a_second_terminal_event(runtime: Any) 
 
 
 def test_a_replayed_claim_is_already_terminal_without_any_write(runtime: Any, commits: CommitLog) -> None:
-    sub = runtime._create_run(name=None, timeout_s=None)
+    sub = create(runtime.node)
     claim = valid_receipt(sub, exit_code=0)
     assert runtime.completion.complete(claim).outcome is CompletionOutcome.APPLIED
     commits.commits.clear()
@@ -174,7 +175,7 @@ def test_a_replayed_claim_is_already_terminal_without_any_write(runtime: Any, co
 
 
 def test_a_true_claim_after_lost_is_recorded_once_and_changes_nothing(runtime: Any) -> None:
-    sub = runtime._create_run(name=None, timeout_s=None)
+    sub = create(runtime.node)
     runtime.completion.end_without_receipt(sub.attempt_id, status="lost", reason="TEST")
     claim = valid_receipt(sub, exit_code=0)
     first = runtime.completion.complete(claim)
@@ -187,7 +188,7 @@ def test_a_true_claim_after_lost_is_recorded_once_and_changes_nothing(runtime: A
 
 
 def test_a_replay_with_another_exit_code_is_not_consistent_and_is_quarantined(runtime: Any) -> None:
-    sub = runtime._create_run(name=None, timeout_s=None)
+    sub = create(runtime.node)
     runtime.receipts.publish(valid_receipt(sub, exit_code=0))
     assert runtime.consumer.consume(sub.attempt_id).outcome is ConsumeOutcome.APPLIED
     before = runtime.events(sub.run_id)

@@ -51,6 +51,7 @@ from test_completion_crashpoints import (
     case_wait_before_ack,
 )
 
+from ql_core.submit import create
 from tests import dbview
 
 pytestmark = pytest.mark.postgres
@@ -235,7 +236,7 @@ def test_runs_of_a_standalone_node_are_never_claimed_by_cluster_workers(pg_runti
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB
 
-    sub = pg_runtime._create_run(name=None, timeout_s=None)  # create commit only: run 'queued', attempt 'starting'
+    sub = create(pg_runtime.node)  # create commit only: run 'queued', attempt 'starting'
     assert pg_runtime.status(sub.run_id).status == "queued"
     with ControlDB.connect(pg_url) as db:
         worker = db.register("w-standalone", str(uuid.uuid4()), slots=4, ql_version="test").worker

@@ -43,11 +43,11 @@ def test_ten_times_the_quota_keeps_the_true_exit_code_and_exactly_the_quota(runt
     assert (view.status, view.exit_code) == ("failed", 3)
     log = runtime.log_path(sub.run_id)
     assert log.read_bytes() == expected_output()[:QUOTA]
-    facts = log_facts(runtime, sub.log_artifact_id)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None
     assert (facts.max_bytes, facts.truncated) == (QUOTA, True)  # the cut is recorded at once
     assert facts.size_bytes == QUOTA  # ... and the final size, right after the terminal commit
-    assert enforce_log_retention(runtime, 16)["log_finalized"] == 0  # nothing left to size
+    assert enforce_log_retention(runtime.node, 16)["log_finalized"] == 0  # nothing left to size
     events = truncation_events(runtime, sub.run_id)
     assert len(events) == 1 and events[0]["reason"] == "LOG_MAX_BYTES"
     assert events[0]["attempt_id"] == sub.attempt_id
@@ -62,7 +62,7 @@ def test_between_rounds_the_file_holds_at_most_quota_plus_what_was_written_since
     gate.mkdir()
     sub = runtime.submit(writer(str(gate), code=0), log_max_bytes=QUOTA)
     log = runtime.log_path(sub.run_id)
-    keeper = LogKeeper(runtime)
+    keeper = LogKeeper(runtime.node)
     written = 0
     cuts = 0
     for k in range(STEPS):
@@ -78,7 +78,7 @@ def test_between_rounds_the_file_holds_at_most_quota_plus_what_was_written_since
     assert cuts == STEPS - QUOTA // CHUNK  # every round after the quota was reached cut one chunk
     keeper.round(16)  # records the final size
     assert log.read_bytes() == expected_output()[:QUOTA]
-    facts = log_facts(runtime, sub.log_artifact_id)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None and facts.truncated and facts.size_bytes == QUOTA
     assert len(truncation_events(runtime, sub.run_id)) == 1  # recorded once, not once per cut
 
@@ -115,7 +115,7 @@ def test_a_follower_enforces_the_quota_and_finalizes_at_the_end(runtime) -> None
     assert data == expected_output()[:QUOTA]
     assert log.stat().st_size == QUOTA
     assert max(sizes) < 20 * 2048  # cut while it ran, not only at the end
-    facts = log_facts(runtime, sub.log_artifact_id)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None and facts.truncated
     assert runtime.status(sub.run_id).status == "succeeded"
 
@@ -137,8 +137,8 @@ def test_under_the_quota_nothing_is_cut_and_the_size_is_recorded(runtime) -> Non
 
     sub = runtime.submit(["sh", "-c", "echo hello"], log_max_bytes=QUOTA)
     runtime.wait(sub)
-    enforce_log_retention(runtime, 16)
-    facts = log_facts(runtime, sub.log_artifact_id)
+    enforce_log_retention(runtime.node, 16)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None and (facts.size_bytes, facts.truncated) == (6, False)
     assert truncation_events(runtime, sub.run_id) == []
 
@@ -149,7 +149,7 @@ def test_the_profile_quota_is_the_default_and_the_override_is_validated(runtime)
 
     sub = runtime.submit(["true"])
     runtime.wait(sub)
-    facts = log_facts(runtime, sub.log_artifact_id)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None and facts.max_bytes == runtime.profile.log_max_bytes
     for bad in (10, 1 << 41, True, 2.5):
         with pytest.raises(UsageError, match="log_max_bytes"):
@@ -172,7 +172,7 @@ def test_the_quota_pass_is_bounded_and_resumes_from_its_cursor(runtime, tmp_path
     cursor = ""
     rounds = 0
     while True:
-        counts, cursor = enforce_log_quotas(runtime, 2, cursor=cursor)
+        counts, cursor = enforce_log_quotas(runtime.node, 2, cursor=cursor)
         assert counts["log_quota_checked"] <= 2
         seen += counts["log_truncated"]
         rounds += 1
@@ -196,9 +196,9 @@ def test_a_symlinked_log_is_never_followed_when_cutting(runtime, tmp_path) -> No
     log = runtime.log_path(sub.run_id)
     log.unlink()
     os.symlink(victim, log)
-    facts = log_facts(runtime, sub.log_artifact_id)
+    facts = log_facts(runtime.node, sub.log_artifact_id)
     assert facts is not None
     with pytest.raises(UnsafePathError):
-        enforce_log_quota(runtime, facts)
+        enforce_log_quota(runtime.node, facts)
     assert victim.stat().st_size == QUOTA * 2
 

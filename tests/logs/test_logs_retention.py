@@ -25,7 +25,7 @@ def finished(rt, argv: list[str]) -> str:
 def facts_of(rt, run_id: str):
     from ql_core.logs import log_facts
 
-    return log_facts(rt, rt.status(run_id).log_artifact_id)
+    return log_facts(rt.node, rt.status(run_id).log_artifact_id)
 
 
 def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_runtime) -> None:
@@ -40,7 +40,7 @@ def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_r
     fresh = finished(rt, ["sh", "-c", "echo fresh"])
     try:
         backdate(rt, ended + [blocked, active.run_id], 2 * 3600 * 1000)
-        counts = enforce_log_retention(rt, 16)
+        counts = enforce_log_retention(rt.node, 16)
         assert counts["log_expired"] == 3, counts
         for run_id in ended:
             assert not rt.log_path(run_id).exists()
@@ -48,7 +48,7 @@ def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_r
             assert facts.deleted and facts.size_bytes == len("run 0\n")
         for run_id in (blocked, active.run_id, fresh):
             assert rt.log_path(run_id).exists() and not facts_of(rt, run_id).deleted
-        assert enforce_log_retention(rt, 16)["log_expired"] == 0  # idempotent
+        assert enforce_log_retention(rt.node, 16)["log_expired"] == 0  # idempotent
     finally:
         rt.cancel(active.run_id)
         rt.wait(active)
@@ -60,7 +60,7 @@ def test_each_call_deletes_at_most_limit_logs(make_runtime) -> None:
     rt = make_runtime(limits={"log_retention_s": 3600})
     runs = [finished(rt, ["true"]) for _ in range(5)]
     backdate(rt, runs, 2 * 3600 * 1000)
-    assert [enforce_log_retention(rt, 2)["log_expired"] for _ in range(4)] == [2, 2, 1, 0]
+    assert [enforce_log_retention(rt.node, 2)["log_expired"] for _ in range(4)] == [2, 2, 1, 0]
 
 
 def test_the_total_size_cap_evicts_the_oldest_first(make_runtime) -> None:
@@ -71,11 +71,11 @@ def test_the_total_size_cap_evicts_the_oldest_first(make_runtime) -> None:
     runs = [finished(rt, write) for _ in range(4)]  # 1.6 MiB in total
     busy = rt.submit([PY, "-c", "import os, time\nos.write(1, b'q' * 900 * 1024); time.sleep(30)\n"])
     try:
-        counts = enforce_log_retention(rt, 16)
+        counts = enforce_log_retention(rt.node, 16)
         assert counts["log_evicted"] == 2, counts
         assert [facts_of(rt, r).deleted for r in runs] == [True, True, False, False]
         assert rt.log_path(busy.run_id).exists()  # active: neither counted nor deleted
-        assert enforce_log_retention(rt, 16)["log_evicted"] == 0
+        assert enforce_log_retention(rt.node, 16)["log_evicted"] == 0
     finally:
         rt.cancel(busy.run_id)
         rt.wait(busy)
@@ -110,12 +110,12 @@ def test_a_log_left_unsized_by_a_crash_is_sized_by_the_next_pass(make_runtime) -
     log = rt.log_path(sub.run_id)
     log.write_bytes(b"k" * 5000)
     dbview.rows(rt, "UPDATE ql_log_artifact SET size_bytes = NULL WHERE run_id = ?", (sub.run_id,))
-    counts = enforce_log_retention(rt, 16)
+    counts = enforce_log_retention(rt.node, 16)
     assert counts["log_finalized"] == 1 and counts["log_truncated"] == 1
     facts = facts_of(rt, sub.run_id)
     assert (facts.size_bytes, facts.truncated) == (2048, True)
     assert log.stat().st_size == 2048
-    assert enforce_log_retention(rt, 16)["log_finalized"] == 0  # out of the queue
+    assert enforce_log_retention(rt.node, 16)["log_finalized"] == 0  # out of the queue
 
 
 def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
@@ -128,7 +128,7 @@ def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
     shutil.move(str(log.parent), outside)
     os.symlink(outside, log.parent)
     backdate(rt, [run_id], 2 * 3600 * 1000)
-    counts = enforce_log_retention(rt, 16)
+    counts = enforce_log_retention(rt.node, 16)
     # Its size was recorded when it ended (before the shard was swapped): only the expiry is refused.
     assert counts["log_errors"] == 1 and counts["log_expired"] == 0
     assert (outside / log.name).read_bytes() == b"mine\n"
@@ -141,7 +141,7 @@ def test_log_keeper_round_and_the_cli_note_for_a_deleted_log(make_runtime, ql_en
     rt = make_runtime(limits={"log_retention_s": 3600})
     run_id = finished(rt, ["sh", "-c", "echo gone"])
     backdate(rt, [run_id], 2 * 3600 * 1000)
-    counts = LogKeeper(rt).round(8)
+    counts = LogKeeper(rt.node).round(8)
     assert counts["log_expired"] == 1
     out = run_ql(["logs", run_id], dict(ql_env, QL_CONFIG=str(tmp_path / "ql.toml")))
     assert out.returncode == 0 and out.stdout == ""

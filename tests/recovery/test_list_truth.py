@@ -27,7 +27,7 @@ def test_list_running_after_300_quick_detached_runs_is_truthful(rt_factory, ql_e
                message="every detached task published its receipt")
     for sub in subs:  # every launcher has exited (reaped here: they are this process's children)
         sub.task.live.process.wait(timeout=60)
-    report = Reconciler(rt).round()  # one round: settles at most page_size * pages_per_round of them
+    report = Reconciler(rt.node).round()  # one round: settles at most page_size * pages_per_round of them
     assert 0 < report.attempts_touched < N  # the round alone does not settle them all
 
     config = write_config(tmp_path / "ql.toml", "standalone")

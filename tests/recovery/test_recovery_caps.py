@@ -64,7 +64,7 @@ def test_full_pass_rounds_are_bounded_by_the_larger_phase(rt_factory, sleeper_ha
     rt = rt_factory(page_size=2, pages_per_round=1, publish_grace_ms=0)
     insert_attempts(rt, 5, handle=sleeper_handle)              # 5 active attempts: 3 rounds to wrap
     ended = insert_attempts(rt, 4, handle=dead_handle())       # they end lost below → journal rows only
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     assert set(statuses(rt, ended.run_ids).values()) == {"lost"}
     rec = Recording(rt)
     total, rounds = rec.full_pass()
@@ -116,14 +116,14 @@ def test_deadline_and_dispatch_steps_are_capped(rt_factory) -> None:
     rt = rt_factory(page_size=4, pages_per_round=2, publish_grace_ms=0)
     past = int(time.time() * 1000) - 1_000
     inserted = insert_attempts(rt, 30, handle=dead_handle(), deadline_at_ms=past)
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
     reports = [rec.round() for _ in range(8)]
     assert reports[0].counts["timeouts_requested"] == 8
     for report in reports:
         assert report.counts["timeouts_requested"] <= 8
         assert sum(v for k, v in report.counts.items() if k.startswith("dispatch_")) <= 8
         assert report.attempts_touched <= 8
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     # The handles name no live process: the dispatcher sent nothing, so no intent's state can be
     # claimed — every run ends lost (exited without receipt), never timed_out.
     assert set(statuses(rt, inserted.run_ids).values()) == {"lost"}
@@ -169,7 +169,7 @@ def test_unverifiable_and_handle_less_attempts_fail_closed(rt_factory, sleeper_h
                                 host_handle=dead_handle())
     host_unknown = insert_attempts(rt, 2, handle=None, status="starting", created_at_ms=old)
 
-    report, _ = Reconciler(rt).full_pass()
+    report, _ = Reconciler(rt.node).full_pass()
     assert report.counts["blocked"] == 4 and report.counts["still_starting"] == 4
     assert report.counts["lost"] == 2
 

@@ -79,7 +79,7 @@ def test_hosts_and_tasks_killed_at_random_every_run_ends_true(rt_factory, data_d
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     killed_tasks: set[str] = set()
     pgids: list[int] = []
-    supervisor = Supervisor(rt, interval_s=0.1)
+    supervisor = Supervisor(rt.node, interval_s=0.1)
 
     def kill_random_task() -> None:
         groups = _running_groups(rt)
@@ -117,7 +117,7 @@ def test_hosts_and_tasks_killed_at_random_every_run_ends_true(rt_factory, data_d
         assert supervisor.stop(drain_s=10)
 
     # Every host is dead, so no handle is still on its way: decide handle-less attempts now.
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
     rec.spawn_grace_ms = 1_000
 
     def settled() -> bool:

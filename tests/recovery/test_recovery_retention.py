@@ -38,19 +38,19 @@ def test_terminal_rows_without_receipt_purged_only_after_the_window(rt_factory, 
     ended = insert_attempts(rt, 10, handle=dead_handle())
     blocked = insert_attempts(rt, 2, handle=unverifiable_handle())
     active = insert_attempts(rt, 2, handle=sleeper_handle)
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     assert set(statuses(rt, ended.run_ids).values()) == {"lost"}
     ended_at = max(attempt_row(rt, a).finished_at_ms for a in ended.attempt_ids)
     assert all(journal_row(rt, a).terminal_seen_at_ms is not None for a in ended.attempt_ids)
 
     # Inside the window (the same rows, seen by a runtime whose window is an hour): nothing is purged.
     patient = rt_factory(**(LIMITS | {"terminal_journal_retention_s": 3600.0}))
-    report, _ = Reconciler(patient).full_pass()
+    report, _ = Reconciler(patient.node).full_pass()
     assert report.counts["journal_purged"] == 0
     assert len(_rows(rt, ended.attempt_ids)) == 10
 
     wait_until(lambda: time.time() * 1000 - ended_at > 1100, timeout=5, message="the retention window")
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
     first = rec.round()
     assert 0 < first.counts["journal_purged"] <= 4  # bounded by pages × page size
     rec.full_pass()
@@ -65,19 +65,19 @@ def test_leftover_receipt_of_an_ended_attempt_is_replayed_not_purged(rt_factory)
 
     rt = rt_factory(**LIMITS)
     ended = insert_attempts(rt, 1, handle=dead_handle())
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     attempt_id, run_id = ended.attempt_ids[0], ended.run_ids[0]
     assert rt.status(run_id).status == "lost"
     # A true receipt turns up late (after `lost` was committed): recorded, never changes the outcome.
     publish_receipt(rt, ended, attempt_id, exit_code=0)
     time.sleep(1.1)
-    report, _ = Reconciler(rt).full_pass()
+    report, _ = Reconciler(rt.node).full_pass()
     assert report.counts["already_terminal"] == 1 and report.counts["journal_purged"] == 0
     assert not rt.receipts.exists(attempt_id)
     assert rt.status(run_id).status == "lost"
     assert event_types(rt, run_id).count("attempt.late_callback_ignored") == 1
     # Its row goes by retention, after the receipt was seen missing.
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     assert journal_row(rt, attempt_id) is None
 
 
@@ -97,7 +97,7 @@ def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleepe
     rt = rt_factory(**LIMITS)
     inserted = insert_attempts(rt, 6, handle=sleeper_handle)
     _quarantine_bad_receipts(rt, inserted)
-    report, _ = Reconciler(rt).full_pass()
+    report, _ = Reconciler(rt.node).full_pass()
     assert report.counts["quarantined"] == 6
     quarantined_at = max(journal_row(rt, a).updated_at_ms for a in inserted.attempt_ids)
     assert all(journal_row(rt, a).state == "quarantined" for a in inserted.attempt_ids)
@@ -108,7 +108,7 @@ def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleepe
     for attempt_id in inserted.attempt_ids[:2]:
         publish_receipt(rt, inserted, attempt_id, exit_code=0)
     patient = rt_factory(**(LIMITS | {"quarantine_retention_s": 3600.0}))
-    report, _ = Reconciler(patient).full_pass()
+    report, _ = Reconciler(patient.node).full_pass()
     assert report.counts["applied"] == 2
     assert [rt.status(r).status for r in inserted.run_ids[:2]] == ["succeeded", "succeeded"]
     # Inside the window nothing is purged, whether the attempt ended or not.
@@ -117,7 +117,7 @@ def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleepe
     assert all(journal_row(rt, a).state == "quarantined" for a in inserted.attempt_ids)
 
     wait_until(lambda: time.time() * 1000 - quarantined_at > 1600, timeout=5, message="the quarantine window")
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
     first = rec.round()
     assert 0 < first.counts["quarantine_purged"] <= 4  # bounded per round
     rec.full_pass()
@@ -127,7 +127,7 @@ def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleepe
     assert all(journal_row(rt, a).state == "pending" for a in inserted.attempt_ids[2:])
     # And a valid receipt still completes such an attempt afterwards.
     publish_receipt(rt, inserted, inserted.attempt_ids[2], exit_code=4)
-    Reconciler(rt).full_pass()
+    Reconciler(rt.node).full_pass()
     assert (rt.status(inserted.run_ids[2]).status, rt.status(inserted.run_ids[2]).exit_code) == ("failed", 4)
 
 
@@ -169,15 +169,15 @@ def test_another_node_never_ages_or_purges_our_journal_rows(tmp_path: Path) -> N
     try:
         assert rt_a.node_id != rt_b.node_id
         ended = insert_attempts(rt_b, 3, handle=dead_handle())
-        Reconciler(rt_b).full_pass()
+        Reconciler(rt_b.node).full_pass()
         assert set(statuses(rt_b, ended.run_ids).values()) == {"lost"}
         # B left a late receipt behind (B crashed before cleaning it).
         publish_receipt(rt_b, ended, ended.attempt_ids[0], exit_code=0)
-        report, _ = Reconciler(rt_a).full_pass()
+        report, _ = Reconciler(rt_a.node).full_pass()
         assert report.journal_touched == 0 and report.counts["journal_purged"] == 0
         assert _rows(rt_b, ended.attempt_ids) == ended.attempt_ids
         # B's own pass replays its receipt and keeps its rows on B's clock.
-        again, _ = Reconciler(rt_b).full_pass()
+        again, _ = Reconciler(rt_b.node).full_pass()
         assert again.counts["already_terminal"] == 1
         assert not rt_b.receipts.exists(ended.attempt_ids[0])
     finally:
@@ -210,7 +210,7 @@ def test_history_max_runs_holds_under_a_continuous_load_of_tasks(rt_factory) -> 
     finally:
         assert supervisor.stop(drain_s=60)
     assert supervisor.failures == 0
-    report = Reconciler(rt).round()
+    report = Reconciler(rt.node).round()
     assert "retention_more" not in report.counts
     assert _run_count(rt) == 50
     assert [r for r in runs if rt.journal.view(r) is not None] == runs[-50:]
@@ -238,7 +238,7 @@ def test_a_purge_backlog_drains_in_budgeted_pages(rt_factory) -> None:
     fill_history(rt.journal, 100, owner=rt.node_id, start_ms=start)
     deletes: list[str] = []
     rt.journal.trace(lambda _c, s: deletes.append(s) if s.startswith("DELETE FROM ql_run WHERE") else None)
-    whole = Reconciler(rt).round()
+    whole = Reconciler(rt.node).round()
     rt.journal.trace(None)
     assert whole.counts["history_purged"] == 90 and "retention_more" not in whole.counts
     assert len(set(deletes)) == 90  # every run by its key, in pages of 4 (one transaction per page)
@@ -248,7 +248,7 @@ def test_a_purge_backlog_drains_in_budgeted_pages(rt_factory) -> None:
     # stops and says so; the rounds that follow drain the rest.
     tight = rt_factory("standalone", page_size=4, pages_per_round=1, history_max_runs=10, retention_budget_ms=10)
     fill_history(tight.journal, 3000, owner=tight.node_id, start_ms=start + 1000)
-    rec = Reconciler(tight)
+    rec = Reconciler(tight.node)
     first = rec.round()
     assert 4 <= first.counts["history_purged"] < 3000
     assert first.counts["retention_more"] == 1

@@ -51,7 +51,7 @@ class Instrumented(Reconciler):
 
 
 def _supervisor(rt: Any, reconciler: Reconciler, interval_s: float) -> Supervisor:
-    sup = Supervisor(rt, interval_s=interval_s)
+    sup = Supervisor(rt.node, interval_s=interval_s)
     sup.reconciler = reconciler
     return sup
 
@@ -119,18 +119,18 @@ def test_stop_drains_within_its_cap(rt_factory) -> None:
 
 def test_stop_while_idle_returns_at_once(rt_factory) -> None:
     rt = rt_factory()
-    sup = Supervisor(rt, interval_s=3600)
+    sup = Supervisor(rt.node, interval_s=3600)
     sup.start()
     wait_until(lambda: sup.rounds >= 1, timeout=10, message="the startup round")
     started = time.monotonic()
     assert sup.stop(drain_s=5) is True
     assert time.monotonic() - started < 2.0
-    assert Supervisor(rt, interval_s=1).stop() is True  # never started
+    assert Supervisor(rt.node, interval_s=1).stop() is True  # never started
 
 
 def test_wake_runs_the_next_round_early(rt_factory) -> None:
     rt = rt_factory()
-    sup = Supervisor(rt, interval_s=3600)
+    sup = Supervisor(rt.node, interval_s=3600)
     sup.start()
     try:
         wait_until(lambda: sup.rounds >= 1, timeout=10, message="the startup round")
@@ -172,7 +172,7 @@ def test_a_failing_round_does_not_kill_the_loop(rt_factory, sleeper_handle: dict
             return super()._fetch_attempts(cursor, limit)
 
     seen: list[RoundReport] = []
-    sup = Supervisor(rt, interval_s=0.05, on_round=seen.append)
+    sup = Supervisor(rt.node, interval_s=0.05, on_round=seen.append)
     sup.reconciler = Stuck(rt)
     sup.start()
     try:
@@ -202,7 +202,7 @@ _DAEMON = textwrap.dedent("""
     def main():
         data_dir, mode = sys.argv[1], sys.argv[2]
         rt = Runtime.open(load_config(data_dir=data_dir, environ={}, cwd=data_dir))
-        sup = Supervisor(rt, interval_s=0.05)
+        sup = Supervisor(rt.node, interval_s=0.05)
         if mode == "stuck":
             sup.reconciler = Forever(rt)
         sup.start()

@@ -78,7 +78,7 @@ def _violations(statements: set[str], conn: sqlite3.Connection) -> list[str]:
 def test_every_round_settle_and_list_statement_is_index_served(rt_factory, sleeper_handle: dict) -> None:
     rt = _history_rt(rt_factory, 3000, history_max_runs=2990)
     live = insert_attempts(rt, 3, handle=sleeper_handle)
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
 
     def everything() -> None:
         purging = rec.round()  # live attempts, the journal, logs, and 10+ runs over history_max_runs
@@ -119,7 +119,7 @@ def test_the_edge_statements_module_is_index_served_as_a_whole(rt_factory) -> No
 
 def _round_vm_steps(rt: Any, rounds: int = 3) -> int:
     """SQLite VM instructions of ``rounds`` idle rounds (the progress handler counts every 100)."""
-    rec = Reconciler(rt)
+    rec = Reconciler(rt.node)
     rec.round()  # warm: connections opened, statements prepared
     ticks = [0]
 

@@ -75,7 +75,7 @@ def test_history_is_forgotten_by_age_bounded_per_round(open_rt) -> None:
     try:
         from ql_core.reconciler import Reconciler
 
-        rec = Reconciler(rt)
+        rec = Reconciler(rt.node)
         purged = []
         for _ in range(10):
             report = rec.round()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.submit import create, start
 from ql_core.testing.executor import wait_until
 from tests import dbview
 from tests.conftest import QL, json_lines, release_host, run_ql
@@ -59,13 +60,13 @@ def test_an_unusable_receipt_slot_is_reported_and_the_run_still_ends(open_rt, da
 def test_a_slow_host_is_never_overtaken_by_recovery(open_rt, ql_env: dict[str, str], data_dir: Path,
                                                      tmp_path: Path) -> None:
     rt = open_rt()
-    sub = rt._create_run(name=None, timeout_s=None)  # this process is the host, between create and spawn
+    sub = create(rt.node)  # this process is the host, between create and spawn
     dbview.update(rt, "ql_run_attempt", sub.attempt_id, created_at_ms=int(time.time() * 1000) - 3_600_000)
     counts = json_lines(run_ql(["--json", "reconcile"], ql_env).stdout)[0]
     assert counts["lost"] == 0 and counts["blocked"] == 0 and counts.get("still_starting") == 1
     # ...and the slow host then spawns it normally: it runs and ends with its own code.
     marker = tmp_path / "ran"
-    done = rt._spawn(rt.executor, sub, ("sh", "-c", f'touch "{marker}"; exit 6'), shell=False, cwd=None, env=None)
+    done = start(rt.node, sub, ("sh", "-c", f'touch "{marker}"; exit 6'))
     view = rt.wait(done)
     assert (view.status, view.exit_code) == ("failed", 6) and marker.exists()
 

@@ -1,0 +1,262 @@
+"""Waiting: the live fast path for the task this process started, and watching any other run.
+
+- :func:`wait` with the :class:`~ql_core.submit.Submission` this process spawned blocks on the
+  child (the launcher) through its executor, enforcing the deadline at its exact time and
+  dispatching any cancel intent (TERM, KILL after the grace), then completes the attempt from
+  what it reaped (:func:`complete_from_wait`) through the same path recovery uses.
+- With a run id (a host re-attaching after a restart) or a queued submission it watches the run
+  (:func:`watch`): look, settle (:func:`ql_core.reconciler.settle`), sleep, until it is terminal.
+- :func:`detach` makes the waiting host step back: the task publishes its receipt itself.
+
+The acknowledged path (``awaited``): the task's receipt is held back while its host lives; the
+host commits the status it reaped and then acknowledges, so a host dying at any step never loses
+the true status and never commits a second one (docs/launcher.md, "The acknowledged path").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .clock import elapsed_ms_ceil, now_ms
+from .crashpoints import crashpoint
+from .log import logger
+
+if TYPE_CHECKING:
+    from .completion import CompletionResult
+    from .node import Node
+    from .ports.executor import Executor, ExitObservation
+    from .receipts.codec import Receipt
+    from .records import RunView
+    from .submit import Submission
+
+__all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "BUSY_RETRY_S", "REATTACH_POLL_S"]
+
+#: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
+INTENT_POLL_S = 1.0
+#: How soon a waiting host retries an intent the run store was too busy to take.
+BUSY_RETRY_S = 0.2
+#: How often :func:`wait` looks at a run it is not the parent of (re-attached, or queued).
+REATTACH_POLL_S = 0.2
+
+
+def wait(node: Node, sub: Submission | str, *, on_tick: Callable[[], None] | None = None,
+         tick_s: float = INTENT_POLL_S) -> RunView:
+    """Block until the run ends and return its final view (``Runtime.wait`` documents it)."""
+    if isinstance(sub, str) or sub.task is None:
+        return watch(node, sub if isinstance(sub, str) else sub.run_id, on_tick=on_tick)
+    assert sub.executor is not None and sub.attempt_id is not None and sub.log_artifact_id is not None
+    executor = node.executor_for(sub.executor)
+    assert executor is not None
+    try:
+        observed = _wait_live(node, sub, executor, on_tick=on_tick, tick_s=tick_s)
+    except BaseException:
+        detach(node, sub)  # we stop waiting: the task publishes its own receipt
+        raise
+    if on_tick is not None:
+        on_tick()
+    complete_from_wait(node, sub, observed)
+    view = node.view(sub.run_id)
+    if not view.terminal:
+        # Our child (the launcher) is gone but the run is not over: its command runs on in its
+        # process group, or its end is still being proven. Watch it like a re-attached host.
+        view = watch(node, sub.run_id, on_tick=on_tick)
+    _finalize_log(node, sub.log_artifact_id)
+    return view
+
+
+def detach(node: Node, sub: Submission) -> None:
+    """Stop being the waiting host of ``sub``: its task publishes its receipt when it ends, and
+    recovery (a supervisor, ``ql reconcile``) completes it. Idempotent."""
+    if sub.task is not None and sub.awaited and sub.executor is not None:
+        executor = node.executor_for(sub.executor)
+        if executor is not None:
+            executor.acknowledge(sub.task, committed=False)
+    sub.awaited = False
+
+
+def _remaining_s(sub: Submission) -> float | None:
+    """Seconds until ``sub``'s deadline (None: it has none), on the boot clock from its committed
+    start (a wall clock stepped while it runs moves nothing); the wall clock when the start has no
+    boot-clock time."""
+    if sub.deadline_at_ms is None:
+        return None
+    timeout_ms = sub.deadline_at_ms - sub.started_at_ms
+    if sub.started_boot_ms is not None:
+        elapsed = elapsed_ms_ceil(sub.started_boot_ms)
+        if elapsed is not None:
+            return (timeout_ms - elapsed) / 1000
+    return (sub.deadline_at_ms - now_ms()) / 1000
+
+
+def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Callable[[], None] | None,
+               tick_s: float) -> ExitObservation:
+    """Block on our child until it exits, enforcing the deadline and dispatching intents.
+
+    A run store that stays busy (another process holds the write lock past the retries) does not
+    end the wait: the intent or its dispatch is tried again after a short pause — the task is
+    still ours to watch, and recovery enforces the persisted deadline as well."""
+    from .ports.journal import ConflictError, StoreBusyError
+
+    assert sub.task is not None
+    intent = False
+    while True:
+        node.check_data_dir()
+        if on_tick is not None:
+            on_tick()
+        busy = False
+        try:
+            if not intent:
+                run = node.journal.run(sub.run_id)
+                intent = run is not None and run.cancel_reason is not None
+            # In-memory timer: a fast path only; the launcher and recovery enforce the persisted
+            # deadline too.
+            if node.canceller.enforce_deadline(sub.run_id, has_deadline=sub.deadline_at_ms is not None,
+                                               has_intent=intent, remaining_s=_remaining_s(sub)) is not None:
+                intent = True
+            if intent:
+                node.canceller.dispatch_one(sub.run_id)
+        except (StoreBusyError, ConflictError) as exc:
+            busy = True
+            logger.warning("run {}: the run store is busy ({}); the deadline and intents are retried",
+                           sub.run_id, type(exc).__name__)
+        timeout = BUSY_RETRY_S if busy else tick_s
+        remaining = _remaining_s(sub)
+        if not intent and not busy and remaining is not None:
+            timeout = min(timeout, max(0.0, remaining))
+        observed = executor.wait(sub.task, timeout)
+        if observed is not None:
+            return observed
+
+
+def watch(node: Node, run_id: str, *, on_tick: Callable[[], None] | None = None) -> RunView:
+    """Wait for a run this process is not the parent of: look, settle, sleep, until it is terminal."""
+    from .ports.journal import ConflictError, StoreBusyError
+    from .reconciler import settle
+
+    while True:
+        node.check_data_dir()
+        if on_tick is not None:
+            on_tick()
+        view = node.view(run_id)
+        if view.terminal:
+            return view
+        try:
+            settle(node, view)
+        except (StoreBusyError, ConflictError) as exc:  # another writer holds the store: next time
+            logger.warning("run {}: the run store is busy ({}); retrying", run_id, type(exc).__name__)
+        view = node.view(run_id)
+        if view.terminal:
+            if on_tick is not None:
+                on_tick()
+            return view
+        time.sleep(REATTACH_POLL_S)
+
+
+def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -> CompletionResult | None:
+    """End the attempt from what this host saw when it reaped the task.
+
+    The status the host reaped is kernel truth: the receipt is applied only when it agrees; one
+    that disagrees (forged by a same-user task) is quarantined and an ``attempt.receipt_rejected``
+    audit event records it (the consumer does, on every path) before the observed outcome is
+    committed. Without a receipt (publication failed), the observation alone decides.
+    """
+    from .consumer import ConsumeOutcome
+    from .ports.journal import EventSpec
+    from .reconciler import recover_attempt
+
+    assert node.consumer is not None and sub.attempt_id is not None
+    seen = _host_observed(sub, observed)
+    if observed.held_receipt and seen is not None:
+        return _complete_held(node, sub, seen)
+    consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
+    if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+        return None
+    if seen is None:
+        # The executor cannot vouch for the task's status (its launcher died, or lost the
+        # status): say so in an event, then recovery decides — the command may run on (the
+        # waiter keeps watching it), and without a receipt it ends lost, or in the intent's
+        # state when our dispatcher signalled it — never a guess.
+        if observed.detail:
+            node.completion.note(sub.attempt_id, EventSpec("attempt.observation_lost", attempt_id=sub.attempt_id,
+                                                           reason=observed.detail[:80]))
+        recover_attempt(node, sub.attempt_id)
+        return None
+    result = node.completion.complete(seen, executor=sub.executor)
+    if consumed.outcome in (ConsumeOutcome.MISSING, ConsumeOutcome.UNUSABLE):
+        # No receipt will ever come (the launcher is gone): the row rides out with the next create
+        # commit or retention — no extra commit here.
+        node.journal.note_consumed(sub.attempt_id)
+    return result
+
+
+def _host_observed(sub: Submission, observed: ExitObservation) -> Receipt | None:
+    """What the host reaped, as the receipt the completion takes (built once, for both paths);
+    None when the executor has no status to vouch for."""
+    from .receipts.codec import Receipt
+
+    if observed.exit_code is None:
+        return None
+    assert sub.attempt_id is not None
+    return Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
+                   callback_sequence=sub.callback_sequence, token=sub.token, started_at_ms=sub.started_at_ms,
+                   finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms), exit_code=observed.exit_code)
+
+
+def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResult | None:
+    """Acknowledged completion: commit the status the host reaped, then tell the task's
+    publisher it has nothing to publish. Any failure before the acknowledgement leaves the
+    receipt to the publisher (and the run to the receipt path): the host dying at any step
+    never loses the true status and never commits a second one.
+
+    A receipt already in the slot is looked at first (one failed open when there is none, the
+    usual case): the publisher's own, published because this host was too slow to answer
+    (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
+    other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
+    reaped is committed."""
+    from .consumer import ConsumeOutcome
+    from .ports.journal import ConflictError, StoreBusyError
+
+    assert sub.task is not None and sub.executor is not None and sub.attempt_id is not None
+    assert node.consumer is not None
+    executor = node.executor_for(sub.executor)
+    assert executor is not None
+    crashpoint("wait.after_exit")
+    consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=seen.exit_code)
+    if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+        executor.acknowledge(sub.task, committed=True)  # its publisher published already
+        sub.awaited = False
+        return None
+    try:
+        result = node.completion.complete(seen, executor=sub.executor)
+    except (StoreBusyError, ConflictError) as exc:
+        # The store stayed busy: the task publishes its receipt, and the caller watches the run
+        # end from it (wait() falls back to watching a run that is not terminal yet).
+        executor.acknowledge(sub.task, committed=False)
+        sub.awaited = False
+        logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
+                       sub.run_id, type(exc).__name__)
+        return None
+    except BaseException:
+        executor.acknowledge(sub.task, committed=False)
+        sub.awaited = False
+        raise
+    crashpoint("wait.before_ack")
+    executor.acknowledge(sub.task, committed=True)
+    sub.awaited = False
+    crashpoint("wait.after_ack")
+    # No receipt will ever come: the journal row rides out with the next create commit or
+    # retention — no extra commit here.
+    node.journal.note_consumed(sub.attempt_id)
+    return result
+
+
+def _finalize_log(node: Node, log_artifact_id: str) -> None:
+    """After the fast path's terminal commit: cut the log to its quota (best effort: the next
+    round, or a follower, does it otherwise)."""
+    from .logs import finalize_log
+
+    try:
+        finalize_log(node, log_artifact_id)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("wait: finalize_log failed: {}", type(exc).__name__)
