@@ -499,7 +499,8 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
  * while it is our parent, a changed parent (we were reparented: it died) says it is gone — no pid
  * is ever compared after it could have been reused. Started through an intermediary (a tracer, say),
  * the owner's pid is asked instead. No descriptor is held for it: an idle standby holds nothing but
- * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone. */
+ * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone and left
+ * nothing. */
 static int wait_for_message(int channel) {
     struct ucred owner;
     socklen_t len = sizeof owner;
@@ -508,8 +509,11 @@ static int wait_for_message(int channel) {
     int parent = owner.pid > 0 && getppid() == owner.pid;
     struct pollfd fd = {.fd = channel, .events = POLLIN};
     for (;;) {
+        /* Its owner gone: a message already waiting still decides. The host sends it only after the
+         * create commit, and it is the go-ahead: a host that died right after sending it (before we
+         * even got here, or between two checks) recorded the run as running with this launcher. */
         if (owner.pid > 0 && (parent ? getppid() != owner.pid : kill(owner.pid, 0) != 0 && errno == ESRCH))
-            return 0;
+            return poll(&fd, 1, 0) > 0;
         int r = poll(&fd, 1, owner.pid > 0 ? OWNER_CHECK_MS : -1);
         if (r > 0 || (r < 0 && errno != EINTR))
             return 1; /* a message, EOF, or no way to wait: recvmsg decides as it always did */
