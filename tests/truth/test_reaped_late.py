@@ -11,6 +11,13 @@ receipt (the result, which existed before the intent) does.
 Produced for real: a host that waits for another run first (the plain API, no fault at all), and a
 `ql run` SIGSTOPped across its task's end and deadline, then continued (the publisher's bounded
 wait for the host's "ok" is still running then).
+
+And the host must not reap an awaited task's launcher before it acknowledged it (seed 4: hosts
+frozen between the reap and the commit). Recovery recognises a publisher holding a result only
+beside its zombie launcher; a reaped one leaves the publisher looking like an orphaned process of
+the task, so a reconciler's timeout TERMed it ("signalled": the intent decides, ``timed_out 3`` for
+a task that exited 3 in time) and its KILL after the grace destroyed the result. Produced with the
+host's own reaper (each new launcher reaps exited, unwaited ones) and a real `ql reconcile`.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import QL, json_lines, release_host
+from tests.conftest import QL, json_lines, release_host, run_ql
 from tests.processes import proc_stat
 
 BOUND_S = 90
@@ -48,6 +55,25 @@ def test_a_cancel_after_the_end_but_before_the_late_reap_is_moot(open_rt) -> Non
     view = rt.wait(quick)
     assert (view.status, view.exit_code) == ("failed", 4), view
     assert "run.cancel_moot" in [e.type for e in rt.events(quick.run_id)]
+
+
+def test_an_awaited_launcher_is_not_reaped_before_its_host_acknowledged_it(open_rt, ql_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    rt = open_rt()
+    quick = rt.submit(["sh", "-c", "exit 3"], timeout_s=2, awaited=True)
+    time.sleep(0.5)  # `quick` ended: its launcher exited, its publisher holds the result
+    other = rt.submit(["sh", "-c", "sleep 4"], awaited=True)  # a new launcher reaps exited ones
+    time.sleep(2.0)  # past `quick`'s deadline
+    config = tmp_path / "grace.toml"
+    config.write_text("[limits]\ncancel_grace_s = 0.2\n")
+    env = dict(ql_env, QL_CONFIG=str(config))
+    for _ in range(3):  # the timeout's intent, its TERM, and its KILL after the grace, if any were sent
+        out = run_ql(["--json", "reconcile"], env, timeout=BOUND_S)
+        assert out.returncode == 0, out.stderr
+        time.sleep(0.3)
+    assert rt.wait(other).status == "succeeded"
+    view = rt.wait(quick)
+    assert (view.status, view.exit_code) == ("failed", 3), view
 
 
 def test_a_ql_run_continued_after_its_tasks_deadline_exits_with_the_tasks_code(ql_env: dict[str, str],
