@@ -330,7 +330,7 @@ class Loop:
             await_open(host, "a kill-loop host")
             now = time.monotonic()
             dies_at = now + (self.rng.uniform(0.1, 1.5) if self.rng.random() < 0.8 else self.rng.uniform(1.5, 4.0))
-            if self.rng.random() < 0.45:
+            if self.rng.random() < 0.6:
                 freeze = self._plan_freeze(host, "host", now, dies_at, f"h{number}")
                 if freeze.then == "cont":
                     dies_at += freeze.span  # a life after the freeze, to wait for its runs
@@ -362,6 +362,19 @@ class Loop:
         while self.commands:
             self._commands(time.monotonic())  # past its bound, a command is killed and counted
             time.sleep(0.05)
+
+    def summary(self, seed: int, rows: list, outcomes: Counter[str], violations: int) -> str:
+        def part(prefix: str) -> dict[str, int]:
+            return {k[len(prefix):]: v for k, v in sorted(self.injected.items()) if k.startswith(prefix)}
+
+        kills = {k: self.injected[k] for k in ("host", "group", "launcher", "reconciler", "supervisor")}
+        steps = part("clock step to ")
+        return (f"kill loop seed {seed}: {len(rows)} runs checked, outcomes {dict(sorted(outcomes.items()))}; "
+                f"SIGKILLs {kills}; stops {part('stopped ')}; cancels {self.injected['cancel']}, "
+                f"submitters {self.injected['submit']}; clock steps {sum(steps.values())} {steps}; "
+                f"faked processes {sum(self.faked.values())} {dict(sorted(self.faked.items()))}; "
+                f"commands (exit status) {dict(sorted(self.finished.items()))}, longest {self.longest:.1f} s; "
+                f"violations {violations}")
 
     def facts(self, run: Any, attempt: Any) -> RunFacts:
         asked = parse_name(run.name)
@@ -412,9 +425,6 @@ def test_random_kills_stops_and_clock_steps_never_break_an_invariant(open_rt, da
     for run, attempt in rows:
         outcomes[run.status] += 1
         violations.extend(judge(loop.facts(run, attempt)))
-    print(f"kill loop seed {seed}: {len(rows)} runs {dict(sorted(outcomes.items()))}; "
-          f"injected {dict(sorted(loop.injected.items()))}; faked clocks {dict(sorted(loop.faked.items()))}; "
-          f"commands {dict(sorted(loop.finished.items()))}, longest {loop.longest:.1f} s; "
-          f"violations {len(violations)}")
+    print(loop.summary(seed, rows, outcomes, len(violations)))
     assert len(rows) >= 3 * HOSTS, f"only {len(rows)} runs were created"
     assert violations == [], "\n".join(violations[:20])
