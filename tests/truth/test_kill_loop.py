@@ -118,6 +118,7 @@ class Command:
     bound_at: float
     kill_at: float | None = None   # reconcilers and supervisors the loop SIGKILLs mid-work
     killed: bool = False
+    frozen_s: float = 0.0
 
 
 @dataclass
@@ -160,6 +161,8 @@ class Loop:
         now = time.monotonic()
         command = Command(proc, what, now, now + BOUND_S, None if kill_after is None else now + kill_after)
         self.commands.append(command)
+        if any(f.stopped_at is not None for f in self.freezes):
+            self.injected["commands started while a host was stopped"] += 1
         return command
 
     def _busy(self) -> int:
@@ -181,7 +184,9 @@ class Loop:
         self.about.setdefault(freeze.key, []).append(f"{freeze.then} at boot {_boot():.2f}")
         for command in self.commands:
             if command.proc is freeze.proc:
-                command.bound_at += time.monotonic() - (freeze.stopped_at or time.monotonic())
+                frozen = time.monotonic() - (freeze.stopped_at or time.monotonic())
+                command.bound_at += frozen
+                command.frozen_s += frozen
                 command.killed = command.killed or freeze.then == "kill"
 
     def _freezes(self, now: float) -> None:
@@ -216,7 +221,7 @@ class Loop:
                 continue
             self.finished[f"{command.what} {proc.returncode}"] += 1
             if not command.killed:
-                self.longest = max(self.longest, now - command.started)
+                self.longest = max(self.longest, now - command.started - command.frozen_s)
             if b"Traceback" in err:
                 self.violations.append(f"`ql {command.what}` wrote a traceback: "
                                        f"{err.decode(errors='replace')[-2000:]}")
@@ -340,6 +345,9 @@ class Loop:
         if host.poll() is None:
             host.send_signal(signal.SIGKILL)  # a stopped host too
             self.injected["host"] += 1
+            if any(f.proc is host and f.stopped_at is not None for f in self.freezes):
+                self.injected["stopped host, then kill"] += 1  # its life ended during its freeze
+                self.about.setdefault(f"h{number}", []).append(f"killed at boot {_boot():.2f}")
         out, err = host.communicate(timeout=60)
         self.freezes = [f for f in self.freezes if f.proc is not host]
         for line in out.decode().splitlines():
@@ -371,6 +379,7 @@ class Loop:
         steps = part("clock step to ")
         return (f"kill loop seed {seed}: {len(rows)} runs checked, outcomes {dict(sorted(outcomes.items()))}; "
                 f"SIGKILLs {kills}; stops {part('stopped ')}; cancels {self.injected['cancel']}, "
+                f"commands started while a host was stopped {self.injected['commands started while a host was stopped']}, "
                 f"submitters {self.injected['submit']}; clock steps {sum(steps.values())} {steps}; "
                 f"faked processes {sum(self.faked.values())} {dict(sorted(self.faked.items()))}; "
                 f"commands (exit status) {dict(sorted(self.finished.items()))}, longest {self.longest:.1f} s; "
@@ -427,4 +436,7 @@ def test_random_kills_stops_and_clock_steps_never_break_an_invariant(open_rt, da
         violations.extend(judge(loop.facts(run, attempt)))
     print(loop.summary(seed, rows, outcomes, len(violations)))
     assert len(rows) >= 3 * HOSTS, f"only {len(rows)} runs were created"
+    if HOSTS >= 20:  # the faults this loop is about did happen (each near certain at this size)
+        assert sum(v for k, v in loop.injected.items() if k.startswith("stopped ")) > 0, "no host was stopped"
+        assert clocks is None or sum(loop.faked.values()) > 0, "no process ran on a faked clock"
     assert violations == [], "\n".join(violations[:20])
