@@ -12,6 +12,10 @@ processes get a ``time.sleep`` made of ``select`` through a ``sitecustomize`` on
 (as in ``test_clock_steps.py``, commit c50aaa0): nothing the loop judges, only what lets Python run
 there. The compiled launcher is static (libfaketime cannot reach it) and tasks are started without
 ``LD_PRELOAD``.
+
+libfaketime 0.9.10 leaves a ``/dev/shm/faketime_shm_PID`` and ``sem.faketime_sem_PID`` behind for
+each faked process that forks, and never removes them: :meth:`Clocks.remove_leftovers` removes
+those of the given pids that appeared while the loop ran.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 __all__ = ["CLOCKS", "LIBFAKETIME", "Clocks", "faketime_available"]
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+SHM = "/dev/shm"
 #: The clocks a faked process may get.
 CLOCKS = ("-1h", "+1h", "step")
 #: The offsets the stepping clock moves between (each step changes it).
@@ -52,6 +57,7 @@ class Clocks:
         self._shim = directory / "shim"
         self._shim.mkdir(parents=True)
         (self._shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        self._shm_before = set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
         self._file = directory / "stepping.offset"
         self.offset = "+0"
         self._write(self.offset)
@@ -71,6 +77,20 @@ class Clocks:
         else:
             env["FAKETIME"] = clock
         return env
+
+    def remove_leftovers(self, pids: set[int]) -> int:
+        """Remove libfaketime's shared-memory files of ``pids`` (processes of the loop's, all ended)
+        that were not there before; returns how many."""
+        removed = 0
+        for pid in pids:
+            for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+                if name not in self._shm_before:
+                    try:
+                        os.unlink(os.path.join(SHM, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
 
     def step(self) -> str:
         """Step the shared clock to another offset; returns it."""

@@ -144,9 +144,12 @@ class Loop:
     #: Key prefix of a host's or submitter's runs -> what was done to it (for violation messages).
     about: dict[str, list[str]] = field(default_factory=dict)
     longest: float = 0.0
+    #: Every process the loop started (none outlives the test; libfaketime's leftovers go by pid).
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     # -- processes ------------------------------------------------------------------------------
     def _env(self, what: str, faked_share: float, key: str | None = None) -> dict[str, str]:
+        """The environment of a process the loop starts: now and then on a faked clock."""
         if self.clocks is None or self.rng.random() >= faked_share:
             return self.env
         clock = self.rng.choice(CLOCKS)
@@ -158,6 +161,7 @@ class Loop:
     def _start(self, args: list[str], what: str, faked_share: float, kill_after: float | None = None) -> Command:
         proc = subprocess.Popen(QL + args, env=self._env(what, faked_share), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
+        self.procs.append(proc)
         now = time.monotonic()
         command = Command(proc, what, now, now + BOUND_S, None if kill_after is None else now + kill_after)
         self.commands.append(command)
@@ -279,6 +283,7 @@ class Loop:
         args = ["--json", "run", *(["--detach"] if detach else []), "--name", asked.name,
                 *(["--timeout", str(asked.timeout)] if asked.timeout else []), *task, script(asked, self.marks)]
         proc = subprocess.Popen(QL + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.procs.append(proc)
         now = time.monotonic()
         self.commands.append(Command(proc, "run --detach" if detach else "run (waiting)", now, now + BOUND_S))
         if not detach and self.rng.random() < 0.3:
@@ -326,6 +331,7 @@ class Loop:
         host = subprocess.Popen([sys.executable, str(HOST), str(self.data_dir), str(self.rng.randrange(1 << 30)),
                                  str(PER_HOST), str(self.marks), f"h{number}"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.procs.append(host)
         # Its death is timed from the moment its runtime is open: a Python start takes seconds on a
         # loaded machine, and timed from the spawn nearly every host died before its first submit.
         # Now and then one dies before (most likely) opening, on purpose.
@@ -371,6 +377,15 @@ class Loop:
             self._commands(time.monotonic())  # past its bound, a command is killed and counted
             time.sleep(0.05)
 
+    def abandon(self) -> set[int]:
+        """SIGKILL whatever the loop started that still runs (a test that failed half way), reap
+        it; the pids of all it ever started."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()  # stopped or not
+                proc.communicate(timeout=30)
+        return {proc.pid for proc in self.procs}
+
     def summary(self, seed: int, rows: list, outcomes: Counter[str], violations: int) -> str:
         def part(prefix: str) -> dict[str, int]:
             return {k[len(prefix):]: v for k, v in sorted(self.injected.items()) if k.startswith(prefix)}
@@ -397,6 +412,18 @@ class Loop:
             context="; ".join(self.about.get(asked.key.split("-")[0], [])))
 
 
+def _recover(rt: Any) -> list[tuple[Any, Any]]:
+    """Every host is dead: recover until every run has ended (orphaned commands end on their own)."""
+    deadline = time.monotonic() + 120
+    while True:
+        rt.reconcile()
+        rows = _rows(rt)
+        if all(run.status in TERMINAL for run, _ in rows):
+            return rows
+        assert time.monotonic() < deadline, [(r.id, r.status) for r, _ in rows if r.status not in TERMINAL]
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(max(300, HOSTS * 12))
 def test_random_kills_stops_and_clock_steps_never_break_an_invariant(open_rt, data_dir: Path,
@@ -415,19 +442,16 @@ def test_random_kills_stops_and_clock_steps_never_break_an_invariant(open_rt, da
     marks = tmp_path / "marks"
     marks.mkdir()
     loop = Loop(rng, rt, data_dir, marks, env, clocks)
-    for number in range(HOSTS):
-        loop.host(number)
-    loop.settle()
-
-    # Every host is dead: recover until every run has ended (orphaned commands end on their own).
-    deadline = time.monotonic() + 120
-    while True:
-        rt.reconcile()
-        rows = _rows(rt)
-        if all(run.status in TERMINAL for run, _ in rows):
-            break
-        assert time.monotonic() < deadline, [(r.id, r.status) for r, _ in rows if r.status not in TERMINAL]
-        time.sleep(0.2)
+    try:
+        for number in range(HOSTS):
+            loop.host(number)
+        loop.settle()
+        rows = _recover(rt)
+    finally:
+        pids = loop.abandon()
+        if clocks is not None:  # the faked processes' forks include the launchers they started
+            launchers = {json.loads(a.handle)["pid"] for _r, a in _rows(rt) if a is not None and a.handle}
+            clocks.remove_leftovers(pids | launchers)
 
     outcomes: Counter[str] = Counter()
     violations = list(loop.violations)
