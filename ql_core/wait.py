@@ -38,6 +38,9 @@ INTENT_POLL_S = 1.0
 BUSY_RETRY_S = 0.2
 #: How often :func:`wait` looks at a run it is not the parent of (re-attached, or queued).
 REATTACH_POLL_S = 0.2
+#: How long a host that reaped an awaited task too late to place its end waits for the receipt it
+#: then lets the task's publisher publish (it stops waiting as soon as the publisher is gone).
+RELEASED_RECEIPT_WAIT_S = 10.0
 
 
 def wait(node: Node, sub: Submission | str, *, on_tick: Callable[[], None] | None = None,
@@ -227,6 +230,16 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
         executor.acknowledge(sub.task, committed=True)  # its publisher published already
         sub.awaited = False
         return None
+    if _intent_not_beaten(node, sub, seen.finished_at_ms):
+        # Our finish time only says "it ended before we reaped it". Reaped late (this host was
+        # stopped, or waiting for another run), that bound lies past a deadline or a cancel the
+        # task may have beaten. The publisher holds the launcher's own finish time: let it
+        # publish, and apply that receipt (checked against what we reaped).
+        executor.acknowledge(sub.task, committed=False)
+        sub.awaited = False
+        if _consume_released(node, sub, executor, seen.exit_code):
+            return None
+        # No receipt came (its publisher is gone): what we reaped decides, on our bound.
     try:
         result = node.completion.complete(seen, executor=sub.executor)
     except (StoreBusyError, ConflictError) as exc:
@@ -249,6 +262,35 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     # retention — no extra commit here.
     node.journal.note_consumed(sub.attempt_id)
     return result
+
+
+def _intent_not_beaten(node: Node, sub: Submission, finished_at_ms: int) -> bool:
+    """Would an intent (the deadline, a committed cancel) apply to a task that ended at
+    ``finished_at_ms``, the host's upper bound of its end?"""
+    if sub.deadline_at_ms is not None and finished_at_ms >= sub.deadline_at_ms:
+        return True
+    run = node.journal.run(sub.run_id)
+    return run is not None and run.cancel_reason is not None
+
+
+def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code: int) -> bool:
+    """After an awaited task's publisher was told "no ok": apply the receipt it publishes (one that
+    disagrees with ``exit_code`` is quarantined), waiting while it is still there to publish (its
+    launcher's group still has a member), at most :data:`RELEASED_RECEIPT_WAIT_S`. True when the run
+    has ended from a receipt."""
+    from .consumer import ConsumeOutcome
+    from .ports.executor import IdentityState
+
+    assert sub.task is not None and sub.attempt_id is not None and node.consumer is not None
+    end = time.monotonic() + RELEASED_RECEIPT_WAIT_S
+    while True:
+        publishing = executor.inspect(sub.task.handle) is IdentityState.RUNNING
+        consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=exit_code)
+        if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+            return True
+        if not publishing or time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
 
 
 def _finalize_log(node: Node, log_artifact_id: str) -> None:

@@ -24,6 +24,12 @@ keeps no zombies beyond those still running and the last few started.
 A forked host's child closes the copies it inherited of every launcher's pidfd and channel
 (``os.register_at_fork``): the launchers are the parent's, and an inherited channel would keep a
 standby or an awaited task's publisher from ever seeing its host's death.
+
+An awaited task's launcher is *kept* (:attr:`Child.keep`) from its hand-over until its host has
+answered its publisher: its exit status is read with ``WNOWAIT`` and it stays an unreaped zombie.
+Beside a zombie launcher, recovery knows the publisher for what it is — the holder of the task's
+result, never signalled; beside a launcher already reaped it looks like any process the task left
+behind, and a timeout's TERM would make the intent decide, its KILL destroy the result.
 """
 
 from __future__ import annotations
@@ -117,7 +123,7 @@ class Child:
     once nobody uses it — so a pidfd number is never polled or signalled through after its reuse.
     """
 
-    __slots__ = ("__weakref__", "_fd", "_lock", "_owner", "_start", "_users", "pid", "process", "reaped")
+    __slots__ = ("__weakref__", "_fd", "_lock", "_owner", "_start", "_users", "keep", "pid", "process", "reaped")
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         # Reap what has exited first: the pidfds it frees may serve this launcher.
@@ -126,6 +132,8 @@ class Child:
         self.pid = process.pid
         self._owner = os.getpid()
         self.reaped: Reaped | None = None
+        #: Exited, it stays an unreaped zombie (its status read with WNOWAIT) until :meth:`unkeep`.
+        self.keep = False
         self._lock = threading.Lock()
         self._users = 0
         self._fd = _open_pidfd(self.pid)
@@ -159,8 +167,9 @@ class Child:
         return bool(poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000))))
 
     def _reap_pidfd(self, block: bool) -> Reaped | None:
+        flags = os.WEXITED | (0 if block else os.WNOHANG) | (os.WNOWAIT if self.keep else 0)
         try:
-            info = os.waitid(_P_PIDFD, self._fd, os.WEXITED | (0 if block else os.WNOHANG))  # type: ignore[arg-type]
+            info = os.waitid(_P_PIDFD, self._fd, flags)  # type: ignore[arg-type]
         except ChildProcessError:
             return Reaped(None)
         except OSError:  # the pidfd went bad: no status, none claimed
@@ -180,6 +189,8 @@ class Child:
             return None
         if self._start is None or proc_start_time(self.pid) != self._start:
             return Reaped(None)  # not (provably) our launcher: never its status, and not ours to reap
+        if self.keep:
+            return Reaped(info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
         try:
             _pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
@@ -193,13 +204,14 @@ class Child:
         if self.reaped is not None:
             return self.reaped
         reaped = self._reap_pidfd(block=False) if self._fd >= 0 else self._reap_checked(block=False)
-        if reaped is not None:
+        if reaped is not None and not self.keep:
             self._finish_locked(reaped)
         return reaped
 
     def wait(self, timeout_s: float | None) -> Reaped | None:
-        """Block until the launcher exits (at most ``timeout_s``; None: no limit) and reap it;
-        None while it still runs. Once reaped, the same answer every time."""
+        """Block until the launcher exits (at most ``timeout_s``; None: no limit) and reap it (a
+        kept one: read its status, leave it a zombie); None while it still runs. Once reaped, the
+        same answer every time."""
         if self.reaped is not None:
             return self.reaped
         if not self.ours:
@@ -213,7 +225,10 @@ class Child:
                 with self._lock:
                     if self.reaped is None:
                         # Exited (the pidfd said so): this waitid returns at once.
-                        self._finish_locked(self._reap_pidfd(block=True) or Reaped(None))
+                        reaped = self._reap_pidfd(block=True) or Reaped(None)
+                        if self.keep:
+                            return reaped
+                        self._finish_locked(reaped)
                     return self.reaped
             return self._wait_checked(timeout_s)
 
@@ -228,6 +243,16 @@ class Child:
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             delay = min(delay * 2, 0.05)
+
+    def unkeep(self) -> None:
+        """Stop keeping it (:attr:`keep`): reaped now if it has exited and nobody is using it, else
+        by its waiter or the next :func:`reap_exited`."""
+        if not self.ours:
+            return
+        with self._lock:
+            self.keep = False
+            if self._users == 0 and self.reaped is None:
+                self._try_reap_locked()
 
     def _finish_locked(self, reaped: Reaped) -> None:
         self.reaped = reaped
@@ -315,7 +340,8 @@ def reap_exited(limit: int | None = REAP_SCAN) -> int:
     signalling): at most ``limit`` looked at, oldest first (None: every one). Never blocks, never
     installs a SIGCHLD handler, never ``waitpid(-1)``: each through its own pidfd, or by pid with
     its start time checked. A reaped launcher's status is kept (a later ``wait`` returns it); its
-    run still ends through its receipt. Returns how many were reaped."""
+    run still ends through its receipt. A kept launcher (:attr:`Child.keep`) is left alone, except
+    by the closing sweep (``limit`` None). Returns how many were reaped."""
     with _tracked_lock:
         keys = list(_TRACKED) if limit is None else list(itertools.islice(_TRACKED, limit))
         children = [_TRACKED[k] for k in keys]
@@ -325,7 +351,10 @@ def reap_exited(limit: int | None = REAP_SCAN) -> int:
         if not child.ours or not child._lock.acquire(blocking=False):  # noqa: SLF001
             continue  # a fork's copy (dropped after fork), or someone is inside: not now
         try:
-            if child._users == 0 and child.reaped is None:  # noqa: SLF001
+            if child.keep and limit is not None:
+                running.append(child)  # kept for its host's answer: to the back of the line too
+            elif child._users == 0 and child.reaped is None:  # noqa: SLF001
+                child.keep = False  # closing (limit None): nothing is kept any longer
                 if child._try_reap_locked() is not None:  # noqa: SLF001
                     reaped += 1
                 else:
@@ -333,7 +362,7 @@ def reap_exited(limit: int | None = REAP_SCAN) -> int:
         finally:
             child._lock.release()  # noqa: SLF001
     if running:
-        with _tracked_lock:  # still running: to the back of the line, so the scan moves on
+        with _tracked_lock:  # still running (or kept): to the back of the line, so the scan moves on
             for child in running:
                 if _TRACKED.pop(id(child), None) is not None:
                     _TRACKED[id(child)] = child

@@ -19,6 +19,7 @@ import signal as _signal
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import replace
 
 from ql_core.clock import boot_ms, elapsed_ms_ceil, now_ms_ceil
@@ -130,6 +131,19 @@ def _finished(start: tuple[int, int] | None) -> int:
     return now_ms_ceil()
 
 
+#: How long a host that closed an exited, awaited launcher's channel without "ok" waits for the
+#: publisher to publish and exit before it reaps the launcher (each look is one pass over /proc).
+PUBLISHER_WAIT_S = 5.0
+
+
+def _wait_publisher_gone(leader: int) -> None:
+    """Until the group ``leader`` (a zombie launcher of ours) led has no other live member — its
+    publisher published and exited — at most :data:`PUBLISHER_WAIT_S`."""
+    end = time.monotonic() + PUBLISHER_WAIT_S
+    while identity.group_has_others(leader) and time.monotonic() < end:
+        time.sleep(0.005)
+
+
 def _stamped(handle: str | None, boot: int | None) -> str | None:
     """A standby's handle with the boot-clock time it was taken for a run (just before that run's
     create commit, which records it): the duration recovery measures from there is at most the
@@ -179,6 +193,7 @@ class _Held:
                 channel, self._channel = self._channel, None
                 release(channel, self._token)
             else:
+                self.child.keep = True  # a zombie until we answered its publisher (.child)
                 release(self._channel, self._token)
 
     def handed_over(self, *, awaited: bool) -> None:
@@ -203,9 +218,16 @@ class _Held:
             return False
 
     def acknowledge(self, committed: bool) -> None:
+        """Answer the publisher: ``ok`` (committed: it publishes nothing), else a bare close — and
+        then, if the launcher has exited, wait (bounded) until the publisher has published and gone
+        before the launcher is reaped: beside its zombie launcher it is never signalled."""
         if isinstance(self._channel, socket.socket):
             channel, self._channel = self._channel, None
+            publishing = not committed and not self.child.alive()
             acknowledge(channel, committed)
+            if publishing:
+                _wait_publisher_gone(self.child.pid)
+        self.child.unkeep()
 
     def close(self) -> None:
         """Drop the channel: an unreleased launcher reads EOF and exits 125 without running the
@@ -215,6 +237,7 @@ class _Held:
             channel.close()
         elif channel is not None:
             os.close(channel)
+        self.child.unkeep()
 
 
 class _LaunchHints:
@@ -457,6 +480,7 @@ class LocalProcessExecutor:
         if request.cwd is not None:
             _check_cwd(request.cwd)  # as Popen's chdir would fail: before anything is sent
         cwd_fd = _host_cwd_fd()
+        held.child.keep = request.awaited  # before it can run: a zombie until we answered its publisher
         try:
             hand_over(channel, message, log_fd=log_fd, cwd_fd=cwd_fd)
         finally:

@@ -77,6 +77,7 @@ __all__ = [
     "capture_handle",
     "inspect",
     "leader_state",
+    "group_has_others",
     "signal_group",
     "handle_to_dict",
     "handle_from_dict",
@@ -385,6 +386,25 @@ def _publisher_pending(handle: ProcessHandle, leader: ProcStat) -> bool:
         if (member is not None and member.pgrp == handle.pgid and member.session == handle.pid
                 and member.start_time >= handle.start_time and member.comm == leader.comm
                 and member.state not in _GONE_STATES and member.state not in ("T", "t")):
+            return True
+    return False
+
+
+def group_has_others(leader: int) -> bool:
+    """Has the process group ``leader`` leads a live member other than the leader itself (the
+    publisher an exited launcher left, say)? One bounded pass over /proc; False when it cannot tell."""
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return False
+    for name in entries:
+        if not name.isdigit() or int(name) == leader:
+            continue
+        try:
+            member = _read_stat(int(name))
+        except IdentityUnreadable:
+            continue
+        if member is not None and member.pgrp == leader and member.state not in _GONE_STATES:
             return True
     return False
 
