@@ -139,7 +139,7 @@ def postgres_url(postgres_admin_dsn: str) -> Iterator[str]:
     except psycopg.OperationalError as exc:
         if in_ci:
             pytest.fail(f"CI=true but PostgreSQL is unreachable: {exc}")
-        pytest.skip(f"PostgreSQL at {POSTGRES_DSN_ENV} is unreachable: {str(exc).splitlines()[0]}")
+        pytest.skip(f"PostgreSQL is unreachable: {str(exc).splitlines()[0]}")
     base = dsn.rsplit("/", 1)[0]
     yield f"{base}/{name}"
     with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -51,6 +52,23 @@ def _run_as() -> pwd.struct_passwd | None:
             continue
     raise Unavailable("running as root and neither a 'postgres' nor a 'nobody' user exists "
                       f"(PostgreSQL refuses root): set {POSTGRES_DSN_ENV}")
+
+
+def _await_ready(port: int, timeout_s: float = 120.0) -> None:
+    """Until the server accepts a connection: its port opens while it still says "the database
+    system is starting up" (bounded: the error of the last try)."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            psycopg.connect(f"postgresql://{_SERVER_USER}@127.0.0.1:{port}/postgres", connect_timeout=5).close()
+            return
+        except psycopg.OperationalError as exc:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the throwaway PostgreSQL did not accept connections within "
+                                  f"{timeout_s:g} s: {str(exc).splitlines()[0]}") from None
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -95,6 +113,7 @@ def throwaway_postgres() -> Iterator[str]:
             raise Unavailable(f"the throwaway PostgreSQL from {pg_ctl} did not start: "
                               f"{type(exc).__name__}: {' '.join(tail) or exc}") from None
         try:
+            _await_ready(port)
             yield f"postgresql+psycopg://{_SERVER_USER}@127.0.0.1:{port}/postgres"
         finally:
             with contextlib.suppress(Exception):
