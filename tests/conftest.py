@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -13,8 +14,10 @@ from typing import Iterator
 
 import pytest
 
+from .postgres_server import POSTGRES_DSN_ENV, throwaway_postgres
+from .postgres_server import Unavailable as PostgresUnavailable
+
 QL = [sys.executable, "-m", "ql_core.cli.main"]
-POSTGRES_DSN_ENV = "QL_TEST_POSTGRES_DSN"
 
 
 @pytest.fixture
@@ -97,27 +100,37 @@ def classic_runtime(data_dir: Path):
     rt.close()
 
 
-def _postgres_admin_dsn() -> str | None:
-    return os.environ.get(POSTGRES_DSN_ENV)
+@pytest.fixture(scope="session")
+def postgres_admin_dsn() -> Iterator[str]:
+    """The PostgreSQL server of this session (an admin DSN, ``postgresql+psycopg://``): the one
+    ``QL_TEST_POSTGRES_DSN`` names, else a throwaway server started from the machine's ``pg_ctl``
+    (see tests/postgres_server.py). Skipped with the reason where neither can be had, except under
+    CI=true, where that is a failure."""
+    in_ci = os.environ.get("CI") == "true"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        reason = "psycopg is not installed: pip install -e '.[dev]'"
+        pytest.fail(reason) if in_ci else pytest.skip(reason)
+    dsn = os.environ.get(POSTGRES_DSN_ENV)
+    if dsn:
+        yield dsn
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            dsn = stack.enter_context(throwaway_postgres())
+        except PostgresUnavailable as exc:
+            pytest.fail(f"CI=true: {exc}") if in_ci else pytest.skip(f"no PostgreSQL: {exc}")
+        yield dsn
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session (dropped afterwards).
+def postgres_url(postgres_admin_dsn: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session (dropped afterwards)."""
+    import psycopg
 
-    Skipped with a reason where no server is configured — except under CI=true,
-    where a missing PostgreSQL is a failure.
-    """
-    dsn = _postgres_admin_dsn()
+    dsn = postgres_admin_dsn
     in_ci = os.environ.get("CI") == "true"
-    if not dsn:
-        if in_ci:
-            pytest.fail(f"CI=true but {POSTGRES_DSN_ENV} is not set")
-        pytest.skip(f"no PostgreSQL: set {POSTGRES_DSN_ENV}=postgresql+psycopg://user@host/db")
-    try:
-        import psycopg
-    except ImportError:
-        pytest.fail("psycopg is not installed: pip install 'ql-runner[cluster]'") if in_ci else pytest.skip("no psycopg")
     conninfo = dsn.replace("postgresql+psycopg://", "postgresql://")
     name = f"ql_test_{uuid.uuid4().hex[:12]}"
     try:
@@ -126,7 +139,7 @@ def postgres_url() -> Iterator[str]:
     except psycopg.OperationalError as exc:
         if in_ci:
             pytest.fail(f"CI=true but PostgreSQL is unreachable: {exc}")
-        pytest.skip(f"PostgreSQL unreachable: {exc}")
+        pytest.skip(f"PostgreSQL is unreachable: {str(exc).splitlines()[0]}")
     base = dsn.rsplit("/", 1)[0]
     yield f"{base}/{name}"
     with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -3,9 +3,52 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-__all__ = ["foreign_standbys", "pids", "pids_with", "proc_stat", "standby_launchers", "standbys_of", "zombie_children"]
+__all__ = ["OUTLIVED_EXIT_CODE", "foreign_standbys", "pids", "pids_with", "proc_stat", "standby_launchers",
+           "standbys_of", "under_subreaper", "zombie_children"]
+
+#: The exit code of :func:`under_subreaper`'s wrapper when a descendant outlived the host.
+OUTLIVED_EXIT_CODE = 97
+
+_SUBREAPER = r"""
+import ctypes, os, signal, sys, time
+bound = float(sys.argv[1])
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("subreaper: prctl(PR_SET_CHILD_SUBREAPER) failed")
+host = os.fork()
+if host == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status = os.waitpid(host, 0)
+code = os.waitstatus_to_exitcode(status)
+code = code if code >= 0 else 128 - code
+deadline = time.monotonic() + bound
+while True:  # every orphan of the host is now our child: reap them all, bounded
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        sys.exit(code)
+    if pid == 0 and time.monotonic() > deadline:
+        break
+    if pid == 0:
+        time.sleep(0.02)
+left = [int(p) for p in os.listdir("/proc") if p.isdigit()
+        and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+print(f"subreaper: {left} outlived the host by {bound:g} s (killed)", file=sys.stderr)
+for pid in left:
+    os.kill(pid, signal.SIGKILL)
+sys.exit(%d)
+""" % OUTLIVED_EXIT_CODE
+
+
+def under_subreaper(argv: list[str], bound_s: float = 60.0) -> list[str]:
+    """``argv`` run as the child of a subreaper (prctl PR_SET_CHILD_SUBREAPER): when the host dies its
+    orphans (a standby launcher, say) are reparented to the wrapper, not init, so they are this
+    test's own and nobody else's. The wrapper exits with the host's code once every descendant is
+    gone, or, when one still lives ``bound_s`` seconds after the host, kills them and exits
+    :data:`OUTLIVED_EXIT_CODE` naming their pids on stderr."""
+    return [sys.executable, "-c", _SUBREAPER, str(bound_s), *argv]
 
 
 def proc_stat(pid: int) -> list[str] | None:

@@ -1,8 +1,9 @@
 """The audit against a real PostgreSQL run database (cluster worker), read in a READ ONLY transaction.
 
-Needs ``QL_TEST_POSTGRES_DSN`` (e.g. ``postgresql+psycopg://postgres@127.0.0.1/test``); a fresh
-database is created for the test and dropped afterwards. Skipped when the DSN is unset or the
-server unreachable — except under ``CI=true``, where that is a failure.
+Uses the session's PostgreSQL server (``postgres_admin_dsn`` in tests/conftest.py:
+``QL_TEST_POSTGRES_DSN`` or a throwaway server); a fresh database is created for the test and
+dropped afterwards. Skipped with the reason when no server can be had or it is unreachable —
+except under ``CI=true``, where that is a failure.
 """
 
 from __future__ import annotations
@@ -28,14 +29,9 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture
-def audit_pg_url() -> Iterator[str]:
-    dsn = os.environ.get("QL_TEST_POSTGRES_DSN")
-    if not dsn:
-        _unavailable("QL_TEST_POSTGRES_DSN is not set")
-    try:
-        import psycopg
-    except ImportError:
-        _unavailable("psycopg is not installed (pip install 'ql-runner[cluster]')")
+def audit_pg_url(postgres_admin_dsn: str) -> Iterator[str]:
+    dsn = postgres_admin_dsn
+    import psycopg
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
@@ -44,7 +40,7 @@ def audit_pg_url() -> Iterator[str]:
     try:
         admin = psycopg.connect(_libpq_conninfo(dsn), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
-        _unavailable(f"PostgreSQL at QL_TEST_POSTGRES_DSN is unreachable: {str(exc).splitlines()[0]}")
+        _unavailable(f"PostgreSQL is unreachable: {str(exc).splitlines()[0]}")
     try:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         try:

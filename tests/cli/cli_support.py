@@ -9,10 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests.as_nobody import AS_NOBODY, nobody_env
 from tests.conftest import POSTGRES_DSN_ENV, QL
-
-#: Run a command as user nobody (no supplementary groups).
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 def can_switch_user() -> bool:
@@ -36,6 +34,7 @@ def ql_proc(args: list[str], env: dict[str, str], *, user: str | None = None, cl
         argv = ["sh", "-c", 'exec "$@" >&-', "sh", *argv]
     if user == "nobody":
         argv = AS_NOBODY + argv
+        env = nobody_env(env)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or "/")
 
 

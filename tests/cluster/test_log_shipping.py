@@ -21,6 +21,9 @@ from tests.cluster.log_support import (
     assert_shipped_equals_local,
     bulk_command,
     rss_kib,
+    sha,
+    shipped,
+    wait_finalized,
     writer_command,
 )
 from tests.cluster.proxy import Proxy
@@ -317,8 +320,19 @@ def test_local_retention_keeps_a_log_until_it_is_shipped(harness: Harness) -> No
                                                  "size_bytes IS NOT NULL", (log_id,)),
                  timeout=30, what="the local retention pass to size the ended log", diagnose=harness.logs)
         time.sleep(1.5)  # several more retention rounds (scan_interval_s = 0.5)
-        assert log_path(harness.worker_dir("a"), log_id).exists()
+        local = log_path(harness.worker_dir("a"), log_id)
+        assert local.exists()
+        # The log is final (sized): read it now. Once shipped it is over the limit and no longer
+        # protected, so the next retention round may evict it at any time after the heal.
+        kept = local.read_bytes()
+        assert len(kept) == 3 << 20
         proxy.heal()
-        assert_shipped_equals_local(harness, "a", attempt["id"])
+        art = wait_finalized(harness, attempt["id"])
+        data = shipped(harness, attempt["id"])
+        assert len(data) == art["total_bytes"] == len(kept)
+        assert sha(data) == art["sha256"] == sha(kept)
+        # ...and then evicted: shipped, it counts against log_total_max_bytes like any other.
+        wait_for(lambda: not local.exists(), timeout=60, what="the shipped log to be evicted locally",
+                 diagnose=harness.logs)
     finally:
         proxy.close()

@@ -21,6 +21,7 @@ from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
 from ql_core.submit import create
 from tests import dbview
+from tests.processes import under_subreaper
 
 T = TypeVar("T")
 
@@ -43,14 +44,19 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: s
 
 # -- the real command ------------------------------------------------------------------
 def ql(env: dict[str, str], *args: str, crash: str | None = None, timeout: float = DEADLINE_S,
-       config: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `ql ARGS` in a subprocess; ``crash`` sets QL_CRASH_POINT for that process only."""
+       config: Path | None = None, subreaper: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `ql ARGS` in a subprocess; ``crash`` sets QL_CRASH_POINT for that process only;
+    ``subreaper``: under :func:`tests.processes.under_subreaper` (the return code is then
+    ``OUTLIVED_EXIT_CODE`` when a process the host started outlived it)."""
     env = dict(env)
     if crash is not None:
         env["QL_CRASH_POINT"] = crash
     if config is not None:
         env["QL_CONFIG"] = str(config)
-    return subprocess.run(QL + list(args), env=env, capture_output=True, text=True, timeout=timeout)
+    argv = QL + list(args)
+    if subreaper:
+        argv = under_subreaper(argv, bound_s=timeout / 2)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def ql_json(env: dict[str, str], *args: str, **kwargs: Any) -> dict[str, Any]:
@@ -60,9 +66,11 @@ def ql_json(env: dict[str, str], *args: str, **kwargs: Any) -> dict[str, Any]:
     return json.loads(out.stdout.splitlines()[0])
 
 
-def ql_crash(env: dict[str, str], point: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `ql ARGS` so that it dies at ``point``; assert it really did."""
-    out = ql(env, *args, crash=point)
+def ql_crash(env: dict[str, str], point: str, *args: str,
+             subreaper: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `ql ARGS` so that it dies at ``point``; assert it really did (and, with ``subreaper``,
+    that nothing it started outlived it)."""
+    out = ql(env, *args, crash=point, subreaper=subreaper)
     assert out.returncode == CRASH_EXIT_CODE, (point, args, out.returncode, out.stderr)
     return out
 

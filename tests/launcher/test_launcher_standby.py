@@ -729,14 +729,33 @@ def test_the_launcher_lets_go_of_the_log_and_the_directory(host: Host, awaited: 
     one.hand_over(run.message(words=[SLEEP.encode(), b"30"], mode=b"argv+ca" if awaited else b"argv+c"),
                   cwd=host.tmp, keep_channel=awaited)
     child = child_running(one.pid, "sleep")
-    fds = one.fds()
-    # Its self-pipe (both ends its own: the wait's wake-up on SIGCHLD and signals) aside.
-    fds = {n: t for n, t in fds.items() if not (t.startswith("pipe:") and list(fds.values()).count(t) == 2)}
-    assert sorted(fds) == ([0, 1, 2, 3] if awaited else [0, 1, 2]), fds
+    expected = [0, 1, 2, 3] if awaited else [0, 1, 2]
+
+    def snapshot() -> tuple[dict[int, str], dict[int, os.stat_result]]:
+        fds = one.fds()
+        # Its self-pipe (both ends its own: the wait's wake-up on SIGCHLD and signals) aside.
+        fds = {n: t for n, t in fds.items() if not (t.startswith("pipe:") and list(fds.values()).count(t) == 2)}
+        theirs = {int(n): os.stat(f"/proc/{child}/fd/{n}") for n in os.listdir(f"/proc/{child}/fd")}
+        return fds, theirs
+
+    # The launcher closes what it no longer needs right after the exec: poll (bounded) until its
+    # and CMD's fd sets are what they stay, then check them.
+    settled: list[tuple[dict[int, str], dict[int, os.stat_result]]] = []
+
+    def settles() -> bool:
+        settled[:] = [snapshot()]
+        return (sorted(settled[0][0]) == expected and sorted(settled[0][1]) == [0, 1, 2]
+                and os.readlink(f"/proc/{one.pid}/cwd") == "/")
+
+    try:
+        wait_for(settles, "the launcher and CMD to hold only their own descriptors")
+    except AssertionError:
+        pass  # the assertions below say what is held
+    fds, theirs = settled[0]
+    assert sorted(fds) == expected, fds
     assert fds[0] == fds[1] == fds[2] == "/dev/null"
     if awaited:
         assert fds[3].startswith("socket:")
-    theirs = {int(n): os.stat(f"/proc/{child}/fd/{n}") for n in os.listdir(f"/proc/{child}/fd")}
     assert sorted(theirs) == [0, 1, 2]
     log = run.log.stat()
     assert os.readlink(f"/proc/{child}/fd/0") == "/dev/null"

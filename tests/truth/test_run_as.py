@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.as_nobody import AS_NOBODY, nobody_env
 from tests.conftest import QL, run_ql
 
 pytestmark = pytest.mark.root
@@ -54,8 +55,8 @@ def test_run_as_needs_a_root_host(root: None) -> None:
         toml.chmod(0o644)
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         env.update(QL_DATA_DIR=str(data), QL_CONFIG=str(toml), HOME=str(base))
-        out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *QL, "run", "--",
-                              "true"], env=env, capture_output=True, text=True, timeout=60, cwd=str(base))
+        out = subprocess.run([*AS_NOBODY, *QL, "run", "--", "true"], env=nobody_env(env), capture_output=True,
+                             text=True, timeout=60, cwd=str(base))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert out.returncode == 2, out.stderr

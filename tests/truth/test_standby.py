@@ -29,6 +29,7 @@ import pytest
 
 from ql_core.testing.executor import wait_until
 from tests import dbview
+from tests.as_nobody import AS_NOBODY, nobody_env
 from tests.processes import (
     foreign_standbys,
     proc_stat,
@@ -370,9 +371,8 @@ def test_a_host_in_a_directory_it_cannot_search_still_starts_its_tasks_there() -
             os.chown(base / name, nobody.pw_uid, nobody.pw_gid)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("QL_", "XDG_"))}
         env["HOME"] = str(base / "home")  # nobody builds (and trusts) its own compiled launcher
-        done = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
-                               sys.executable, "-c", UNSEARCHABLE_HOST, str(base / "data"), str(base / "cwd")],
-                              env=env, capture_output=True, text=True, timeout=120, cwd="/", check=False)
+        done = subprocess.run([*AS_NOBODY, sys.executable, "-c", UNSEARCHABLE_HOST, str(base / "data"),
+                               str(base / "cwd")], env=nobody_env(env), capture_output=True, text=True, timeout=120, cwd="/", check=False)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == [["succeeded", str(base / "cwd")]] * 3
     finally:
