@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from .settings import CONTAINMENT_CHOICES  # auto: cgroup v2 where usable; process-group: never a cgroup
 
-__all__ = ["CONTAINMENT_CHOICES", "CGROUP_ENV", "Containment", "find_containment", "sweep", "SWEEP_MAX"]
+__all__ = ["CONTAINMENT_CHOICES", "CGROUP_ENV", "Containment", "find_containment", "group_cgroups", "kill_cgroup",
+           "sweep", "SWEEP_MAX"]
 
 #: The launcher's environment variable naming the parent cgroup directory (never reaches the task:
 #: both launchers drop their ``_ql_`` names).
@@ -175,3 +176,65 @@ def sweep(parent: str, *, limit: int = SWEEP_MAX) -> int:
             continue
         removed += 1
     return removed
+
+
+def _cgroup_dir_of(pid: int) -> str | None:
+    """The cgroup v2 directory of ``pid`` (as this process's namespace sees it), or None."""
+    mount = _cgroup2_mount()
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    if mount is None:
+        return None
+    point, root = mount
+    for line in lines:
+        if line.startswith("0::/"):
+            path = line[3:]
+            if root != "/":
+                if not path.startswith(root.rstrip("/") + "/"):
+                    return None
+                path = path[len(root.rstrip("/")):]
+            return os.path.join(point, path.lstrip("/"))
+    return None
+
+
+def group_cgroups(parent: str, pgid: int, *, limit: int = 4096) -> list[str]:
+    """The task cgroups below ``parent`` that live members of process group ``pgid`` are in (the
+    task of a launcher that was killed on its own: its command still runs in the launcher's group).
+    Looked at in at most ``limit`` processes of /proc."""
+    found: list[str] = []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()][:limit]
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 1:].split()
+        if len(fields) < 3 or fields[0] in (b"Z", b"X") or fields[2] != str(pgid).encode():
+            continue
+        where = _cgroup_dir_of(int(entry))
+        if (where is not None and os.path.dirname(where) == parent and _UUID.match(os.path.basename(where))
+                and where not in found):
+            found.append(where)
+    return found
+
+
+def kill_cgroup(path: str) -> bool:
+    """KILL every process of the task cgroup ``path`` (``cgroup.kill``); False when it is gone."""
+    try:
+        fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True

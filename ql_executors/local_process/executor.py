@@ -44,7 +44,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, forget_after_fork, reap_exited
-from .containment import CGROUP_ENV, Containment, find_containment, sweep
+from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
 
@@ -546,7 +546,16 @@ class LocalProcessExecutor:
         parsed = decode_handle(handle)
         if parsed is None:
             return SignalOutcome.BLOCKED
-        return SignalOutcome(str(identity.signal_group(parsed, signum)))
+        # A KILL also goes to the task's cgroup, found through the members of the verified group
+        # (the launcher itself is outside it; this matters once it was killed on its own: then
+        # nothing else would reach what the task moved out of the group).
+        cgroups = (group_cgroups(self.containment.parent, parsed.pgid)
+                   if signum == _signal.SIGKILL and self.containment.parent is not None and parsed.pgid > 1 else [])
+        outcome = SignalOutcome(str(identity.signal_group(parsed, signum)))
+        if outcome is SignalOutcome.SIGNALLED:
+            for path in cgroups:
+                kill_cgroup(path)
+        return outcome
 
     def acknowledge(self, task: SpawnedTask, *, committed: bool) -> None:
         held: _Held | None = task.live
