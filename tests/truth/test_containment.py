@@ -223,3 +223,40 @@ def test_the_task_sees_only_its_attempt_id_in_its_cgroup_and_no_launcher_variabl
     line = next(ln for ln in logs.stdout.splitlines() if ln.startswith("0::"))
     assert line.endswith("/ql-%d/%s" % (os.geteuid(), rec["attempt_id"])), line
     assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists()
+
+
+@needs_cgroup
+def test_a_sweep_removes_empty_task_cgroups_left_by_a_crash_and_spares_one_in_use(
+        ql_env: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+    import uuid
+
+    parent = Path(_CONTAINMENT.parent)
+    parent.mkdir(exist_ok=True)
+    left = parent / str(uuid.uuid4())  # what a launcher SIGKILLed before its removal leaves
+    left.mkdir()
+    busy = parent / str(uuid.uuid4())
+    busy.mkdir()
+    holder = subprocess.Popen(["sh", "-c", 'echo 0 > "$1/cgroup.procs" && exec sleep 600', "sh", str(busy)])
+    try:
+        wait_until(lambda: (busy / "cgroup.procs").read_text().split(), "a process in the busy cgroup", BOUND_S)
+        out = run_ql(["run", "--", "true"], _config(tmp_path, ql_env, ""))  # an executor starts: a sweep
+        assert out.returncode == 0, out.stderr
+        assert not left.exists(), "an empty task cgroup was left behind"
+        assert busy.exists(), "a cgroup with a process in it was removed"
+    finally:
+        holder.kill()
+        holder.wait()
+        wait_until(lambda: not (busy / "cgroup.procs").read_text().split(), "the busy cgroup to empty", BOUND_S)
+        busy.rmdir()
+
+
+def test_doctor_names_why_a_configured_parent_is_not_used(ql_env: dict[str, str], tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-cgroup"
+    plain.mkdir()
+    env = _config(tmp_path, ql_env, f'cgroup_parent = "{plain}"\n')
+    doctor = run_ql(["doctor"], env)
+    line = next(ln for ln in doctor.stdout.splitlines() if " containment " in ln)
+    assert line.split(None, 2)[2] == f"process group (not a cgroup v2 directory: {plain})", line
+    bad = run_ql(["doctor"], _config(tmp_path, ql_env, 'cgroup_parent = "relative"\n'))
+    assert bad.returncode == 2 and "cgroup_parent must be an absolute path" in bad.stderr, bad.stderr
