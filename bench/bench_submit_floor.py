@@ -103,7 +103,10 @@ def ql_phases(stamp: str, work: Path, n: int, warm: int, *, standby: bool) -> di
 
     data = work / ("data-standby" if standby else "data-classic")
     config = load_config(data_dir=data, environ={}, cwd=work)
-    config = dataclasses.replace(config, plugin_settings={"local": {"standby": standby}})
+    settings: dict[str, object] = {"standby": standby}
+    if os.environ.get("QL_BENCH_CONTAINMENT"):  # compare: process-group | auto (docs/launcher.md)
+        settings["containment"] = os.environ["QL_BENCH_CONTAINMENT"]
+    config = dataclasses.replace(config, plugin_settings={"local": settings})
     rt = Runtime.open(config)
     marks: list[tuple[str, int]] = []
 

@@ -44,6 +44,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, forget_after_fork, reap_exited
+from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
 
@@ -324,9 +325,15 @@ class LocalProcessExecutor:
     """
 
     def __init__(self, *, run_as: tuple[int, int] | None = None, launcher: str = "auto",
-                 standby: bool = True) -> None:
+                 standby: bool = True, containment: str = "auto", cgroup_parent: str | None = None) -> None:
         if launcher not in LAUNCHER_CHOICES:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_CHOICES)}")
+        #: Each task in its own cgroup v2 where usable, else its process group (:mod:`.containment`).
+        self.containment: Containment = find_containment(containment, cgroup_parent)
+        if self.containment.parent is not None:
+            sweep(self.containment.parent)  # what crashed runs left behind, once empty
+        else:
+            logger.debug("tasks are contained by their process group: {}", self.containment.reason)
         self._launcher_choice = launcher
         self._lock = threading.Lock()
         self._compiled: str | None = None
@@ -370,6 +377,10 @@ class LocalProcessExecutor:
         compiled = self.compiled_launcher()
         request = _with_boot(request)
         env_path = (request.env if request.env is not None else os.environ).get("PATH")
+        env = request.env
+        if self.containment.parent is not None:
+            env = {**(env if env is not None else os.environ), CGROUP_ENV: self.containment.parent}
+            self._make_cgroup(request.attempt_id)
         process, channel = spawn_launcher(
             shard_dir=request.receipt_location,
             run_id=request.run_id,
@@ -381,7 +392,7 @@ class LocalProcessExecutor:
             token=request.token,
             log_fd=log_fd,
             cwd=request.cwd,
-            env=request.env,
+            env=env,
             hold=True,
             awaited=request.awaited,
             hints="" if compiled is not None else self._hints.for_path(env_path),
@@ -395,6 +406,13 @@ class LocalProcessExecutor:
         handle = identity.capture_handle(process.pid)
         return SpawnedTask(handle=encode_handle(handle, start_boot_ms=request.started_boot_ms)
                            if handle is not None else None, live=held)
+
+    def _make_cgroup(self, attempt_id: str) -> None:
+        """The task's cgroup, made before its go-ahead (its launcher makes it too when missing)."""
+        parent = self.containment.parent
+        if parent is not None:
+            with contextlib.suppress(OSError):
+                os.mkdir(os.path.join(parent, attempt_id), 0o755)
 
     def compiled_launcher(self, *, again: bool = False) -> str | None:
         """The compiled launcher's path, or None for the shell launcher, resolved once (``again``:
@@ -425,7 +443,8 @@ class LocalProcessExecutor:
         compiled = self.compiled_launcher()
         if compiled is None:
             raise CompiledLauncherError("standby launchers need the compiled launcher")
-        process, channel, capacity = spawn_standby(compiled)
+        parent = self.containment.parent
+        process, channel, capacity = spawn_standby(compiled, env={CGROUP_ENV: parent} if parent is not None else {})
         child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
         handle = identity.capture_handle(process.pid)
         return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
@@ -480,6 +499,7 @@ class LocalProcessExecutor:
         if request.cwd is not None:
             _check_cwd(request.cwd)  # as Popen's chdir would fail: before anything is sent
         cwd_fd = _host_cwd_fd()
+        self._make_cgroup(request.attempt_id)
         held.child.keep = request.awaited  # before it can run: a zombie until we answered its publisher
         try:
             hand_over(channel, message, log_fd=log_fd, cwd_fd=cwd_fd)
@@ -498,6 +518,8 @@ class LocalProcessExecutor:
         if self._standbys is not None:
             self._standbys.close()
         reap_exited(limit=None)
+        if self.containment.parent is not None:
+            sweep(self.containment.parent)
 
     def reap_exited(self) -> int:
         """Reap up to :data:`~.child.REAP_SCAN` launchers of this process that exited unwaited (each
@@ -524,7 +546,16 @@ class LocalProcessExecutor:
         parsed = decode_handle(handle)
         if parsed is None:
             return SignalOutcome.BLOCKED
-        return SignalOutcome(str(identity.signal_group(parsed, signum)))
+        # A KILL also goes to the task's cgroup, found through the members of the verified group
+        # (the launcher itself is outside it; this matters once it was killed on its own: then
+        # nothing else would reach what the task moved out of the group).
+        cgroups = (group_cgroups(self.containment.parent, parsed.pgid)
+                   if signum == _signal.SIGKILL and self.containment.parent is not None and parsed.pgid > 1 else [])
+        outcome = SignalOutcome(str(identity.signal_group(parsed, signum)))
+        if outcome is SignalOutcome.SIGNALLED:
+            for path in cgroups:
+                kill_cgroup(path)
+        return outcome
 
     def acknowledge(self, task: SpawnedTask, *, committed: bool) -> None:
         held: _Held | None = task.live

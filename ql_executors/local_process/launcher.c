@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,6 +308,129 @@ static void cloexec_from_3(void) {
     }
     for (int fd = 3; fd < 1024; fd++)
         mark_cloexec(fd);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Containment (docs/launcher.md, "Containment"): with _ql_cgroup=PARENT in the launcher's
+ * environment (set by the host only where cgroup v2 is usable), CMD runs in the cgroup
+ * PARENT/ATTEMPT_ID: the child creates it and moves itself there before it runs any user code.
+ * The launcher stays outside, so cgroup.kill there reaches everything the task started (a setsid,
+ * a double fork) but never the launcher, which still publishes the receipt. Names carry the
+ * attempt id only.
+ * ---------------------------------------------------------------------------------------------- */
+#define CG_PATH_MAX 3200
+static char cg_dir[CG_PATH_MAX];   /* PARENT/ATTEMPT_ID, or "" (the process group only) */
+static char cg_procs[CG_PATH_MAX]; /* .../cgroup.procs */
+static char cg_kill_path[CG_PATH_MAX];
+static char cg_events[CG_PATH_MAX];
+
+static void cg_setup(const char *parent, const char *attempt) {
+    cg_dir[0] = '\0';
+    if (parent == NULL || parent[0] != '/' || strlen(parent) > CG_PATH_MAX - 100)
+        return;
+    snprintf(cg_dir, sizeof cg_dir, "%s/%s", parent, attempt);
+    snprintf(cg_procs, sizeof cg_procs, "%s/cgroup.procs", cg_dir);
+    snprintf(cg_kill_path, sizeof cg_kill_path, "%s/cgroup.kill", cg_dir);
+    snprintf(cg_events, sizeof cg_events, "%s/cgroup.events", cg_dir);
+}
+
+/* In the (v)fork child: into the task's cgroup, made here (again, when a sweep removed it while
+ * empty). 0, or the errno of the last try. Allocates nothing. */
+static int cg_enter(void) {
+    int err = 0;
+    for (int i = 0; i < 8; i++) {
+        if (mkdir(cg_dir, 0755) != 0 && errno != EEXIST) {
+            err = errno;
+            continue;
+        }
+        int fd = open(cg_procs, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        ssize_t w = write(fd, "0", 1); /* "0": the writing process itself */
+        err = w == 1 ? 0 : errno;
+        close(fd);
+        if (err == 0)
+            return 0;
+    }
+    return err != 0 ? err : EIO;
+}
+
+/* clone3(CLONE_INTO_CGROUP | CLONE_VFORK) (Linux 5.7+): the child starts in the task's cgroup.
+ * Moving a process later (a write to cgroup.procs) costs ~0.4 ms on this kernel (it waits for an
+ * RCU grace period); this is a fork. Not CLONE_VM: the raw syscall returns through a C frame in
+ * the child, which must not share the parent's stack. The child's pid, 0 in the child, or -1 when
+ * it did not happen (no clone3, no such cgroup: the caller forks the old way and the child moves
+ * itself). */
+#define QL_CLONE_INTO_CGROUP 0x200000000ULL
+#ifndef SYS_clone3
+#define SYS_clone3 435 /* one number on every architecture */
+#endif
+struct ql_clone_args {
+    unsigned long long flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
+};
+
+static pid_t fork_into_cgroup(void) {
+    int fd = open(cg_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && mkdir(cg_dir, 0755) == 0) /* a sweep removed it while empty */
+        fd = open(cg_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct ql_clone_args args;
+    memset(&args, 0, sizeof args);
+    args.flags = QL_CLONE_INTO_CGROUP | CLONE_VFORK;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = (unsigned long long)fd;
+    long pid = syscall(SYS_clone3, &args, sizeof args);
+    if (pid == 0) {
+        cg_dir[0] = '\0'; /* already in: the child needs no cg_enter */
+        return 0;
+    }
+    close(fd);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
+static int cg_killed; /* cgroup.kill was written: the removal waits for the cgroup to empty */
+
+/* KILL to every process of the task's cgroup (the launcher is not one of them). */
+static void cg_kill(void) {
+    if (!cg_dir[0])
+        return;
+    int fd = open(cg_kill_path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (write(fd, "1", 1) == 1)
+        cg_killed = 1;
+    close(fd);
+}
+
+/* Is the task's cgroup empty (or gone)? */
+static int cg_empty(void) {
+    char buf[256];
+    int fd = open(cg_events, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n = read_retry(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    return strstr(buf, "populated 0") != NULL;
+}
+
+/* The run has ended: remove its cgroup when empty. After a cgroup.kill, wait until the
+ * killed are gone (bounded: 5 s); one a task left running after a normal exit keeps it (a
+ * sweep removes it once empty). */
+static void cg_remove(void) {
+    if (!cg_dir[0])
+        return;
+    for (int i = 0; cg_killed && i < 2500 && !cg_empty(); i++) {
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
+    }
+    rmdir(cg_dir);
 }
 
 /* What `ql-launcher --probe` prints: ql checks a build by its output, not by an exit status (a
@@ -689,6 +813,20 @@ static void default_all_signals(void) {
 __attribute__((noreturn, noinline)) static void child_after_fork(const struct task *t, char **via_sh,
                                                                   const sigset_t *forwarded,
                                                                   const sigset_t *saved_mask) {
+    if (cg_dir[0]) {
+        int err = cg_enter();
+        if (err != 0) {
+            /* Never outside its cgroup: a stop would not reach all of it. */
+            static const char msg[] = "ql launcher: cannot enter the task's cgroup: ";
+            static const char fix[] = "; set [plugin.local] containment = \"process-group\"\n";
+            const char *reason = strerror(err);
+            if (t->log_fd >= 0)
+                dup2(t->log_fd, 2);
+            if (write_all(2, msg, sizeof msg - 1) == 0 && write_all(2, reason, strlen(reason)) == 0)
+                write_all(2, fix, sizeof fix - 1);
+            _exit(126);
+        }
+    }
     /* CMD starts with every signal at its default, whatever the launcher's host ignored. */
     default_all_signals();
     if (first_pending) {
@@ -750,6 +888,7 @@ static void drain(int fd) {
  * killed; the scan repeats until one finds no member that is still running (a process forked by a
  * member before it died is found next time), at most KILL_SCANS times. */
 static void kill_group_but_self(pid_t child) {
+    cg_kill(); /* everything of the task, wherever it moved itself */
     kill(child, SIGKILL);
     pid_t me = getpid();
     if (getpgrp() != me)
@@ -914,6 +1053,7 @@ int main(int argc, char **argv) {
      * (/proc/PID/mem, process_vm_readv: the hand-over message and the token are there) nor ptrace
      * it. CMD is exec'd and dumpable again; /proc/PID/stat (identity) stays readable. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    const char *cg_parent = getenv("_ql_cgroup"); /* containment: see cg_setup */
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
     int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
@@ -996,6 +1136,7 @@ int main(int argc, char **argv) {
         close(channel);
         channel = -1;
     }
+    cg_setup(cg_parent, t.rec.attempt); /* the attempt id is a checked uuid */
 
     unsigned long long go_boot_ns = boot_ns();
     struct guard guard;
@@ -1012,7 +1153,9 @@ int main(int argc, char **argv) {
     /* vfork: the command's exec is on the critical path of every task, and copying even this small
      * process's page tables for a child that execs at once costs ~50 us. The launcher is single-
      * threaded and waits suspended until the child has exec'd or exited. */
-    pid_t pid = vfork();
+    pid_t pid = cg_dir[0] ? fork_into_cgroup() : -1;
+    if (pid == -1)
+        pid = vfork(); /* no containment, or no clone3 here: the child moves itself (cg_enter) */
     if (pid == 0)
         child_after_fork(&t, via_sh, &forwarded, &saved_mask);
     if (pid < 0)
@@ -1053,6 +1196,11 @@ int main(int argc, char **argv) {
     }
     struct receipt rec = t.rec;
     rec.finished = finished_at(&t);
+    /* A stopped task (a cancel's or the deadline's TERM came) whose command has ended: what it left
+     * running (moved out of the group, double-forked) is killed with it; then its cgroup goes. */
+    if (term_seen)
+        cg_kill();
+    cg_remove();
     /* A last look at the log: what CMD wrote in its final second is cut too. */
     if (guard.quota_fd >= 0)
         check_quota(&guard);

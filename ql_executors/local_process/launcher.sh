@@ -34,6 +34,11 @@
 # into CMD's environment (fatal for the token). The whole body is one brace group: the shell parses
 # all of it before running any of it, so a launcher.sh replaced on disk cannot confuse a live task.
 {
+# Containment (docs/launcher.md): the host names the parent cgroup in _ql_cgroup; CMD runs in
+# PARENT/ATTEMPT_ID. Read before the unset below, and kept unexported (unset, then assigned).
+unset _ql_cg
+_ql_cg=${_ql_cgroup-}
+unset _ql_cgroup
 unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attempt _ql_seq \
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
@@ -94,6 +99,7 @@ if [ -n "$_ql_n" ]; then
 	esac
 fi
 [ -n "$_ql_ok" ] || exit 125
+case $_ql_cg in /*) _ql_cg=$_ql_cg/$_ql_attempt ;; *) _ql_cg= ;; esac
 # The channel on stdin becomes fd 3, where the token is read; stdin becomes /dev/null.
 case $_ql_flags in *c*) exec 3<&0 0</dev/null ;; esac
 # bash in POSIX mode (e.g. as /bin/sh) forgets a child's status once `wait` reported it; the wait
@@ -221,6 +227,7 @@ _ql_self() {
 # whose child was killed would end 0), and once CMD is gone the launcher ends its helpers, this
 # one too. A launcher that does not lead its group (not started by ql) kills CMD alone.
 _ql_kill_group() {
+	_ql_cg_kill
 	if [ -n "$_ql_child" ]; then kill -s STOP "$_ql_child" 2>/dev/null; fi
 	_ql_n=0
 	while [ -n "$_ql_leader" ] && [ "$_ql_n" -lt 64 ]; do
@@ -262,6 +269,20 @@ _ql_kill_tree() {
 		fi
 	done
 	kill -s KILL "$1" 2>/dev/null
+}
+# KILL to everything in the task's cgroup (the launcher and its helpers are outside it).
+_ql_cg_kill() {
+	[ -z "$_ql_cg" ] || { echo 1 >"$_ql_cg/cgroup.kill"; } 2>/dev/null
+}
+# The run has ended: its cgroup goes when empty (a stopped one is waited for, at most ~5 s; one a
+# task left running after a normal exit stays until a sweep finds it empty).
+_ql_cg_remove() {
+	[ -n "$_ql_cg" ] || return 0
+	_ql_n=0
+	while ! rmdir "$_ql_cg" 2>/dev/null && [ -n "$1" ] && [ "$_ql_n" -lt 500 ]; do
+		_ql_n=$((_ql_n + 1))
+		_ql_sleep_ms 10
+	done
 }
 # Does the launcher lead its own process group (ql starts it as a session leader)?
 _ql_leader=
@@ -355,6 +376,20 @@ _ql_end_helpers() {
 _ql_exec() {
 	trap - HUP INT QUIT TERM USR1 USR2
 	exec 3>&- 4<&- 5<&- 6>&-
+	if [ -n "$_ql_cg" ]; then
+		# Into the task's cgroup before any user code: the builtin echo writes "0", which moves this
+		# subshell itself. The host made the cgroup before the go-ahead; made again here when a
+		# sweep removed it while empty. Never outside it.
+		_ql_n=0
+		until { echo 0 >"$_ql_cg/cgroup.procs"; } 2>/dev/null; do
+			mkdir "$_ql_cg" 2>/dev/null
+			_ql_n=$((_ql_n + 1))
+			if [ "$_ql_n" -ge 8 ]; then
+				echo 'ql launcher: cannot enter the task'"'"'s cgroup; set [plugin.local] containment = "process-group"' >&2
+				exit 126
+			fi
+		done
+	fi
 	if [ -n "$_ql_pending" ]; then
 		set -- $_ql_pending
 		set -- /bin/sh -c 'kill -s "$1" "$$"; kill -s KILL "$$"' sh "$1"
@@ -382,6 +417,8 @@ if [ -z "$_ql_reset" ]; then
 	_ql_end_helpers
 	trap '' HUP INT QUIT TERM USR1 USR2
 	_ql_status=$_ql_w
+	# Stopped (a TERM came while CMD ran: no trap runs until it ends): the rest of it goes too.
+	case " $_ql_pending " in *" TERM "*) _ql_termed=1 ;; esac
 else
 	[ -n "$_ql_lquota" ] && exec 6>&1
 	(_ql_exec "$@") &
@@ -448,6 +485,10 @@ else
 	# Only now: a helper's end must not be the first news the shell gets of its jobs.
 	_ql_end_helpers
 fi
+# A stopped task (a cancel's or the deadline's TERM came) whose command has ended: what it left
+# running (moved out of the group, double-forked) is killed with it; then its cgroup goes.
+[ -z "$_ql_termed" ] || _ql_cg_kill
+_ql_cg_remove "$_ql_termed"
 # A status the shell lost (bash's `wait` answers -1 after the race described above, possible on
 # the fallback path) is never replaced by a made-up code: no receipt; the attempt will be lost.
 [ "$_ql_w" = "$_ql_status" ] || exit 125

@@ -17,6 +17,26 @@ if TYPE_CHECKING:
 __all__ = ["ql_register_executors", "ql_check_config", "ql_doctor_checks"]
 
 
+_KEYS = ("cgroup_parent", "containment", "launcher", "run_as", "standby")
+
+
+def _containment(settings: dict[str, Any]) -> tuple[str, str | None]:
+    """``(containment, cgroup_parent)`` of a ``[plugin.local]`` table; ConfigError naming the key."""
+    from ql_core.errors import ConfigError
+
+    from .settings import CONTAINMENT_CHOICES
+
+    containment = settings.get("containment", "auto")
+    if containment not in CONTAINMENT_CHOICES:
+        raise ConfigError(f"[plugin.local] containment must be one of {', '.join(map(repr, CONTAINMENT_CHOICES))}, "
+                          f"not {containment!r}")
+    parent = settings.get("cgroup_parent")
+    if parent is not None and (not isinstance(parent, str) or not parent.startswith("/")):
+        raise ConfigError('[plugin.local] cgroup_parent must be an absolute path of a cgroup v2 directory, '
+                          'e.g. cgroup_parent = "/sys/fs/cgroup/ql"')
+    return containment, parent
+
+
 def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
     """``(launcher, standby, run_as ids)`` of a ``[plugin.local]`` table; ConfigError naming the key.
     ``here``: this process runs tasks (run_as then also needs root and setpriv)."""
@@ -24,9 +44,10 @@ def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool
 
     from .settings import LAUNCHER_CHOICES, run_as_user
 
-    unknown = sorted(set(settings) - {"run_as", "launcher", "standby"})
+    unknown = sorted(set(settings) - set(_KEYS))
     if unknown:
-        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as, standby")
+        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: {', '.join(_KEYS)}")
+    _containment(settings)
     launcher = settings.get("launcher", "auto")
     if launcher not in LAUNCHER_CHOICES:
         raise ConfigError(f"[plugin.local] launcher must be one of {', '.join(map(repr, LAUNCHER_CHOICES))}, "
@@ -44,9 +65,12 @@ def _executor(context: RuntimeContext) -> Executor:
     from .compiled import CompiledLauncherError
     from .executor import LocalProcessExecutor
 
-    launcher, standby, run_as_ids = _settings(context.plugin_config("local"))
+    settings = context.plugin_config("local")
+    launcher, standby, run_as_ids = _settings(settings)
+    containment, cgroup_parent = _containment(settings)
     try:
-        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby)
+        return LocalProcessExecutor(run_as=run_as_ids, launcher=launcher, standby=standby, containment=containment,
+                                    cgroup_parent=cgroup_parent)
     except CompiledLauncherError as exc:  # only launcher = "compiled" builds here
         raise ConfigError(f"[plugin.local] launcher = \"compiled\": {exc}; install the ql-runner wheel for this "
                           f"machine or a C compiler (e.g. gcc) "
@@ -67,7 +91,8 @@ def ql_check_config(config: Config) -> None:
 
 @hookimpl
 def ql_doctor_checks(config: Config) -> list[tuple[str, bool, str]]:
-    """``launcher``: which launcher this config's tasks get on this machine and why (the shipped
+    """``containment``: cgroup v2 (with its parent) or the process group (with the reason).
+    ``launcher``: which launcher this config's tasks get on this machine and why (the shipped
     one, one built here, or the shell script), as :func:`.compiled.which_launcher` finds it with
     doctor's own environment; never builds it. Failed only for ``launcher = "compiled"`` with none."""
     if config.executor != "local":
@@ -76,9 +101,13 @@ def ql_doctor_checks(config: Config) -> list[tuple[str, bool, str]]:
 
     from .compiled import which_launcher
 
-    launcher, standby, _run_as = _settings(dict(config.plugin_settings.get("local", {})), here=False)
+    from .containment import find_containment
+
+    settings = dict(config.plugin_settings.get("local", {}))
+    launcher, standby, _run_as = _settings(settings, here=False)
     found = which_launcher(os.environ, launcher)
     detail = found.detail
     if found.kind == "compiled":
         detail += "; standby launchers " + ("on" if standby else "off ([plugin.local] standby = false)")
-    return [("launcher", found.usable, detail)]
+    containment = find_containment(*_containment(settings), create=False)
+    return [("launcher", found.usable, detail), ("containment", True, containment.describe())]

@@ -1,0 +1,262 @@
+"""A task cannot escape its stop: each task in its own cgroup v2, stopped with ``cgroup.kill``.
+
+Before, a task that moved itself into its own session (``setsid``) and ignored TERM survived its
+timeout while the run said ``timed_out``, and double-forked grandchildren outlived their runs. With
+cgroup v2 writable here (root, or a delegated cgroup) every process a task started is in the task's
+cgroup, and the KILL of a stop reaches all of them. Both launchers. Processes are found by a unique
+marker in their argv (/proc); the task cgroup is looked for by the attempt id. Without containment
+(``containment = "process-group"``) the old behaviour stays, and ``ql doctor`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from ql_core.testing.executor import wait_until
+from ql_executors.local_process.containment import find_containment
+from tests.conftest import json_lines, run_ql
+from tests.processes import pids_with
+
+BOUND_S = 60
+
+#: Leaves the task's process group and session and ignores TERM: only a KILL that finds it by
+#: something else than its group (its cgroup) ends it.
+ESCAPEE = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.setsid()
+while True:
+    time.sleep(1)
+"""
+
+#: A double fork: the grandchild (setsid, TERM ignored) is reparented away; the task's own
+#: process goes on sleeping until it is stopped.
+DOUBLE_FORK = """
+import os, signal, sys, time
+if os.fork() == 0:
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.setsid()
+        while True:
+            time.sleep(1)
+    os._exit(0)
+os.wait()
+time.sleep(600)
+"""
+
+_CONTAINMENT = find_containment("auto", create=False)
+needs_cgroup = pytest.mark.skipif(_CONTAINMENT.parent is None,
+                                  reason=f"cgroup v2 not usable here: {_CONTAINMENT.reason}")
+
+
+def _config(tmp_path: Path, ql_env: dict[str, str], local: str) -> dict[str, str]:
+    config = tmp_path / "ql.toml"
+    config.write_text(f"[limits]\ncancel_grace_s = 1\n\n[plugin.local]\n{local}")
+    return dict(ql_env, QL_CONFIG=str(config))
+
+
+@pytest.fixture(params=["compiled", "compiled-classic", "shell"])
+def env(request: pytest.FixtureRequest, ql_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    launcher = {"compiled": 'launcher = "compiled"\n',
+                "compiled-classic": 'launcher = "compiled"\nstandby = false\n',
+                "shell": 'launcher = "shell"\n'}[request.param]
+    return _config(tmp_path, ql_env, launcher)
+
+
+@pytest.fixture
+def marker() -> object:
+    word = f"esc{secrets.token_hex(6)}"
+    yield word
+    for entry in os.listdir("/proc"):  # a failed test leaves nothing behind (its shell included)
+        try:
+            if entry.isdigit() and word.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _task_pids(marker: str) -> set[int]:
+    """The task's python processes (not a launcher, whose argv holds the command too)."""
+    out = set()
+    for pid in pids_with(marker):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0 == os.fsencode(sys.executable):
+            out.add(pid)
+    return out
+
+
+def _status(env: dict[str, str], run_id: str) -> dict:
+    out = run_ql(["--json", "status", run_id], env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[0])
+
+
+def _detach(env: dict[str, str], *args: str) -> dict:
+    out = run_ql(["--json", "run", "--detach", *args], env)
+    assert out.returncode == 0, out.stderr
+    return json_lines(out.stdout)[0]
+
+
+def _receipt(data_dir: Path, attempt_id: str) -> dict:
+    path = data_dir / "receipts" / attempt_id[-2:] / f"{attempt_id}.json"
+    wait_until(path.exists, "the receipt", BOUND_S, interval=0.05)
+    return json.loads(path.read_text())
+
+
+def _escaping(marker: str) -> list[str]:
+    """A shell task that starts the escapee in the background and waits: TERM ends the shell, the
+    escapee stays (without containment)."""
+    return ["sh", "-c", f'{sys.executable} -c "$1" {marker} & wait', "sh", ESCAPEE]
+
+
+@needs_cgroup
+def test_a_setsid_task_ignoring_term_does_not_survive_its_timeout(
+        env: dict[str, str], data_dir: Path, marker: str) -> None:
+    out = run_ql(["--json", "run", "--timeout", "2", "--", *_escaping(marker)], env)
+    assert out.returncode == 124, (out.returncode, out.stderr)
+    rec = json_lines(out.stdout)[-1]
+    view = _status(env, rec["run_id"])
+    assert (view["status"], view["reason"]) == ("timed_out", "timeout")
+    assert pids_with(marker) == [], "a process of the task outlived its timed_out run"
+    assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists(), "the task's cgroup was left behind"
+
+
+@needs_cgroup
+def test_a_detached_setsid_task_is_stopped_at_its_deadline_with_nobody_looking(
+        env: dict[str, str], data_dir: Path, marker: str) -> None:
+    rec = _detach(env, "--timeout", "2", "--", *_escaping(marker))
+    wait_until(lambda: pids_with(marker), "the escapee to start", BOUND_S, interval=0.05)
+    receipt = _receipt(data_dir, rec["attempt_id"])  # the launcher publishes after it stopped all
+    assert receipt["exitCode"] == 143
+    assert pids_with(marker) == [], "the escapee outlived the receipt of its stopped run"
+    assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists()
+    view = _status(env, rec["run_id"])
+    assert (view["status"], view["reason"]) == ("timed_out", "timeout")
+
+
+@needs_cgroup
+def test_a_double_forked_grandchild_dies_on_cancel(env: dict[str, str], data_dir: Path, marker: str) -> None:
+    rec = _detach(env, "--", sys.executable, "-c", DOUBLE_FORK, marker)
+    wait_until(lambda: len(_task_pids(marker)) == 2, "the task and its grandchild", BOUND_S, interval=0.05)
+    cgroup = Path(_CONTAINMENT.parent) / rec["attempt_id"]
+    procs = {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
+    assert _task_pids(marker) <= procs, "the task's processes are in its cgroup"
+    assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
+    assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == 143  # the task itself dies of TERM
+    assert pids_with(marker) == [], "the double-forked grandchild outlived the cancel"
+    assert not cgroup.exists()
+    assert _status(env, rec["run_id"])["status"] == "cancelled"
+
+
+def test_without_cgroups_the_process_group_is_the_old_limit(
+        ql_env: dict[str, str], tmp_path: Path, data_dir: Path, marker: str) -> None:
+    """``containment = "process-group"``: the run still ends ``timed_out``, but the escapee that left
+    the group survives it (the documented limit), and doctor names the containment and why."""
+    env = _config(tmp_path, ql_env, 'containment = "process-group"\n')
+    doctor = run_ql(["doctor"], env)
+    line = next(ln for ln in doctor.stdout.splitlines() if " containment " in ln)
+    assert line.split(None, 2)[2] == 'process group ([plugin.local] containment = "process-group")', line
+    out = run_ql(["--json", "run", "--timeout", "2", "--", *_escaping(marker)], env)
+    assert out.returncode == 124, (out.returncode, out.stderr)
+    assert _status(env, json_lines(out.stdout)[-1]["run_id"])["status"] == "timed_out"
+    survivors = pids_with(marker)
+    assert survivors, "without a cgroup the escapee is out of reach of the group KILL"
+    cgroup = Path(f"/proc/{survivors[0]}/cgroup").read_text()
+    assert "ql-" not in cgroup, cgroup
+
+
+@needs_cgroup
+def test_doctor_names_the_cgroup_parent(ql_env: dict[str, str], tmp_path: Path) -> None:
+    doctor = run_ql(["doctor"], _config(tmp_path, ql_env, ""))
+    line = next(ln for ln in doctor.stdout.splitlines() if " containment " in ln)
+    assert line.split(None, 2)[2] == f"cgroup v2 ({_CONTAINMENT.parent})", line
+
+
+@needs_cgroup
+def test_the_host_kill_reaches_the_cgroup_of_a_task_whose_launcher_was_killed(
+        env: dict[str, str], data_dir: Path, marker: str) -> None:
+    """``kill -9`` of the launcher alone: its command runs on in the launcher's group and ql's own
+    KILL after a cancel's grace (here: the next ``ql reconcile``) goes to the group — and, found
+    through a member of that group, to the task's cgroup, where the escapee is."""
+    if "shell" in Path(env["QL_CONFIG"]).read_text():
+        # Not containment's: a launcher.sh killed on its own leaves its helper (a quota watcher, of
+        # the launcher's name, in its group), and recovery then never sends the KILL at all.
+        pytest.skip("a launcher.sh killed alone leaves its quota helper; ql's KILL is then never sent")
+    script = f"trap '' TERM; {sys.executable} -c \"$1\" {marker} & while :; do sleep 1; done"
+    rec = _detach(env, "--", "sh", "-c", script, "sh", ESCAPEE)
+    wait_until(lambda: _task_pids(marker), "the escapee to start", BOUND_S, interval=0.05)
+    escapee = next(iter(_task_pids(marker)))
+    shell = int(Path(f"/proc/{escapee}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    launcher = os.getpgid(shell)
+    assert launcher not in (shell, os.getpgid(0))
+    os.kill(launcher, signal.SIGKILL)
+    assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
+
+    def stopped() -> bool:
+        assert run_ql(["reconcile"], env).returncode == 0
+        return not _task_pids(marker)
+
+    wait_until(stopped, "ql's KILL after the grace to reach the escapee", BOUND_S, interval=0.5)
+    wait_until(lambda: _status(env, rec["run_id"])["status"] in ("cancelled", "lost"), "the run to end", BOUND_S,
+               interval=0.5)
+
+
+@needs_cgroup
+def test_the_task_sees_only_its_attempt_id_in_its_cgroup_and_no_launcher_variable(
+        env: dict[str, str]) -> None:
+    out = run_ql(["--json", "run", "--", "sh", "-c", "env; cat /proc/self/cgroup"], env)
+    assert out.returncode == 0, out.stderr
+    rec = json_lines(out.stdout)[-1]
+    logs = run_ql(["logs", rec["run_id"]], env)
+    assert logs.returncode == 0, logs.stderr
+    assert "_ql_" not in logs.stdout
+    line = next(ln for ln in logs.stdout.splitlines() if ln.startswith("0::"))
+    assert line.endswith("/ql-%d/%s" % (os.geteuid(), rec["attempt_id"])), line
+    assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists()
+
+
+@needs_cgroup
+def test_a_sweep_removes_empty_task_cgroups_left_by_a_crash_and_spares_one_in_use(
+        ql_env: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+    import uuid
+
+    parent = Path(_CONTAINMENT.parent)
+    parent.mkdir(exist_ok=True)
+    left = parent / str(uuid.uuid4())  # what a launcher SIGKILLed before its removal leaves
+    left.mkdir()
+    busy = parent / str(uuid.uuid4())
+    busy.mkdir()
+    holder = subprocess.Popen(["sh", "-c", 'echo 0 > "$1/cgroup.procs" && exec sleep 600', "sh", str(busy)])
+    try:
+        wait_until(lambda: (busy / "cgroup.procs").read_text().split(), "a process in the busy cgroup", BOUND_S)
+        out = run_ql(["run", "--", "true"], _config(tmp_path, ql_env, ""))  # an executor starts: a sweep
+        assert out.returncode == 0, out.stderr
+        assert not left.exists(), "an empty task cgroup was left behind"
+        assert busy.exists(), "a cgroup with a process in it was removed"
+    finally:
+        holder.kill()
+        holder.wait()
+        wait_until(lambda: not (busy / "cgroup.procs").read_text().split(), "the busy cgroup to empty", BOUND_S)
+        busy.rmdir()
+
+
+def test_doctor_names_why_a_configured_parent_is_not_used(ql_env: dict[str, str], tmp_path: Path) -> None:
+    plain = tmp_path / "not-a-cgroup"
+    plain.mkdir()
+    env = _config(tmp_path, ql_env, f'cgroup_parent = "{plain}"\n')
+    doctor = run_ql(["doctor"], env)
+    line = next(ln for ln in doctor.stdout.splitlines() if " containment " in ln)
+    assert line.split(None, 2)[2] == f"process group (not a cgroup v2 directory: {plain})", line
+    bad = run_ql(["doctor"], _config(tmp_path, ql_env, 'cgroup_parent = "relative"\n'))
+    assert bad.returncode == 2 and "cgroup_parent must be an absolute path" in bad.stderr, bad.stderr
