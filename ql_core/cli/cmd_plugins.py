@@ -44,15 +44,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
         select_plugin_names
 
     config = config_from_args(args, reports_plugins=True)
-    active = select_plugin_names(config.plugins)
+    present = {p.name for p in installed_plugins()}
+    # A seam selected by name (executor = "nice") loads the plugin of that name: it is active too.
+    active = select_plugin_names([*config.plugins, *(n for n in config.seam_plugins if n in present)])
     status = 0
     for plugin in installed_plugins():
         error = None
-        if plugin.name in active:
-            try:
-                load_plugin_host([plugin.name], use_cache=False)
-            except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
-                error, status = classify(exc, "plugins")[1], 1
+        try:
+            # Every installed plugin, active or not: a misspelled hook name is found before it is enabled.
+            load_plugin_host([plugin.name], environ={}, use_cache=False)
+        except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
+            error, status = classify(exc, "plugins")[1], 1
         state = "active" if plugin.name in active else "installed"
         if error:
             state = "error"

@@ -20,13 +20,13 @@ __all__ = ["ql_register_executors", "ql_check_config", "ql_doctor_checks"]
 def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
     """``(launcher, standby, run_as ids)`` of a ``[plugin.local]`` table; ConfigError naming the key.
     ``here``: this process runs tasks (run_as then also needs root and setpriv)."""
-    from ql_core.errors import ConfigError
+    from ql_core.errors import ConfigError, unknown_setting
 
-    from .settings import LAUNCHER_CHOICES, run_as_user
+    from .settings import LAUNCHER_CHOICES, SETTINGS, run_as_user
 
-    unknown = sorted(set(settings) - {"run_as", "launcher", "standby"})
-    if unknown:
-        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: launcher, run_as, standby")
+    bad = unknown_setting("plugin.local", settings, SETTINGS)
+    if bad is not None:
+        raise bad
     launcher = settings.get("launcher", "auto")
     if launcher not in LAUNCHER_CHOICES:
         raise ConfigError(f"[plugin.local] launcher must be one of {', '.join(map(repr, LAUNCHER_CHOICES))}, "

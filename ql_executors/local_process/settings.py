@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["LAUNCHER_CHOICES", "run_as_user"]
+__all__ = ["LAUNCHER_CHOICES", "SETTINGS", "run_as_user"]
 
 LAUNCHER_CHOICES = ("auto", "compiled", "shell")
+#: The keys ``[plugin.local]`` accepts.
+SETTINGS = ("launcher", "run_as", "standby")
 
 
 def run_as_user(name: object, *, here: bool = True) -> tuple[int, int]:

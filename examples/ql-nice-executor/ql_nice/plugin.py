@@ -18,3 +18,12 @@ def _nice_executor(context):  # called with a ql_core.ports.RuntimeContext
 @hookimpl
 def ql_register_executors(register):
     register("nice", _nice_executor)
+
+
+@hookimpl
+def ql_check_config(config):  # every command that loads the config asks: a typo is refused by all
+    table = config.plugin_settings.get("nice")
+    if table is not None:
+        from .executor import settings_from
+
+        settings_from(dict(table))
