@@ -135,6 +135,18 @@ class QlHookSpecs:
         """
 
     @hookspec
+    def ql_effective_settings(self, config: Config) -> dict[str, object] | None:
+        """Called by ``ql doctor`` for each loaded plugin, after ``ql_check_config`` accepted the config.
+
+        Return the settings of your ``[plugin.<name>]`` table in force for ``config`` — every key you
+        accept, defaults filled in — as ``{key: value}`` (TOML-like values: str, int, float, bool,
+        lists), with any secret value replaced by ``"***"``; None when your plugin takes no settings.
+        Doctor shows them as ``plugin.<name>.<key>=<value>`` (and masks, besides, every key naming a
+        password, secret or token). Without it doctor shows the table as written. Must be cheap and
+        side-effect free, like ``ql_check_config``. Returns a dict or None.
+        """
+
+    @hookspec
     def ql_doctor_checks(self, config: Config) -> list[tuple[str, bool, str]]:
         """Called by ``ql doctor`` for each loaded plugin, after core's own checks.
 

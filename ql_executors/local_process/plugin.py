@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ql_core.config import Config
     from ql_core.ports import Executor, RuntimeContext
 
-__all__ = ["ql_register_executors", "ql_check_config", "ql_doctor_checks"]
+__all__ = ["ql_register_executors", "ql_check_config", "ql_effective_settings", "ql_doctor_checks"]
 
 
 def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
@@ -63,6 +63,14 @@ def ql_check_config(config: Config) -> None:
     """Every command refuses a ``[plugin.local]`` key or value the executor would refuse (a reader
     run by another user than the root host is not refused for run_as needing root)."""
     _settings(dict(config.plugin_settings.get("local", {})), here=False)
+
+
+@hookimpl
+def ql_effective_settings(config: Config) -> dict[str, object]:
+    """``[plugin.local]`` in force: launcher, standby and run_as (empty: tasks run as the host's user)."""
+    table = dict(config.plugin_settings.get("local", {}))
+    launcher, standby, _ids = _settings(table, here=False)
+    return {"launcher": launcher, "run_as": table.get("run_as", ""), "standby": standby}
 
 
 @hookimpl

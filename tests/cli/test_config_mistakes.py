@@ -96,3 +96,65 @@ def test_plugins_shows_the_selected_executor_plugin_as_active(env, tmp_path: Pat
     assert out.returncode == 0, (out.stdout, out.stderr)
     states = {r["name"]: r["state"] for r in json_lines(out.stdout) if "state" in r}
     assert states["nice"] == "active" and states["cluster-fenced"] == "installed", states
+
+
+# -- ql doctor shows everything in force (issue 26 item 3) ------------------------------------------------
+def _doctor(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, list[dict], str]:
+    out = ql_proc([*args, "--json", "doctor"], env, cwd=cwd)
+    text = ql_proc([*args, "doctor"], env, cwd=cwd)
+    assert out.returncode == text.returncode and "Traceback" not in out.stderr + text.stderr, (out, text)
+    return out.returncode, json_lines(out.stdout), text.stdout
+
+
+def test_doctor_on_a_fresh_machine_is_healthy_and_says_nothing_ran_yet(env, tmp_path: Path) -> None:
+    """No --data-dir, no QL_DATA_DIR, no ql.toml, a HOME where ql never ran: exit 0, one info line."""
+    code, records, text = _doctor(env, tmp_path)
+    assert code == 0, text
+    checks = {r["check"]: r for r in records if "check" in r}
+    assert checks["data_dir"]["result"] == "info" and "nothing has run here" in checks["data_dir"]["detail"]
+    assert records[-1]["healthy"] is True
+    assert "info data_dir" in text and not (tmp_path / ".local" / "state" / "ql").exists()
+    # A named data dir under a directory that does not exist stays a failure (a typo is not created).
+    code, records, _text = _doctor(env, tmp_path, "--data-dir", str(tmp_path / "typo" / "ql"))
+    assert code == 1 and {r["check"]: r["result"] for r in records if "check" in r}["data_dir"] == "failed"
+
+
+def test_doctor_shows_the_profiles_limits_in_plain_numbers_and_the_plugin_settings(env, tmp_path: Path) -> None:
+    (tmp_path / "ql.toml").write_text('profile = "standalone"\n[plugin.local]\nlauncher = "shell"\n'
+                                      '[plugin.nice]\nniceness = 5\n')
+    code, records, text = _doctor(env, tmp_path)
+    assert code == 0, text
+    config = records[0]["config"]
+    # Only the limits this profile uses: no cluster numbers on a SQLite profile.
+    assert "history_retention_s" in config["limits"] and "run_lease_s" not in config["limits"]
+    assert "claim_batch" not in config["limits"] and "ship_interval_s" not in config["limits"]
+    assert "run_lease_s" not in text and "claim_batch" not in text
+    assert "history_retention_s=2592000 (30d)" in text and "e+0" not in text, text
+    # Every plugin setting in force, defaults filled in, in JSON and text alike.
+    assert config["plugin_settings"]["local"] == {"launcher": "shell", "run_as": "", "standby": True}
+    assert config["plugin_settings"]["nice"]["niceness"] == 5
+    assert 'launcher="shell"' in text and "standby=true" in text and "niceness=5" in text
+
+
+def test_doctor_masks_secret_settings_of_a_plugin_that_does_not_describe_them(env, tmp_path: Path) -> None:
+    source = ("from ql_core.hookspecs import hookimpl\n\n"
+              "@hookimpl\n"
+              "def ql_check_config(config):\n"
+              "    pass\n")
+    site = fake_distribution(tmp_path / "site", "ql_vault", {"vault": "ql_vault_mod"}, {"ql_vault_mod": source})
+    (tmp_path / "ql.toml").write_text('[plugin.vault]\nurl = "https://vault.example"\napi_token = "hunter2"\n')
+    code, records, text = _doctor(dict(env, PYTHONPATH=str(site)), tmp_path)
+    assert code == 0, text
+    assert records[0]["config"]["plugin_settings"]["vault"] == {"url": "https://vault.example", "api_token": "***"}
+    assert "hunter2" not in text and "api_token=\"***\"" in text
+
+
+def test_cluster_profiles_show_the_cluster_limits_and_settings() -> None:
+    from ql_core.config import load_config
+
+    worker = load_config(profile="cluster-worker", data_dir="/tmp/ql-unused",
+                         environ={"QL_DATABASE_URL": "postgresql+psycopg://u@h/db"})
+    assert "run_lease_s" in worker.profile.limits_in_force() and "claim_batch" in worker.profile.limits_in_force()
+    edge = load_config(data_dir="/tmp/ql-unused")
+    assert "history_retention_s" in edge.profile.limits_in_force()
+    assert "run_lease_s" not in edge.profile.limits_in_force()

@@ -27,3 +27,11 @@ def ql_check_config(config):  # every command that loads the config asks: a typo
         from .executor import settings_from
 
         settings_from(dict(table))
+
+
+@hookimpl
+def ql_effective_settings(config):  # ql doctor shows what is in force, defaults filled in
+    from .executor import settings_from
+
+    settings = settings_from(dict(config.plugin_settings.get("nice", {})))
+    return {"niceness": settings.niceness, "io_class": settings.io_class or "", "max_open_files": settings.max_open_files or 0}
