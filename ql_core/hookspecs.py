@@ -130,7 +130,10 @@ class QlHookSpecs:
         value you do not accept: name the table, the key and the fix) or
         :class:`~ql_core.errors.PluginError` (a missing dependency: name the install command).
         Without it a wrong key is found only when the factory runs (``ql run`` fails, ``ql doctor``
-        says healthy). Must be cheap and side-effect free: no files, no processes, no imports of
+        says healthy); and a ``[plugin.<name>]`` table of a plugin that implements no
+        ``ql_check_config`` is refused by core (nothing would tell its keys from typos).
+        :func:`ql_core.errors.unknown_setting` words an unknown key alike for every plugin, with a
+        did-you-mean. Must be cheap and side-effect free: no files, no processes, no imports of
         heavy packages (``importlib.util.find_spec`` tells whether one is installed). Returns nothing.
         """
 
