@@ -94,6 +94,8 @@ class Config:
     #: ``web_token_file``: the file holding ``ql web``'s token (absolute; None: not configured). Its
     #: owner, mode 0600 and content are checked when ``ql web`` reads it (ql_core.web.auth.load_token).
     web_token_file: Path | None = None
+    #: True when no --data-dir, QL_DATA_DIR or data_dir named the data dir (the platform's default).
+    data_dir_default: bool = False
 
     @property
     def is_sqlite(self) -> bool:
@@ -409,4 +411,4 @@ def load_config(
     return Config(profile=chosen, data_dir=directory, database_url=url, plugins=plugins, source=source,
                   executor=executor, receipt_store=receipt_store, journal=journal,
                   artifact_store=artifact_store, disabled_plugins=tuple(disabled),
-                  plugin_settings=settings["plugin"], web_token_file=token_file)
+                  plugin_settings=settings["plugin"], web_token_file=token_file, data_dir_default=not raw_dir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Iterable
 
 __all__ = [
     "QlError",
@@ -24,6 +25,7 @@ __all__ = [
     "DataDirError",
     "explain_os_error",
     "owner_of",
+    "unknown_setting",
 ]
 
 
@@ -149,3 +151,24 @@ def explain_os_error(exc: OSError, action: str, path: str | os.PathLike[str] | N
             fix = "check the path and its file system (`ql doctor`)"
     subject = f"{action} {where}" if where else action
     return f"{subject}: {cause}; {fix}"
+
+
+def unknown_setting(table: str, keys: Iterable[str], allowed: Iterable[str]) -> ConfigError | None:
+    """The error for the first key of a ``[plugin.<name>]`` table (``table``: ``"plugin.local"``) its
+    plugin does not accept, with a did-you-mean (difflib) and the fix; None when every key is allowed.
+
+    Plugins validate their own tables with it, so a typo (``standbye``) reads alike for every plugin.
+    """
+    import difflib
+
+    accepted = sorted(allowed)
+    unknown = sorted(set(keys) - set(accepted))
+    if not unknown:
+        return None
+    key = unknown[0]
+    close = difflib.get_close_matches(key, accepted, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    if not accepted:
+        return ConfigError(f"[{table}] takes no settings (got {key!r}); remove the table")
+    return ConfigError(f"[{table}] has no setting {key!r}{guess} (allowed: {', '.join(accepted)}); "
+                       f"fix or remove the key")

@@ -130,8 +130,23 @@ class QlHookSpecs:
         value you do not accept: name the table, the key and the fix) or
         :class:`~ql_core.errors.PluginError` (a missing dependency: name the install command).
         Without it a wrong key is found only when the factory runs (``ql run`` fails, ``ql doctor``
-        says healthy). Must be cheap and side-effect free: no files, no processes, no imports of
+        says healthy); and a ``[plugin.<name>]`` table of a plugin that implements no
+        ``ql_check_config`` is refused by core (nothing would tell its keys from typos).
+        :func:`ql_core.errors.unknown_setting` words an unknown key alike for every plugin, with a
+        did-you-mean. Must be cheap and side-effect free: no files, no processes, no imports of
         heavy packages (``importlib.util.find_spec`` tells whether one is installed). Returns nothing.
+        """
+
+    @hookspec
+    def ql_effective_settings(self, config: Config) -> dict[str, object] | None:
+        """Called by ``ql doctor`` for each loaded plugin, after ``ql_check_config`` accepted the config.
+
+        Return the settings of your ``[plugin.<name>]`` table in force for ``config`` — every key you
+        accept, defaults filled in — as ``{key: value}`` (TOML-like values: str, int, float, bool,
+        lists), with any secret value replaced by ``"***"``; None when your plugin takes no settings.
+        Doctor shows them as ``plugin.<name>.<key>=<value>`` (and masks, besides, every key naming a
+        password, secret or token). Without it doctor shows the table as written. Must be cheap and
+        side-effect free, like ``ql_check_config``. Returns a dict or None.
         """
 
     @hookspec

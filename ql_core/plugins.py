@@ -349,11 +349,28 @@ def _host_of(loaded: list[tuple[str, Any]], env: Mapping[str, str]) -> PluginHos
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"a plugin implements a hook ql does not define: {exc}; "
-                          f"every hook name starts with ql_ (see ql_core.hookspecs)") from exc
+        raise PluginError(_unknown_hook(pm, loaded, exc)) from exc
     host = PluginHost(pm=pm, loaded=tuple(name for name, _plugin in loaded), environ=env)
     host._collect()
     return host
+
+
+def _unknown_hook(pm: pluggy.PluginManager, loaded: list[tuple[str, Any]], exc: Exception) -> str:
+    """One line for an implementation of a hook ql does not define (``ql_register_executer``): the
+    plugin, the hook, the nearest real hook name (difflib) and the fix."""
+    import difflib
+
+    specs = sorted(name for name in dir(QlHookSpecs) if name.startswith("ql_"))
+    for name, plugin in loaded:
+        for attr in dir(plugin):
+            if attr in specs or pm.parse_hookimpl_opts(plugin, attr) is None:
+                continue
+            close = difflib.get_close_matches(attr, specs, n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
+            where = getattr(plugin, "__name__", type(plugin).__name__)
+            return (f"plugin {name!r} implements hook {attr!r}, which ql does not define{guess} Fix the name "
+                    f"in {where} (the hooks: ql_core.hookspecs), or disable it with QL_DISABLE_PLUGINS={name}")
+    return f"a plugin implements a hook ql does not define: {exc}; see ql_core.hookspecs for the hook names"
 
 
 def _refuse_duplicate_names(selected: Iterable[str]) -> None:
@@ -466,6 +483,13 @@ def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None
     """
     host = load_plugin_host(config.plugins, environ, optional=[*config.seam_plugins, *config.plugin_settings],
                             use_cache=use_cache)
+    checkers = {impl.plugin_name for impl in host.pm.hook.ql_check_config.get_hookimpls()}
+    for name in config.plugin_settings:
+        if name in host.loaded and name not in checkers:
+            # Nobody would read the table's keys before a factory runs (or ever): a typo would pass.
+            raise ConfigError(f"[plugin.{name}] in {config.source}: plugin {name!r} declares no settings (it "
+                              f"implements no ql_check_config hook), so ql cannot tell its keys from typos; "
+                              f"remove the table, or add ql_check_config to the plugin (docs/plugins.md)")
     for impl in host.pm.hook.ql_check_config.get_hookimpls():
         try:
             impl.function(config=config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "profile_named"]
+__all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "CLUSTER_LIMITS", "profile_named"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,12 @@ class Profile:
         """Names of the numbers a config file may override."""
         return tuple(f.name for f in fields(cls) if f.name in LIMIT_RANGES)
 
+    def limits_in_force(self) -> tuple[str, ...]:
+        """The limits this profile uses (what ``ql doctor`` shows): the cluster numbers
+        (:data:`CLUSTER_LIMITS`) only on the cluster profiles, which use a PostgreSQL database."""
+        cluster = self.database == "postgresql"
+        return tuple(n for n in self.limit_names() if cluster or n not in CLUSTER_LIMITS)
+
 
 #: name -> (type, minimum, maximum). Every overridable number, with its hard cap.
 LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
@@ -156,6 +162,14 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "control_call_timeout_s": (float, 0.2, 300.0),
     "outbox_backoff_cap_s": (float, 0.1, 3600.0),
 }
+
+#: The numbers only the cluster profiles use (the cluster-fenced plugin and its log shipping).
+CLUSTER_LIMITS = frozenset({
+    "heartbeat_interval_s", "session_lease_s", "run_lease_s", "fence_margin_s", "claim_batch", "claim_interval_s",
+    "sweep_page", "sweep_pages_per_round", "sweep_interval_s", "lease_retention_s", "control_call_timeout_s",
+    "outbox_backoff_cap_s", "ship_interval_s", "ship_batch_bytes", "shipped_log_keep_s", "log_follow_unfinalized_s",
+    "artifact_sweep_page",
+})
 
 _MIN = 60.0
 _H = 3600.0

@@ -22,7 +22,7 @@ from ql_core.cli.output import Output
 HELP = ("show the effective config and check it: plugins, the data dir's file system (owner, permissions, "
         "hard links, O_APPEND, fsync), the database's integrity and schema")
 EPILOG = ("Nothing is created, migrated or repaired. --json prints the effective config, one object per "
-          "check ({\"check\", \"result\": ok|failed|skipped, \"detail\"}), then a summary "
+          "check ({\"check\", \"result\": ok|failed|skipped|info, \"detail\"}), then a summary "
           "({\"healthy\", \"checks\", \"data_dir\", \"profile\"}).")
 
 #: The checks, in the order they run and print; the loaded plugins' own (``ql_doctor_checks``: the
@@ -32,6 +32,10 @@ CHECKS = ("plugins", "data_dir", "owner", "permissions", "hard_links", "o_append
 
 class _Skip(Exception):
     """A check that does not apply here (its detail says why)."""
+
+
+class _Info(Exception):
+    """Not a failure, but worth a line (a data dir not created yet on a fresh machine)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -132,8 +136,93 @@ def effective_config(config) -> dict:  # type: ignore[no-untyped-def]
         "artifact_store": config.artifact_store,
         "plugins": list(select_plugin_names(config.plugins)),
         "disabled_plugins": list(config.disabled_plugins),
-        "limits": {name: getattr(config.profile, name) for name in config.profile.limit_names()},
+        # Only what this profile uses: the cluster numbers only on the cluster profiles.
+        "limits": {name: getattr(config.profile, name) for name in config.profile.limits_in_force()},
     }
+
+
+#: A settings key whose value doctor never prints (whatever the plugin answered).
+_SECRET_WORDS = ("password", "secret", "token", "passphrase", "credential")
+
+
+def _redact(key: str, value: object) -> object:
+    lowered = key.lower()
+    if any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith(("_file", "_path")):
+        return "***"
+    return value
+
+
+def plugin_settings(config, host) -> dict[str, dict[str, object]]:  # type: ignore[no-untyped-def]
+    """``{plugin: {key: value}}`` in force: each loaded plugin's ``ql_effective_settings`` (defaults
+    filled in), else its ``[plugin.<name>]`` table as written; secrets masked either way."""
+    found: dict[str, dict[str, object]] = {}
+    answered: set[str] = set()
+    for impl in host.pm.hook.ql_effective_settings.get_hookimpls():
+        answered.add(impl.plugin_name)
+        try:
+            answer = impl.function(config=config)
+        except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes
+            found[impl.plugin_name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if answer:
+            found[impl.plugin_name] = {str(k): _redact(str(k), v) for k, v in dict(answer).items()}
+    for name, table in config.plugin_settings.items():
+        if name not in answered:
+            found[name] = {str(k): _redact(str(k), v) for k, v in table.items()}
+    return dict(sorted(found.items()))
+
+
+def human_number(value: object) -> str:
+    """A limit as a person reads it: ``2592000``, ``0.05``, never ``2.592e+06``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, float):
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:.6f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _human_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return ""
+
+
+def _limit_text(name: str, value: object) -> str:
+    """``history_retention_s=2592000 (30d)``: the exact number, and a duration of whole days,
+    hours or minutes when it is one."""
+    text = f"{name}={human_number(value)}"
+    if name.endswith("_s") and isinstance(value, (int, float)) and value >= 60:
+        extra = _human_duration(float(value))
+        if extra:
+            text += f" ({extra})"
+    return text
+
+
+def _settings_host(config):  # type: ignore[no-untyped-def]
+    """The plugins of this config, loaded to ask their settings (None: they cannot load; the plugins
+    check says why)."""
+    from ql_core.plugins import load_plugin_host
+
+    try:
+        return load_plugin_host(config.plugins, optional=[*config.seam_plugins, *config.plugin_settings],
+                                use_cache=False)
+    except Exception:  # noqa: BLE001 - reported by the plugins check
+        return None
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        import json
+
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return human_number(value)
+    return str(value)
 
 
 def _check_plugins(config, hosts: list | None = None) -> str:  # type: ignore[no-untyped-def]
@@ -210,8 +299,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
             + (f" artifact_store={shown['artifact_store']}" if shown["artifact_store"] else ""),
             f"plugins  {', '.join(shown['plugins']) or 'none'}"
             + (f" (disabled: {', '.join(shown['disabled_plugins'])})" if shown["disabled_plugins"] else ""),
-            "limits   " + " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                                  for k, v in shown["limits"].items())]
+            "limits   " + ", ".join(_limit_text(k, v) for k, v in shown["limits"].items())]
+    settings_host = _settings_host(config)
+    if settings_host is not None:
+        shown["plugin_settings"] = plugin_settings(config, settings_host)
+        for name, table in shown["plugin_settings"].items():
+            text.append(f"plugin.{name:<7} " + (" ".join(f"{k}={_toml_value(v)}" for k, v in table.items())
+                                              or "(no settings)"))
     out.emit({"config": shown}, "\n".join(text))
 
     data_dir = Path(os.path.abspath(config.data_dir))
@@ -227,6 +321,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
             real = existing_data_dir(data_dir)  # never creates anything
         except NotFoundError:
             state["dir"] = "missing"
+            if config.data_dir_default or _nearest_existing(data_dir) == data_dir.parent:
+                # A fresh machine (or a new data dir in an existing directory): nothing has run yet,
+                # which is no failure. A named data dir under a missing directory is likely a typo.
+                raise _Info(f"no ql data dir at {data_dir} yet: nothing has run here; the first writing "
+                            f"command (ql run) creates it") from None
             raise
         try:
             os.listdir(real)
@@ -277,7 +376,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     def report(name: str, result: str, detail: str) -> None:
         detail = " ".join(detail.split())
         results[name] = result
-        label = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}[result]
+        label = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip", "info": "info"}[result]
         out.emit({"check": name, "result": result, "detail": detail}, f"{label} {name:<12} {printable(detail)}")
 
     try:
@@ -286,6 +385,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 detail, result = check(), "ok"
             except _Skip as exc:
                 detail, result = str(exc), "skipped"
+            except _Info as exc:
+                detail, result = str(exc), "info"
             except AssertionError as exc:
                 detail, result = str(exc) or type(exc).__name__, "failed"
             except Exception as exc:  # noqa: BLE001 - doctor reports, never crashes

@@ -1,6 +1,7 @@
 """``ql plugins``: what is installed in ``ql.plugins``, what is active, and every problem.
 
-Problems (each one line, exit 1): an active plugin that fails to load, an
+Problems (each one line, exit 1): an active plugin that fails to load or lacks what it needs
+(``unavailable``: its package is not installed; the row names the install command), an
 enabled plugin that is not installed, a plugin name declared by two
 distributions, a seam name registered by two active plugins, and a seam the
 config selects (``executor``, ``receipt_store``, ``journal``) that no active
@@ -14,7 +15,7 @@ import argparse
 from ql_core.cli.output import Output
 
 HELP = "list installed plugins, the active ones, and problems (load errors, duplicates, disabled but selected)"
-EPILOG = ("--json prints one object per plugin {name, state: active|installed|error|missing, target, "
+EPILOG = ("--json prints one object per plugin {name, state: active|installed|unavailable|error|missing, target, "
           "distribution, error}, then one per problem {problem, name, detail}.")
 
 
@@ -37,6 +38,21 @@ def _declarations() -> dict[str, list[tuple[str, str | None]]]:
     return found
 
 
+def _unavailable(host, config) -> str | None:  # type: ignore[no-untyped-def]
+    """Why an active plugin cannot work here (its ``ql_check_config`` raised PluginError: a missing
+    package, with the install command), or None."""
+    from ql_core.errors import PluginError
+
+    for impl in host.pm.hook.ql_check_config.get_hookimpls():
+        try:
+            impl.function(config=config)
+        except PluginError as exc:
+            return str(exc)
+        except Exception:  # noqa: BLE001 - a config error stopped the command before; the host check reports the rest
+            return None
+    return None
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import config_from_args
     from ql_core.cli.main import classify
@@ -44,28 +60,34 @@ def run(args: argparse.Namespace, out: Output) -> int:
         select_plugin_names
 
     config = config_from_args(args, reports_plugins=True)
-    active = select_plugin_names(config.plugins)
+    present = {p.name for p in installed_plugins()}
+    # A seam selected by name (executor = "nice") loads the plugin of that name: it is active too.
+    active = select_plugin_names([*config.plugins, *(n for n in config.seam_plugins if n in present)])
     status = 0
+    load_failed = False
     for plugin in installed_plugins():
         error = None
-        if plugin.name in active:
-            try:
-                load_plugin_host([plugin.name], use_cache=False)
-            except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
-                error, status = classify(exc, "plugins")[1], 1
         state = "active" if plugin.name in active else "installed"
-        if error:
-            state = "error"
+        try:
+            # Every installed plugin, active or not: a misspelled hook name is found before it is enabled.
+            alone = load_plugin_host([plugin.name], environ={}, use_cache=False)
+        except Exception as exc:  # noqa: BLE001 - a plugin that cannot load is a row, not a crash
+            error, status, state, load_failed = classify(exc, "plugins")[1], 1, "error", True
+        else:
+            if state == "active":
+                error = _unavailable(alone, config)
+                if error:
+                    state, status = "unavailable", 1
         out.emit({"name": plugin.name, "state": state, "target": plugin.value,
                   "distribution": plugin.distribution, "error": error},
-                 f"{plugin.name:<16} {state:<10} {plugin.value}" + (f"\n    {error}" if error else ""))
+                 f"{plugin.name:<16} {state:<11} {plugin.value}" + (f"\n    {error}" if error else ""))
     installed = {p.name for p in installed_plugins()}
     for name in active:
         if name not in installed:
             status = 1
             msg = f"plugin {name!r} is enabled by profile {config.profile.name!r} or the config but not installed"
             out.emit({"name": name, "state": "missing", "target": None, "distribution": None, "error": msg},
-                     f"{name:<16} missing    {msg}")
+                     f"{name:<16} missing     {msg}")
 
     problems: list[tuple[str, str, str]] = []
     for name, declared in sorted(_declarations().items()):
@@ -81,7 +103,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         text = classify(exc, "plugins")[1]
         if "registered twice" in text:
             problems.append(("duplicate_registration", "-", text))
-        elif status == 0:  # not already shown as a plugin's own load error above
+        elif not load_failed:  # not already shown as a plugin's own load error above
             problems.append(("load_error", "-", text))
         host = None
     if host is not None:

@@ -14,10 +14,7 @@ if TYPE_CHECKING:
     from ql_core.config import Config
     from ql_core.ports import Executor, RuntimeContext
 
-__all__ = ["ql_register_executors", "ql_check_config", "ql_doctor_checks"]
-
-
-_KEYS = ("cgroup_parent", "containment", "launcher", "run_as", "standby")
+__all__ = ["ql_register_executors", "ql_check_config", "ql_effective_settings", "ql_doctor_checks"]
 
 
 def _containment(settings: dict[str, Any]) -> tuple[str, str | None]:
@@ -40,13 +37,13 @@ def _containment(settings: dict[str, Any]) -> tuple[str, str | None]:
 def _settings(settings: dict[str, Any], *, here: bool = True) -> tuple[str, bool, tuple[int, int] | None]:
     """``(launcher, standby, run_as ids)`` of a ``[plugin.local]`` table; ConfigError naming the key.
     ``here``: this process runs tasks (run_as then also needs root and setpriv)."""
-    from ql_core.errors import ConfigError
+    from ql_core.errors import ConfigError, unknown_setting
 
-    from .settings import LAUNCHER_CHOICES, run_as_user
+    from .settings import LAUNCHER_CHOICES, SETTINGS, run_as_user
 
-    unknown = sorted(set(settings) - set(_KEYS))
-    if unknown:
-        raise ConfigError(f"[plugin.local] has no setting {unknown[0]!r}; allowed: {', '.join(_KEYS)}")
+    bad = unknown_setting("plugin.local", settings, SETTINGS)
+    if bad is not None:
+        raise bad
     _containment(settings)
     launcher = settings.get("launcher", "auto")
     if launcher not in LAUNCHER_CHOICES:
@@ -87,6 +84,17 @@ def ql_check_config(config: Config) -> None:
     """Every command refuses a ``[plugin.local]`` key or value the executor would refuse (a reader
     run by another user than the root host is not refused for run_as needing root)."""
     _settings(dict(config.plugin_settings.get("local", {})), here=False)
+
+
+@hookimpl
+def ql_effective_settings(config: Config) -> dict[str, object]:
+    """``[plugin.local]`` in force: containment and cgroup_parent (empty: found), launcher, standby and
+    run_as (empty: tasks run as the host's user)."""
+    table = dict(config.plugin_settings.get("local", {}))
+    launcher, standby, _ids = _settings(table, here=False)
+    containment, parent = _containment(table)
+    return {"cgroup_parent": parent or "", "containment": containment, "launcher": launcher,
+            "run_as": table.get("run_as", ""), "standby": standby}
 
 
 @hookimpl

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CONTAINMENT_CHOICES", "LAUNCHER_CHOICES", "run_as_user"]
+__all__ = ["CONTAINMENT_CHOICES", "LAUNCHER_CHOICES", "SETTINGS", "run_as_user"]
 
 LAUNCHER_CHOICES = ("auto", "compiled", "shell")
 #: ``[plugin.local] containment`` (docs/launcher.md, "Containment").
 CONTAINMENT_CHOICES = ("auto", "process-group")
+#: The keys ``[plugin.local]`` accepts.
+SETTINGS = ("cgroup_parent", "containment", "launcher", "run_as", "standby")
 
 
 def run_as_user(name: object, *, here: bool = True) -> tuple[int, int]:

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from ql_core.hookspecs import RegisterArtifactStore, RegisterJournalBackend, hookimpl
 
 if TYPE_CHECKING:
+    from ql_core.config import Config
     from ql_core.ports import ArtifactStore, JournalBackend, RuntimeContext
 
-__all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "make_journal", "make_artifact_store"]
+__all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "ql_check_config", "ql_effective_settings", "make_journal", "make_artifact_store"]
 
 NAME = "cluster-fenced"
 
@@ -64,3 +65,29 @@ def make_artifact_store(context: RuntimeContext) -> ArtifactStore:
 @hookimpl
 def ql_register_artifact_stores(register: RegisterArtifactStore) -> None:
     register("postgres", make_artifact_store)
+
+
+@hookimpl
+def ql_check_config(config: Config) -> None:
+    """Every command refuses a ``[plugin.cluster-fenced]`` key or value the journal would refuse."""
+    table = config.plugin_settings.get(NAME)
+    if table is not None:
+        from .settings import parse_settings
+
+        parse_settings(table, node_id="check")
+
+
+@hookimpl
+def ql_effective_settings(config: Config) -> dict[str, object] | None:
+    """``[plugin.cluster-fenced]`` in force (a worker id not set is this node's id: shown so)."""
+    if config.profile.database != "postgresql" and NAME not in config.plugin_settings:
+        return None
+    from dataclasses import asdict
+
+    from .settings import parse_settings
+
+    table = config.plugin_settings.get(NAME, {})
+    shown = asdict(parse_settings(table, node_id="node"))
+    if "worker_id" not in table:
+        shown["worker_id"] = "(this node's id)"
+    return {k: ("" if v is None else v) for k, v in shown.items()}

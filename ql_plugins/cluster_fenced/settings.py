@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ql_core.errors import ConfigError
+from ql_core.errors import ConfigError, unknown_setting
 
 __all__ = ["ClusterSettings", "parse_settings", "check_profile", "WORKER_ID_PATTERN", "DRAIN_MODES",
            "PLUGIN_NAME"]
@@ -57,9 +57,9 @@ def _error(key: str, what: str) -> ConfigError:
 
 def parse_settings(table: Mapping[str, Any], *, node_id: str) -> ClusterSettings:
     """Validate the plugin's table; every problem is one line naming the key and the fix."""
-    unknown = sorted(set(table) - set(_KEYS))
-    if unknown:
-        raise _error(unknown[0], f"is not a setting of this plugin; allowed: {', '.join(_KEYS)}")
+    bad = unknown_setting(f"plugin.{PLUGIN_NAME}", table, _KEYS)
+    if bad is not None:
+        raise bad
     worker_id = table.get("worker_id", node_id)
     if not isinstance(worker_id, str) or not WORKER_ID_PATTERN.fullmatch(worker_id):
         raise _error("worker_id", "must be 1 to 64 characters of letters, digits and . _ : - "

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from ql_core.hookspecs import RegisterJournalBackend, hookimpl
 
 if TYPE_CHECKING:
+    from ql_core.config import Config
     from ql_core.ports import JournalBackend, RuntimeContext
 
-__all__ = ["ql_register_journal_backends"]
+__all__ = ["ql_register_journal_backends", "ql_check_config"]
 
 
 def _journal(context: RuntimeContext) -> JournalBackend:
@@ -25,3 +26,13 @@ def _journal(context: RuntimeContext) -> JournalBackend:
 @hookimpl
 def ql_register_journal_backends(register: RegisterJournalBackend) -> None:
     register("edge-sqlite", _journal)
+
+
+@hookimpl
+def ql_check_config(config: Config) -> None:
+    """Every command refuses a ``[plugin.edge-sqlite]`` table, as the store itself does."""
+    if config.plugin_settings.get("edge-sqlite"):
+        from ql_core.errors import ConfigError
+
+        raise ConfigError(f"[plugin.edge-sqlite] takes no settings (got {', '.join(sorted(config.plugin_settings['edge-sqlite']))}); "
+                          f"use database_url and [limits] busy_timeout_ms instead")

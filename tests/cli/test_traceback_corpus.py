@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 import struct
 import subprocess
@@ -549,6 +550,8 @@ def test_an_enabled_plugin_whose_package_is_missing_is_refused_by_every_command(
             assert out.returncode == 1 and out.stderr == "", (args, out.stdout, out.stderr)
             text = out.stdout
             assert ("FAIL plugins" if args[0] == "doctor" else "problem:") in text, text
+            if args[0] == "plugins":  # the row itself says so: not "active"
+                assert re.search(r"^watchfiles\s+unavailable\s", text, re.M), text
         else:
             assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, (args, out.stdout, out.stderr)
             text = out.stderr

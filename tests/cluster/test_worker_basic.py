@@ -126,7 +126,8 @@ def test_a_second_worker_on_the_same_data_dir_is_refused(harness: Harness) -> No
     ('worker_id = "no spaces allowed"', "worker_id must be"),
     ("slots = 0", "slots must be"),
     ('drain = "later"', "drain must be"),
-    ("colour = 3", "colour is not a setting"),
+    ("colour = 3", "has no setting 'colour'"),
+    ("slot = 3", "did you mean 'slots'"),
 ])
 def test_worker_settings_are_one_line_config_errors(harness: Harness, plugin_line: str, fragment: str) -> None:
     config = harness.write_config(harness.root / "bad.toml", profile="cluster-worker",

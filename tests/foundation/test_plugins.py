@@ -82,7 +82,7 @@ def test_entry_point_to_a_missing_module(test_distribution: Path) -> None:
 
 
 def test_unknown_hook_is_refused_by_check_pending(test_distribution: Path) -> None:
-    with pytest.raises(PluginError, match="hook ql does not define"):
+    with pytest.raises(PluginError, match="implements hook 'ql_register_executor', which ql does not define; did you mean 'ql_register_executors'"):
         load_plugin_host(["test-bad-hook"], environ={})
 
 

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ql_core.errors import ConfigError
+from ql_core.errors import ConfigError, unknown_setting
 from ql_core.ports import ExitObservation, IdentityState, SignalOutcome, SpawnedTask, SpawnRequest
 from ql_executors.local_process.executor import LocalProcessExecutor
 
@@ -34,9 +34,9 @@ class NiceSettings:
 
 def settings_from(table: dict[str, Any]) -> NiceSettings:
     """Validate ``[plugin.nice]``; every mistake is one ConfigError line naming the key and the fix."""
-    unknown = sorted(set(table) - {"niceness", "io_class", "max_open_files"})
-    if unknown:
-        raise ConfigError(f"[plugin.nice] has no setting {unknown[0]!r}; allowed: niceness, io_class, max_open_files")
+    bad = unknown_setting("plugin.nice", table, ("niceness", "io_class", "max_open_files"))
+    if bad is not None:
+        raise bad
     niceness = table.get("niceness", 10)
     if isinstance(niceness, bool) or not isinstance(niceness, int) or not 0 <= niceness <= 19:
         raise ConfigError("[plugin.nice] niceness must be an integer from 0 to 19")

@@ -18,3 +18,20 @@ def _nice_executor(context):  # called with a ql_core.ports.RuntimeContext
 @hookimpl
 def ql_register_executors(register):
     register("nice", _nice_executor)
+
+
+@hookimpl
+def ql_check_config(config):  # every command that loads the config asks: a typo is refused by all
+    table = config.plugin_settings.get("nice")
+    if table is not None:
+        from .executor import settings_from
+
+        settings_from(dict(table))
+
+
+@hookimpl
+def ql_effective_settings(config):  # ql doctor shows what is in force, defaults filled in
+    from .executor import settings_from
+
+    settings = settings_from(dict(config.plugin_settings.get("nice", {})))
+    return {"niceness": settings.niceness, "io_class": settings.io_class or "", "max_open_files": settings.max_open_files or 0}
