@@ -249,6 +249,17 @@ def test_no_import_cycle_among_project_modules() -> None:
     assert sorted(sorted(c) for c in ALLOWED_CYCLES - cycles) == [], "a cycle is gone: delete its entry"
 
 
+def test_core_imports_no_plugin_module() -> None:
+    """ql_core imports nothing of ql_plugins or ql_executors — module level, inside functions and
+    type-only alike: a plugin reaches core through the hooks (ql_register_commands for its
+    commands), never core the plugin."""
+    modules = _project_modules()
+    hits = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+            for name, path in modules.items() if name.split(".")[0] == "ql_core"
+            for target, line in _imports_of(name, path, modules) if target.split(".")[0] != "ql_core"]
+    assert hits == []
+
+
 # -- private names stay in their module ---------------------------------------------------------------------
 
 #: Underscore names that are public API of the standard library: namedtuple's methods, os._exit.
