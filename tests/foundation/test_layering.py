@@ -219,9 +219,6 @@ def _import_cycles() -> list[frozenset[str]]:
 #: Import cycles left in files other branches own, each removed by the change named; an entry that no
 #: longer occurs fails the test too, so it is deleted the day its cycle goes.
 ALLOWED_CYCLES = {
-    # db/models.py imports db/cluster_models.py at its tail so the cluster tables share METADATA;
-    # gone when the cluster tables register from the plugin (issue 23, items 2 and 6).
-    frozenset({"ql_core.db.models", "ql_core.db.cluster_models"}),
     # worker.py names WorkerJournal for its type; worker_store.py builds the Worker in run_worker;
     # gone when Worker is split into parts handed what they use (issue 23, item 4).
     frozenset({"ql_plugins.cluster_fenced.worker", "ql_plugins.cluster_fenced.worker_store"}),
@@ -268,8 +265,6 @@ PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_make", "_fiel
 #: Private names still used across modules in files other branches own; each goes with the change
 #: named. An entry that no longer occurs fails the test too.
 ALLOWED_PRIVATE = {
-    # db/cluster_models.py leaves ql_core with the cluster plane (issue 23, item 2).
-    ("ql_core/db/cluster_models.py", "_ms"),
     # The log shipper opens a local log through the dir-fd helper being made one (issue 23, item 3:
     # "the dir-fd helpers are written three times"); it then imports the public opener.
     ("ql_plugins/cluster_fenced/log_shipper.py", "_LogDir"),
