@@ -520,10 +520,28 @@ def plugin_commands(reserved: Iterable[str] = (), environ: Mapping[str, str] | N
     ``problems`` (so one broken package does not take ``ql --help`` down with it).
     """
     env = dict(os.environ if environ is None else environ)
+    key = (env.get("QL_PLUGINS"), env.get("QL_DISABLE_PLUGINS"), env.get("HOME"), env.get("XDG_CACHE_HOME"),
+           env.get(PLUGIN_CACHE_ENV))
+    found = _COMMANDS_SEEN.get(key)
+    if found is None:  # once per process: `ql --help` builds `ql db` too, which asks again
+        found = _COMMANDS_SEEN[key] = _collect_commands(env)
+    for name in sorted(set(reserved) & set(found.commands)):
+        plugin = found.commands[name].plugin
+        raise PluginError(f"command {name!r} is registered twice: by ql itself and by plugin {plugin!r}; "
+                          f"disable one with QL_DISABLE_PLUGINS={plugin}")
+    return found
+
+
+#: What :func:`plugin_commands` found in this process, by its arguments.
+_COMMANDS_SEEN: dict[tuple[object, ...], PluginCommands] = {}
+
+
+def _collect_commands(env: dict[str, str]) -> PluginCommands:
     cached = _read_cached_group(env)
-    group = cached if cached is not None else {p.name: p.value for p in installed_plugins()}
     if cached is None:
         _write_cached_group(env)
+        cached = _read_cached_group(env)
+    group = cached if cached is not None else {p.name: p.value for p in installed_plugins()}
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(QlHookSpecs)
     problems: list[str] = []
@@ -534,16 +552,14 @@ def plugin_commands(reserved: Iterable[str] = (), environ: Mapping[str, str] | N
             problems.append(str(exc))
         except (ValueError, pluggy.PluginValidationError) as exc:
             problems.append(f"plugin {name!r} cannot be registered: {exc}")
-    taken = set(reserved)
     found: dict[str, PluginCommand] = {}
     for impl in pm.hook.ql_register_commands.get_hookimpls():
         def register(command: str, target: Any, _plugin: str = impl.plugin_name) -> None:
             if not isinstance(command, str) or not command.strip() or command != " ".join(command.split()):
                 raise PluginError(f"plugin {_plugin!r} registered a command without a valid name ({command!r})")
-            if command in taken or command in found:
-                owner = found[command].plugin if command in found else "ql itself"
-                raise PluginError(f"command {command!r} is registered twice: by {owner} and by plugin "
-                                  f"{_plugin!r}; disable one with QL_DISABLE_PLUGINS={_plugin}")
+            if command in found:
+                raise PluginError(f"command {command!r} is registered twice: by {found[command].plugin} and by "
+                                  f"plugin {_plugin!r}; disable one with QL_DISABLE_PLUGINS={_plugin}")
             found[command] = PluginCommand(command, _plugin, target)
 
         impl.function(register=register)
