@@ -18,7 +18,7 @@ observer that raises is logged and never changes a run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
 
@@ -36,6 +36,7 @@ __all__ = [
     "RegisterJournalBackend",
     "RegisterWakeupSource",
     "RegisterArtifactStore",
+    "RegisterCommand",
 ]
 
 PROJECT_NAME = "ql"
@@ -47,6 +48,9 @@ RegisterReceiptStore = Callable[[str, "Callable[[RuntimeContext], ReceiptStore]"
 RegisterJournalBackend = Callable[[str, "Callable[[RuntimeContext], JournalBackend]"], None]
 RegisterWakeupSource = Callable[[str, "Callable[[RuntimeContext], WakeupSource]"], None]
 RegisterArtifactStore = Callable[[str, "Callable[[RuntimeContext], ArtifactStore]"], None]
+#: ``register(name, module_or_factory)``: a command module (``HELP``, ``configure(parser)``,
+#: ``run(args, out) -> int``), or a callable without arguments that imports and returns one.
+RegisterCommand = Callable[[str, Any], None]
 
 
 class QlHookSpecs:
@@ -174,4 +178,21 @@ class QlHookSpecs:
         thread); events committed by another process are not replayed. Each
         observer is called on its own: one that raises is logged once and
         never stops the others or changes a run's outcome. Returns nothing.
+        """
+
+    # -- commands --------------------------------------------------------------------------------
+    @hookspec
+    def ql_register_commands(self, register: RegisterCommand) -> None:
+        """Called when ``ql`` builds its command line and the command is not one of core's (and for
+        ``ql --help``); every installed plugin is asked (``QL_PLUGINS`` / ``QL_DISABLE_PLUGINS`` apply).
+
+        ``register(name, module_or_factory)`` adds ``ql <name>``: a module (or any object) with
+        ``HELP`` (one line), ``configure(parser)`` (its argparse options) and ``run(args, out) ->
+        int`` (the exit status; ``out`` is :class:`ql_core.cli.output.Output`), optionally
+        ``EPILOG`` and ``EXIT_CODES`` (``[(code, meaning), ...]`` for its ``--help``); or a callable
+        without arguments returning one, called only when that command is built (keep the plugin
+        module import-light). ``register("db <action>", ...)`` adds an action to ``ql db``: its
+        module has ``HELP``, ``TARGET`` (the argument's name, e.g. ``"ROLE"``) and
+        ``run(args, target, out) -> int``. A name core or another plugin already uses is an error.
+        Returns nothing.
         """

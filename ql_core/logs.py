@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 __all__ = [
+    "open_log_for_reading",
     "LOG_CHUNK_BYTES",
     "QUOTA_REASON",
     "LogFacts",
@@ -180,6 +181,14 @@ class _LogDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_log_for_reading(data_dir: Path, log_artifact_id: str) -> int | None:
+    """The log, ``O_RDONLY`` (close-on-exec, non-blocking), opened through its shard directory without
+    following a link and checked to be a regular file (else :class:`UnsafePathError`); None if it
+    does not exist. The caller closes the descriptor."""
+    with _LogDir(data_dir, log_artifact_id) as d:
+        return d.open(os.O_RDONLY)
 
 
 def read_log_chunk(data_dir: Path, log_artifact_id: str, offset: int,

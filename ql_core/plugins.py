@@ -36,6 +36,9 @@ __all__ = [
     "require_selected_seams",
     "check_plugin_config",
     "needs_plugin_check",
+    "PluginCommand",
+    "PluginCommands",
+    "plugin_commands",
 ]
 
 ENTRY_POINT_GROUP = "ql.plugins"
@@ -500,3 +503,88 @@ def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None
                               f"{exc}; fix or reinstall the package that provides it, or disable it with "
                               f"QL_DISABLE_PLUGINS={impl.plugin_name}") from exc
     return host
+
+
+# -- commands from plugins (ql_register_commands) ----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PluginCommand:
+    """``ql <name>`` as a plugin registered it: :meth:`load` gives its command module."""
+
+    name: str
+    plugin: str
+    target: Any
+
+    def load(self) -> Any:
+        """The command module (a registered factory is called here, once per process)."""
+        import types
+
+        if isinstance(self.target, types.ModuleType) or not callable(self.target):
+            return self.target
+        try:
+            return self.target()
+        except Exception as exc:
+            raise PluginError(f"command {self.name!r} of plugin {self.plugin!r} failed to load: "
+                              f"{type(exc).__name__}: {exc}; reinstall that plugin's package, or disable it "
+                              f"with QL_DISABLE_PLUGINS={self.plugin}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PluginCommands:
+    """What :func:`plugin_commands` found: the commands by name, and one line per plugin that failed."""
+
+    commands: dict[str, PluginCommand]
+    problems: tuple[str, ...]
+
+
+def plugin_commands(reserved: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> PluginCommands:
+    """Ask every installed plugin (after ``QL_PLUGINS`` / ``QL_DISABLE_PLUGINS``) for its commands.
+
+    ``reserved``: core's command names; a plugin registering one of them, or two plugins the same
+    name, is a :class:`PluginError`. A plugin that fails to import is skipped and named in
+    ``problems`` (so one broken package does not take ``ql --help`` down with it).
+    """
+    env = dict(os.environ if environ is None else environ)
+    key = (env.get("QL_PLUGINS"), env.get("QL_DISABLE_PLUGINS"), env.get("HOME"), env.get("XDG_CACHE_HOME"),
+           env.get(PLUGIN_CACHE_ENV))
+    found = _COMMANDS_SEEN.get(key)
+    if found is None:  # once per process: `ql --help` builds `ql db` too, which asks again
+        found = _COMMANDS_SEEN[key] = _collect_commands(env)
+    for name in sorted(set(reserved) & set(found.commands)):
+        plugin = found.commands[name].plugin
+        raise PluginError(f"command {name!r} is registered twice: by ql itself and by plugin {plugin!r}; "
+                          f"disable one with QL_DISABLE_PLUGINS={plugin}")
+    return found
+
+
+#: What :func:`plugin_commands` found in this process, by its arguments.
+_COMMANDS_SEEN: dict[tuple[object, ...], PluginCommands] = {}
+
+
+def _collect_commands(env: dict[str, str]) -> PluginCommands:
+    cached = _read_cached_group(env)
+    if cached is None:
+        _write_cached_group(env)
+        cached = _read_cached_group(env)
+    group = cached if cached is not None else {p.name: p.value for p in installed_plugins()}
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(QlHookSpecs)
+    problems: list[str] = []
+    for name in select_plugin_names(sorted(group), env):
+        try:
+            pm.register(_import_target(name, group[name]), name=name)
+        except PluginError as exc:
+            problems.append(str(exc))
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            problems.append(f"plugin {name!r} cannot be registered: {exc}")
+    found: dict[str, PluginCommand] = {}
+    for impl in pm.hook.ql_register_commands.get_hookimpls():
+        def register(command: str, target: Any, _plugin: str = impl.plugin_name) -> None:
+            if not isinstance(command, str) or not command.strip() or command != " ".join(command.split()):
+                raise PluginError(f"plugin {_plugin!r} registered a command without a valid name ({command!r})")
+            if command in found:
+                raise PluginError(f"command {command!r} is registered twice: by {found[command].plugin} and by "
+                                  f"plugin {_plugin!r}; disable one with QL_DISABLE_PLUGINS={_plugin}")
+            found[command] = PluginCommand(command, _plugin, target)
+
+        impl.function(register=register)
+    return PluginCommands(found, tuple(problems))

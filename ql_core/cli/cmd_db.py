@@ -1,10 +1,8 @@
 """``ql db``: database maintenance.
 
 - ``ql db upgrade``: apply the schema migrations (also applied by every writing command);
-- ``ql db grant-worker ROLE``: on the cluster's control database (run as its admin), set ``ROLE`` up
-  as a least-privilege worker role (ql_plugins/cluster_fenced/roles.py; idempotent);
-- ``ql db new-spec-key PATH``: create a task-spec key file (32 random bytes, 0600, never replacing
-  a file); prints its key id only.
+- the actions plugins register (``ql_register_commands`` with ``"db <action>"``): the cluster plugin's
+  ``ql db grant-worker ROLE`` and ``ql db new-spec-key PATH``.
 """
 
 from __future__ import annotations
@@ -17,11 +15,23 @@ HELP = ("database maintenance: `ql db upgrade` applies the migrations; cluster: 
         "`ql db new-spec-key PATH`")
 
 
+def _actions() -> dict[str, object]:
+    """Action name -> module, of the actions plugins add (``register("db <action>", ...)``)."""
+    from ql_core.plugins import plugin_commands
+
+    listed = plugin_commands(reserved=("db upgrade",))
+    return {name.split(" ", 1)[1]: command.load() for name, command in sorted(listed.commands.items())
+            if name.startswith("db ")}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["upgrade", "grant-worker", "new-spec-key"],
-                        help="upgrade: migrate the schema to head; grant-worker ROLE: make ROLE a least-privilege "
-                             "cluster worker role; new-spec-key PATH: create a task-spec key file")
-    parser.add_argument("target", nargs="?", help="the ROLE (grant-worker) or the PATH (new-spec-key)")
+    actions = _actions()
+    parser.set_defaults(db_actions=actions)
+    helps = "; ".join(getattr(module, "HELP", name) for name, module in actions.items())
+    parser.add_argument("action", choices=["upgrade", *actions],
+                        help="upgrade: migrate the schema to head" + (f"; {helps}" if helps else ""))
+    targets = " or ".join(f"the {getattr(m, 'TARGET', 'ARG')} ({n})" for n, m in actions.items())
+    parser.add_argument("target", nargs="?", help=targets or "(none)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -31,40 +41,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if args.target is not None:
             raise UsageError("`ql db upgrade` takes no argument")
         return _upgrade(args, out)
+    module = args.db_actions[args.action]
     if args.target is None:
-        what = "ROLE" if args.action == "grant-worker" else "PATH"
+        what = getattr(module, "TARGET", "ARG")
         raise UsageError(f"`ql db {args.action}` needs a {what}: ql db {args.action} {what}")
-    if args.action == "new-spec-key":
-        return _new_spec_key(args.target, out)
-    return _grant_worker(args, args.target, out)
-
-
-def _new_spec_key(path: str, out: Output) -> int:
-    import os
-
-    from ql_plugins.cluster_fenced.sealing import new_key_file
-
-    key_id = new_key_file(os.path.abspath(path))
-    out.emit({"path": os.path.abspath(path), "key_id": key_id},
-             f"created {os.path.abspath(path)} (key id {key_id}, mode 600); copy it to every control node and "
-             f"worker and set [plugin.cluster-fenced] spec_key_file to it")
-    return 0
-
-
-def _grant_worker(args: argparse.Namespace, role: str, out: Output) -> int:
-    from ql_core.cli.common import config_from_args, mask_url
-    from ql_core.errors import ConfigError
-
-    config = config_from_args(args)
-    if not config.database_url.startswith("postgresql"):
-        raise ConfigError(f"grant-worker sets up a role on the cluster's PostgreSQL control database, and "
-                          f"database_url is {mask_url(config.database_url)}; run it with the control node's config")
-    from ql_plugins.cluster_fenced.roles import grant_worker_url
-
-    done = grant_worker_url(config.database_url, role)
-    out.emit(done, f"role {done['role']} may now call only the {len(done['functions'])} ql worker functions on "
-                   f"database {done['database']} (schema {done['schema']}); no table privileges")
-    return 0
+    return int(module.run(args, args.target, out))  # type: ignore[attr-defined]
 
 
 def _upgrade(args: argparse.Namespace, out: Output) -> int:

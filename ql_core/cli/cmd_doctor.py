@@ -505,9 +505,9 @@ def _check_schema(config, database: Path | None, skip_unless_dir: Callable[[], N
         return f"database empty; the schema ({head}) is created on first start or by `ql db upgrade`"
     from alembic.script import ScriptDirectory
 
-    from ql_core.db.migrate import _alembic_config
+    from ql_core.db.migrate import alembic_config
 
-    known = {rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
     if current not in known:
         raise AssertionError(f"schema at {current}, which this ql ({head}) does not know: "
                              f"the database was migrated by a newer ql; upgrade ql")

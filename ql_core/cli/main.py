@@ -21,9 +21,10 @@ from typing import NoReturn, Sequence
 
 from ql_core.cli.output import silence_stdout
 
-__all__ = ["main", "build_parser", "COMMANDS", "EXIT_CODES"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_CODES", "HELP_ORDER", "all_commands", "exit_codes"]
 
-#: subcommand -> module; each module defines ``configure(parser)`` and ``run(args, out) -> int``.
+#: core's subcommand -> module; each module defines ``configure(parser)`` and ``run(args, out) -> int``.
+#: Plugins add theirs through the ``ql_register_commands`` hook (the cluster's worker, control, workers).
 COMMANDS: dict[str, str] = {
     "run": "ql_core.cli.cmd_run",
     "status": "ql_core.cli.cmd_status",
@@ -33,14 +34,16 @@ COMMANDS: dict[str, str] = {
     "cancel": "ql_core.cli.cmd_cancel",
     "reconcile": "ql_core.cli.cmd_reconcile",
     "supervise": "ql_core.cli.cmd_supervise",
-    "worker": "ql_core.cli.cmd_worker",
-    "control": "ql_core.cli.cmd_control",
     "audit": "ql_core.cli.cmd_audit",
     "plugins": "ql_core.cli.cmd_plugins",
     "doctor": "ql_core.cli.cmd_doctor",
     "db": "ql_core.cli.cmd_db",
-    "workers": "ql_core.cli.cmd_workers", "web": "ql_core.cli.cmd_web",
+    "web": "ql_core.cli.cmd_web",
 }
+#: The order of ``ql --help`` (the bundled cluster plugin's commands where they always were); other
+#: plugins' commands follow, by name.
+HELP_ORDER = ("run", "status", "events", "list", "logs", "cancel", "reconcile", "supervise", "worker", "control",
+              "audit", "plugins", "doctor", "db", "workers", "web")
 
 _FAIL = ("1", "an operational failure (one line on stderr names the cause and the fix)")
 _USAGE = ("2", "a usage or configuration error")
@@ -63,15 +66,12 @@ EXIT_CODES: dict[str, list[tuple[str, str]]] = {
                   ("1", "the pass failed closed (a cursor did not advance) or another failure"), _USAGE],
     "supervise": [("0", "stopped by SIGTERM/SIGINT and drained in time"),
                   ("1", "the drain timed out, or ql failed"), _USAGE],
-    "worker": [("0", "stopped by SIGTERM/SIGINT and drained"), _FAIL, _USAGE],
-    "control": [("0", "stopped by SIGTERM/SIGINT"), _FAIL, _USAGE],
     "audit": [("0", "the shards were audited"), _FAIL, _USAGE],
     "plugins": [("0", "every active plugin loads and every selected seam is registered"),
                 ("1", "a problem: a load error, a missing or duplicate plugin, a disabled but selected one"),
                 _USAGE],
     "doctor": [("0", "every check passed"), ("1", "a check failed (its line says why and the fix)"), _USAGE],
     "db": [("0", "the schema is at head"), _FAIL, _USAGE],
-    "workers": [("0", "the workers were listed (none is not an error)"), _FAIL, _USAGE],
     "web": [("0", "stopped by SIGTERM/SIGINT"), _FAIL, _USAGE],
 }
 
@@ -120,8 +120,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _exit_epilog(name: str) -> str:
-    rows = EXIT_CODES.get(name, [])
+def _exit_epilog(name: str, module: object) -> str:
+    rows = EXIT_CODES.get(name) or list(getattr(module, "EXIT_CODES", None) or [_FAIL, _USAGE])
     return "exit codes:\n" + "\n".join(f"  {code:<5} {text}" for code, text in rows)
 
 
@@ -153,15 +153,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name, module_name in COMMANDS.items():
-        if only is not None and name != only:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # a command whose module is not part of this build
-            raise
+    for name, module in _command_modules(only):
         child = sub.add_parser(name, help=module.HELP, description=module.HELP,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         _global_options(child, suppress=True)
@@ -171,9 +163,52 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             import textwrap
 
             extra = "\n\n".join(textwrap.fill(p, 78) for p in extra.split("\n\n"))
-        child.epilog = (f"{extra}\n\n" if extra else "") + _exit_epilog(name)
+        child.epilog = (f"{extra}\n\n" if extra else "") + _exit_epilog(name, module)
         child.set_defaults(_module=module)
     return parser
+
+
+def _command_modules(only: str | None) -> list[tuple[str, object]]:
+    """(name, module) of the commands the parser knows: ``only`` if it is core's, else core's and
+    every plugin's (``ql_register_commands``), in :data:`HELP_ORDER`."""
+    found: list[tuple[str, object]] = []
+    listed = None
+    if only is None or only not in COMMANDS:
+        from ql_core.errors import PluginError
+        from ql_core.plugins import plugin_commands
+
+        listed = plugin_commands(reserved=COMMANDS)
+        if only is not None and only not in listed.commands:
+            if listed.problems:  # `ql worker` with its plugin broken: say why, not "invalid choice"
+                raise PluginError(f"`ql {only}` is not one of ql's commands and a plugin failed to load: "
+                                  f"{listed.problems[0]}")
+            only = None  # a typo: the full parser lists the choices
+    for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        try:
+            found.append((name, importlib.import_module(module_name)))
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            # a command whose module is not part of this build
+    if listed is not None:
+        for name, command in sorted(listed.commands.items()):
+            if " " not in name and (only is None or name == only):
+                found.append((name, command.load()))
+    rank = {name: i for i, name in enumerate(HELP_ORDER)}
+    return sorted(found, key=lambda item: (rank.get(item[0], len(rank)), item[0]))
+
+
+def all_commands() -> dict[str, object]:
+    """Every command ``ql`` knows here, core's and the plugins', by name (in ``ql --help`` order)."""
+    return dict(_command_modules(None))
+
+
+def exit_codes(name: str) -> list[tuple[str, str]]:
+    """The exit codes ``ql <name> --help`` lists (a plugin command's own ``EXIT_CODES``)."""
+    module = all_commands()[name]
+    return EXIT_CODES.get(name) or list(getattr(module, "EXIT_CODES", None) or [_FAIL, _USAGE])
 
 
 # -- the one-line error contract ------------------------------------------------------------------
@@ -313,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get("QL_DEBUG", "") not in ("", "0")
     try:
         peeked = _peek_command(args_in)
-        args = build_parser(peeked if peeked in COMMANDS else None).parse_args(args_in)
+        args = build_parser(peeked).parse_args(args_in)
         command = args.command
         from ql_core.cli.output import Output
 

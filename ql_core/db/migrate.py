@@ -9,42 +9,81 @@ from ..errors import DatabaseError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["SCHEMA_HEAD", "upgrade", "migrate_url", "migrate_url_in_child", "current_revision", "head_revision"]
+__all__ = ["SCHEMA_HEAD", "MIGRATIONS_GROUP", "alembic_config", "version_locations", "upgrade", "migrate_url", "migrate_url_in_child", "current_revision", "head_revision"]
 
-#: The newest revision in migrations/versions (a test keeps this equal to Alembic's head).
+#: The head of the schema as shipped, core's revisions and the bundled cluster plugin's branch (a test
+#: keeps this equal to :func:`head_revision`).
 #: Knowing it without Alembic saves every start-up ~0.3 s of importing it.
 SCHEMA_HEAD = "0008_worker_draining"
 
 
-def _alembic_config(connection=None):  # type: ignore[no-untyped-def]
+#: Entry-point group of plugins' schema branches: ``name = package``; ``<package>/versions`` holds the
+#: plugin's Alembic revisions (one branch, labelled, on a core revision). Applied with core's.
+MIGRATIONS_GROUP = "ql.migrations"
+
+
+def version_locations() -> list[str]:
+    """Core's revision directory, then each installed plugin branch's (by entry-point name)."""
+    import importlib
+    from importlib import metadata, resources
+
+    found = [str(resources.files("ql_core.db") / "migrations" / "versions")]
+    for ep in sorted(metadata.entry_points(group=MIGRATIONS_GROUP), key=lambda e: e.name):
+        try:
+            package = importlib.import_module(ep.value.strip())
+        except ImportError as exc:
+            raise DatabaseError(f"the schema of plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}; "
+                                f"reinstall the package that provides it") from None
+        location = str(resources.files(package) / "versions")
+        if location not in found:
+            found.append(location)
+    return found
+
+
+def alembic_config(connection=None):  # type: ignore[no-untyped-def]
+    """Alembic's config for ql's schema: core's revisions and every plugin branch (``ql.migrations``)."""
     from importlib import resources
 
     from alembic.config import Config as AlembicConfig
 
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(resources.files("ql_core.db") / "migrations"))
+    cfg.set_main_option("path_separator", "newline")  # a path may hold a space
+    cfg.set_main_option("version_locations", "\n".join(version_locations()))
     cfg.attributes["connection"] = connection
     return cfg
 
 
 def head_revision() -> str:
-    """The newest revision this version of ql ships."""
+    """The newest revision this version of ql ships (core's and every installed plugin branch's
+    heads, comma-separated, in order: what :func:`current_revision` reads after an upgrade)."""
     from alembic.script import ScriptDirectory
 
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
-    assert head is not None
-    return head
+    script = ScriptDirectory.from_config(alembic_config())
+    # A head another revision depends on (core's 0007 under the cluster branch's 0008) is implied
+    # by it: alembic_version names only the dependent one after an upgrade.
+    implied = {dep for rev in script.walk_revisions() for dep in _as_tuple(rev.dependencies)}
+    heads = sorted(h for h in script.get_heads() if h not in implied)
+    assert heads
+    return ",".join(heads)
+
+
+def _as_tuple(value: object) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)  # type: ignore[arg-type]
 
 
 def current_revision(engine: Engine) -> str | None:
-    """The revision the database is at (None for an empty database)."""
+    """The revision the database is at (None for an empty database); several branch heads are
+    named comma-separated, in order."""
     from sqlalchemy import inspect, text
 
     with engine.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None
         rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    return rows[0] if len(rows) == 1 else None
+    return ",".join(sorted(rows)) or None  # one row per branch head (a plugin's branch adds one)
 
 
 def upgrade(engine: Engine) -> str:
@@ -58,7 +97,7 @@ def upgrade(engine: Engine) -> str:
 
         head = head_revision()
         with engine.begin() as conn:
-            command.upgrade(_alembic_config(conn), "head")
+            command.upgrade(alembic_config(conn), "heads")
     except SQLAlchemyError as exc:
         raise DatabaseError(f"cannot migrate the run database: {type(exc).__name__}: "
                             f"{str(exc.orig if getattr(exc, 'orig', None) else exc)[:200]}") from exc

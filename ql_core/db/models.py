@@ -15,7 +15,7 @@ needs a new Alembic revision.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import BigInteger, Column, Index, MetaData, text
 from sqlalchemy.orm import registry
@@ -33,6 +33,9 @@ __all__ = [
     "Tally",
     "ENDED_SQL",
     "ACTIVE_SQL",
+    "ms_column",
+    "table_dialects",
+    "include_object",
 ]
 
 class QlTable(SQLModel, registry=registry()):
@@ -51,7 +54,7 @@ ACTIVE_SQL = "('starting', 'running')"
 _UNSIZED = "size_bytes IS NULL AND deleted_at_ms IS NULL"
 
 
-def _ms(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
+def ms_column(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
     return Column(BigInteger, nullable=nullable, index=index)
 
 
@@ -82,18 +85,18 @@ class Run(QlTable, table=True):
     version: int = 1
     event_seq: int = 0
     current_attempt_id: Optional[str] = Field(default=None, max_length=36)
-    created_at_ms: int = Field(sa_column=_ms())
-    updated_at_ms: int = Field(sa_column=_ms())
-    finished_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    deadline_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    created_at_ms: int = Field(sa_column=ms_column())
+    updated_at_ms: int = Field(sa_column=ms_column())
+    finished_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    deadline_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: A committed cancel intent: reason ("user" | "policy" | "shutdown" | "timeout") and its time.
     cancel_reason: Optional[str] = Field(default=None, max_length=16)
-    cancel_requested_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    cancel_requested_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: Retry policy (0003): how many attempts that may have started the run may have. 1 = never run
     #: twice; more only for tasks declared safe to run again after a lost attempt.
     max_attempts: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     #: Per-attempt timeout (0003); a queued run's deadline is set from it when its attempt starts running.
-    timeout_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    timeout_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
 
 
 class RunAttempt(QlTable, table=True):
@@ -125,10 +128,10 @@ class RunAttempt(QlTable, table=True):
     callback_token_hash: str = Field(max_length=64)
     #: Last accepted callback sequence; the launcher is given this + 1.
     callback_sequence: int = 0
-    deadline_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    created_at_ms: int = Field(sa_column=_ms())
-    started_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    finished_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    deadline_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    created_at_ms: int = Field(sa_column=ms_column())
+    started_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    finished_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: The executor's durable handle (opaque JSON, at most 512 bytes), written by the "spawned"
     #: transaction. Core never parses it: only the executor named above does.
     handle: Optional[str] = Field(default=None, max_length=512)
@@ -153,7 +156,7 @@ class RunEvent(QlTable, table=True):
     status: Optional[str] = Field(default=None, max_length=16)
     exit_code: Optional[int] = None
     reason: Optional[str] = Field(default=None, max_length=80)
-    at_ms: int = Field(sa_column=_ms())
+    at_ms: int = Field(sa_column=ms_column())
     #: Idempotency key of an event submitted at least once (e.g. a fenced completion's audit); 0003.
     dedupe_key: Optional[str] = Field(default=None, max_length=160)
 
@@ -177,11 +180,11 @@ class LogArtifact(QlTable, table=True):
     run_id: str = Field(max_length=36)
     attempt_id: str = Field(max_length=36)
     relative_path: str = Field(max_length=120)
-    max_bytes: int = Field(sa_column=_ms())
-    size_bytes: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    max_bytes: int = Field(sa_column=ms_column())
+    size_bytes: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     truncated: bool = False
-    created_at_ms: int = Field(sa_column=_ms())
-    deleted_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    created_at_ms: int = Field(sa_column=ms_column())
+    deleted_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
 
 
 class CompletionReceiptJournal(QlTable, table=True):
@@ -196,10 +199,10 @@ class CompletionReceiptJournal(QlTable, table=True):
     state: str = Field(max_length=16)
     receipt_ref: str = Field(max_length=64)
     quarantine_reason: Optional[str] = Field(default=None, max_length=40)
-    registered_at_ms: int = Field(sa_column=_ms())
-    updated_at_ms: int = Field(sa_column=_ms())
+    registered_at_ms: int = Field(sa_column=ms_column())
+    updated_at_ms: int = Field(sa_column=ms_column())
     #: When the attempt was seen terminal with no receipt: start of the retention window.
-    terminal_seen_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    terminal_seen_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
 
 
 class CancellationDispatch(QlTable, table=True):
@@ -215,14 +218,14 @@ class CancellationDispatch(QlTable, table=True):
     state: str = Field(max_length=16)
     outcome: Optional[str] = Field(default=None, max_length=24)
     lease_owner: Optional[str] = Field(default=None, max_length=64)
-    lease_expires_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    lease_expires_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     version: int = 1
     tries: int = 0
-    next_attempt_at_ms: int = Field(sa_column=_ms())
-    term_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    created_at_ms: int = Field(sa_column=_ms())
-    updated_at_ms: int = Field(sa_column=_ms())
+    next_attempt_at_ms: int = Field(sa_column=ms_column())
+    term_sent_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    created_at_ms: int = Field(sa_column=ms_column())
+    updated_at_ms: int = Field(sa_column=ms_column())
 
 
 class Tally(QlTable, table=True):
@@ -237,5 +240,22 @@ class Tally(QlTable, table=True):
     value: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
-# The cluster control-plane tables (PostgreSQL only) live on the same METADATA.
-from . import cluster_models as _cluster_models  # noqa: E402,F401
+
+def table_dialects(table: Any) -> tuple[str, ...] | None:
+    """The dialects a table of :data:`METADATA` exists on (None: all); ``Table.info["ql_dialects"]``."""
+    info = getattr(table, "info", None) or {}
+    dialects = info.get("ql_dialects")
+    return tuple(dialects) if dialects else None
+
+
+def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
+    """An Alembic ``include_object`` hook that skips tables (and their indexes) of other dialects."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        table = obj if type_ == "table" else getattr(obj, "table", None)
+        if reflected and compare_to is None and type_ == "table":
+            return True
+        dialects = table_dialects(table) if table is not None else None
+        return dialects is None or dialect_name in dialects
+
+    return include

@@ -51,7 +51,6 @@ called from several threads at once (each call is its own transaction).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -91,8 +90,6 @@ __all__ = [
     "TaskSpec",
     "QueuedRun",
     "QueueingBackend",
-    "WorkerService",
-    "ControlService",
     "HistoryRetention",
     "BatchTransitions",
     "RunningCreate",
@@ -368,25 +365,6 @@ class QueueingBackend(Protocol):
     def request_cancel(self, run_id: str, reason: str) -> str:
         """Commit a cancel intent where the workers learn it (on lease renewal); a queued run ends at
         once. Returns ``requested``, ``already_requested``, ``already_terminal`` or ``not_found``."""
-        ...
-
-
-@runtime_checkable
-class WorkerService(Protocol):
-    """A run store that can serve as a cluster worker (``ql worker``)."""
-
-    def run_worker(self, runtime: object, stop: threading.Event) -> int:
-        """Claim, run, renew and complete attempts with ``runtime``'s executor until ``stop`` is set,
-        then drain (bounded); return the process exit status."""
-        ...
-
-
-@runtime_checkable
-class ControlService(Protocol):
-    """A run store that can run the control plane's sweeper (``ql control``)."""
-
-    def run_control(self, runtime: object, stop: threading.Event) -> int:
-        """Sweep leases, deadlines and retention in bounded pages until ``stop`` is set; exit status."""
         ...
 
 

@@ -3,45 +3,58 @@
 This package currently holds the control-plane database layer: the typed client
 (:mod:`.control_db`) of the fenced PL/pgSQL operations that schema revision
 ``0003_cluster_control`` creates, and its result types (:mod:`.results`). See
-``docs/cluster-control-db.md``. Importing it does not import psycopg.
+``docs/cluster-control-db.md``. Importing it imports neither psycopg nor its client modules: the
+re-exported names load on first use.
 """
 
 from __future__ import annotations
 
-from .control_db import (
-    MAX_CLAIM,
-    SCHEMA_REVISION,
-    SWEEP_HARD_CAP,
-    SWEEP_PAGE,
-    ControlDB,
-    ControlDBError,
-    MissingDriverError,
-    TransientError,
-    with_retries,
-)
-from .results import (
-    CancelAnswer,
-    CancelResult,
-    ClaimedAttempt,
-    ClaimResult,
-    CompletionAnswer,
-    CompletionResult,
-    EndAnswer,
-    EndResult,
-    EndStatus,
-    HeartbeatResult,
-    Intents,
-    LeaseAnswer,
-    LeaseFence,
-    LeaseResult,
-    Outcome,
-    Registration,
-    SubmitAnswer,
-    SubmitResult,
-    SweepCounts,
-    WorkerFence,
-    completion_digest,
-)
+#: Re-exported name -> the module that defines it, imported on first use (PEP 562): the plugin
+#: module is imported for every `ql --help`, which must not pay for the database client.
+_LAZY = {
+    "MAX_CLAIM": "control_db",
+    "SCHEMA_REVISION": "control_db",
+    "SWEEP_HARD_CAP": "control_db",
+    "SWEEP_PAGE": "control_db",
+    "ControlDB": "control_db",
+    "ControlDBError": "control_db",
+    "MissingDriverError": "control_db",
+    "TransientError": "control_db",
+    "with_retries": "control_db",
+    "CancelAnswer": "results",
+    "CancelResult": "results",
+    "ClaimedAttempt": "results",
+    "ClaimResult": "results",
+    "CompletionAnswer": "results",
+    "CompletionResult": "results",
+    "EndAnswer": "results",
+    "EndResult": "results",
+    "EndStatus": "results",
+    "HeartbeatResult": "results",
+    "Intents": "results",
+    "LeaseAnswer": "results",
+    "LeaseFence": "results",
+    "LeaseResult": "results",
+    "Outcome": "results",
+    "Registration": "results",
+    "SubmitAnswer": "results",
+    "SubmitResult": "results",
+    "SweepCounts": "results",
+    "WorkerFence": "results",
+    "completion_digest": "results",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ControlDB",

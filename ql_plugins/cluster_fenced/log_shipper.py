@@ -168,10 +168,9 @@ class ShipTable:
 
 def _open_local(data_dir: Path, log_id: str) -> int | None:
     """The local log, read-only: no link followed, never blocking, a regular file (else UnsafePathError)."""
-    from ql_core.logs import _LogDir
+    from ql_core.logs import open_log_for_reading
 
-    with _LogDir(data_dir, log_id) as d:
-        return d.open(os.O_RDONLY)
+    return open_log_for_reading(data_dir, log_id)
 
 
 def local_log_sha256(fd: int, total: int) -> str:

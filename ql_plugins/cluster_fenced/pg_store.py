@@ -18,7 +18,7 @@ It serves two kinds of node:
   (:class:`~ql_core.ports.journal.QueueingBackend`: :meth:`PostgresJournal.enqueue` is ``ql_submit``,
   :meth:`PostgresJournal.request_cancel` is ``ql_request_cancel``), ``status``/``events``/``list``
   read the control database, and ``ql control`` runs the sweeper
-  (:class:`~ql_core.ports.journal.ControlService`);
+  (:class:`~.services.ControlService`);
 - a **standalone node** with ``journal = "cluster-fenced"`` and a PostgreSQL ``database_url``: the
   node runs its own tasks exactly as on SQLite (receipts, journal rows, dispatch), several nodes may
   share the database (each reconciles only the attempts it owns).

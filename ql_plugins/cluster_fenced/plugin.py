@@ -1,7 +1,8 @@
 """The ``cluster-fenced`` plugin: PostgreSQL as the control plane of many ql workers (DESIGN.md §9).
 
-Registers the journal backend ``cluster-fenced`` and the artifact store ``postgres`` (shipped logs
-as checksummed chunks in the control database, :mod:`.artifact_store`). Its factory chooses by the profile:
+Registers the journal backend ``cluster-fenced``, the artifact store ``postgres`` (shipped logs
+as checksummed chunks in the control database, :mod:`.artifact_store`) and the cluster's commands
+(``ql worker``, ``ql control``, ``ql workers``, ``ql db grant-worker`` / ``new-spec-key``; :mod:`.commands`). Its factory chooses by the profile:
 
 - ``cluster-worker``: a :class:`~.worker_store.WorkerJournal` — the worker's own local run store
   (an edge-sqlite store at ``<data_dir>/worker.db``, plus the worker's lease/outbox table) and the
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ql_core.hookspecs import RegisterArtifactStore, RegisterJournalBackend, hookimpl
+from ql_core.hookspecs import RegisterArtifactStore, RegisterCommand, RegisterJournalBackend, hookimpl
 
 if TYPE_CHECKING:
     from ql_core.config import Config
     from ql_core.ports import ArtifactStore, JournalBackend, RuntimeContext
 
-__all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "ql_check_config", "ql_effective_settings", "make_journal", "make_artifact_store"]
+__all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "ql_register_commands", "ql_check_config",
+           "ql_effective_settings", "make_journal", "make_artifact_store"]
 
 NAME = "cluster-fenced"
 
@@ -91,3 +93,21 @@ def ql_effective_settings(config: Config) -> dict[str, object] | None:
     if "worker_id" not in table:
         shown["worker_id"] = "(this node's id)"
     return {k: ("" if v is None else v) for k, v in shown.items()}
+
+
+def _command(module: str):  # type: ignore[no-untyped-def]
+    """A factory importing ``.commands.<module>`` when its command is built."""
+    def load():  # type: ignore[no-untyped-def]
+        import importlib
+
+        return importlib.import_module(f"{__package__}.commands.{module}")
+
+    return load
+
+
+@hookimpl
+def ql_register_commands(register: RegisterCommand) -> None:
+    from .commands import COMMAND_MODULES
+
+    for name, module in COMMAND_MODULES.items():
+        register(name, _command(module))

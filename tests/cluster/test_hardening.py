@@ -435,7 +435,7 @@ def test_upgrading_to_0005_ends_plaintext_queued_runs_clearly_and_keeps_the_rest
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from ql_core.db.migrate import SCHEMA_HEAD, _alembic_config, upgrade
+    from ql_core.db.migrate import SCHEMA_HEAD, alembic_config, upgrade
     from tests.cluster.support import check_invariants, conninfo_of
 
     name = f"ql_u_{uuid.uuid4().hex[:12]}"
@@ -447,7 +447,7 @@ def test_upgrading_to_0005_ends_plaintext_queued_runs_clearly_and_keeps_the_rest
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as conn:
-            command.upgrade(_alembic_config(conn), "0004_cluster_worker")
+            command.upgrade(alembic_config(conn), "0004_cluster_worker")
         queued = new_id()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SELECT * FROM ql_submit(%s, NULL, %s::jsonb, NULL, 1)",

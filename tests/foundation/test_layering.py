@@ -219,9 +219,6 @@ def _import_cycles() -> list[frozenset[str]]:
 #: Import cycles left in files other branches own, each removed by the change named; an entry that no
 #: longer occurs fails the test too, so it is deleted the day its cycle goes.
 ALLOWED_CYCLES = {
-    # db/models.py imports db/cluster_models.py at its tail so the cluster tables share METADATA;
-    # gone when the cluster tables register from the plugin (issue 23, items 2 and 6).
-    frozenset({"ql_core.db.models", "ql_core.db.cluster_models"}),
     # worker.py names WorkerJournal for its type; worker_store.py builds the Worker in run_worker;
     # gone when Worker is split into parts handed what they use (issue 23, item 4).
     frozenset({"ql_plugins.cluster_fenced.worker", "ql_plugins.cluster_fenced.worker_store"}),
@@ -249,6 +246,17 @@ def test_no_import_cycle_among_project_modules() -> None:
     assert sorted(sorted(c) for c in ALLOWED_CYCLES - cycles) == [], "a cycle is gone: delete its entry"
 
 
+def test_core_imports_no_plugin_module() -> None:
+    """ql_core imports nothing of ql_plugins or ql_executors — module level, inside functions and
+    type-only alike: a plugin reaches core through the hooks (ql_register_commands for its
+    commands), never core the plugin."""
+    modules = _project_modules()
+    hits = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+            for name, path in modules.items() if name.split(".")[0] == "ql_core"
+            for target, line in _imports_of(name, path, modules) if target.split(".")[0] != "ql_core"]
+    assert hits == []
+
+
 # -- private names stay in their module ---------------------------------------------------------------------
 
 #: Underscore names that are public API of the standard library: namedtuple's methods, os._exit.
@@ -256,15 +264,7 @@ PUBLIC_UNDERSCORE = frozenset({"_replace", "_asdict", "_fields", "_make", "_fiel
 
 #: Private names still used across modules in files other branches own; each goes with the change
 #: named. An entry that no longer occurs fails the test too.
-ALLOWED_PRIVATE = {
-    # cmd_doctor.py (owned by the doctor's branch) reads the Alembic config of ql_core.db.migrate.
-    ("ql_core/cli/cmd_doctor.py", "_alembic_config"),
-    # db/cluster_models.py leaves ql_core with the cluster plane (issue 23, item 2).
-    ("ql_core/db/cluster_models.py", "_ms"),
-    # The log shipper opens a local log through the dir-fd helper being made one (issue 23, item 3:
-    # "the dir-fd helpers are written three times"); it then imports the public opener.
-    ("ql_plugins/cluster_fenced/log_shipper.py", "_LogDir"),
-}
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

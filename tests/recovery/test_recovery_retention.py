@@ -271,10 +271,10 @@ def test_upgrade_of_a_data_dir_made_before_0007_keeps_every_run(tmp_path: Path) 
     engine = create_db_engine(f"sqlite:///{db}")
     from alembic import command
 
-    from ql_core.db.migrate import _alembic_config
+    from ql_core.db.migrate import alembic_config
 
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0006_artifacts")
+        command.upgrade(alembic_config(conn), "0006_artifacts")
     assert current_revision(engine) == "0006_artifacts"
     engine.dispose()
     conn = sqlite3.connect(db)

@@ -24,14 +24,14 @@ retention of its own):
 Nothing is deleted or rewritten: every run of an existing data dir is kept.
 
 Revision ID: 0007_history
-Revises: 0006_artifacts
+Revises: 0003_cluster_control
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_history"
-down_revision = "0006_artifacts"
+down_revision = "0003_cluster_control"  # 0004-0006 are the cluster plugin's branch
 branch_labels = None
 depends_on = None
 

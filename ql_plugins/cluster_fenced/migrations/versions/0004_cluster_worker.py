@@ -31,7 +31,8 @@ from ql_core.db.pg_migration import execute_statements, split_statements
 
 revision = "0004_cluster_worker"
 down_revision = "0003_cluster_control"
-branch_labels = None
+#: The cluster plugin's own Alembic branch starts here, on core's 0003 (its ql_run columns).
+branch_labels = ("cluster_fenced",)
 depends_on = None
 
 

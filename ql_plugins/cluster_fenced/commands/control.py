@@ -6,7 +6,14 @@ import argparse
 
 from ql_core.cli.output import Output
 
+from . import FAIL, USAGE
+
+__all__ = ["HELP", "EXIT_CODES", "configure", "run"]
+
 HELP = "cluster control (profile cluster-control): sweep leases, deadlines and retention until SIGTERM"
+
+#: As ``ql control --help`` lists them (and docs/cli.md).
+EXIT_CODES = [("0", "stopped by SIGTERM/SIGINT"), FAIL, USAGE]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.service import serve
     from ql_core.metrics import serve as serve_metrics
-    from ql_core.ports.journal import ControlService
+
+    from ..services import ControlService
 
     serve_metrics(args.metrics_listen)  # before the runtime opens: its events are observed from the start
     return serve(args, role="control", capability=ControlService, method="run_control",

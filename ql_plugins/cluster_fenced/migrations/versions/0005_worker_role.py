@@ -131,11 +131,16 @@ END $$;
 """
 
 def _sibling(name: str):  # type: ignore[no-untyped-def]
-    """An earlier revision's module, loaded from its file (the bodies this one amends, verbatim)."""
+    """An earlier revision's module, loaded from its file (the bodies this one amends, verbatim):
+    this branch's, or core's (0003 stays in core: it also added ql_run's columns)."""
     import importlib.util
+    from importlib import resources
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(f"_ql_rev_{name}", Path(__file__).with_name(f"{name}.py"))
+    path = Path(__file__).with_name(f"{name}.py")
+    if not path.exists():
+        path = Path(str(resources.files("ql_core.db") / "migrations" / "versions" / f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"_ql_rev_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

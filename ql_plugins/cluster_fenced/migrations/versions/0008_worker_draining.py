@@ -18,7 +18,7 @@ free ``VARCHAR(16)`` that held ``active`` (0003) and ``stopped`` (0004) and now 
 whose role was not granted it yet drains all the same and logs that it could not say so.
 
 Revision ID: 0008_worker_draining
-Revises: 0007_history
+Revises: 0006_artifacts (depends on core's 0007_history)
 """
 
 from alembic import op
@@ -26,9 +26,11 @@ from alembic import op
 from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_statements, split_statements
 
 revision = "0008_worker_draining"
-down_revision = "0007_history"
+down_revision = "0006_artifacts"
 branch_labels = None
-depends_on = None
+#: Databases of the single-chain schema (before the cluster branch) applied core's 0007 before
+#: this one and name only this revision in alembic_version: depending on 0007 keeps it applied.
+depends_on = "0007_history"
 
 #: Placeholder in the function body below, replaced by :func:`upgrade` (as in 0006).
 SEARCH_PATH = "pg_catalog, public"

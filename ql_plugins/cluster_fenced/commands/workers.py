@@ -6,12 +6,19 @@ import argparse
 
 from ql_core.cli.output import Output
 
+from . import FAIL, USAGE
+
+__all__ = ["HELP", "EPILOG", "EXIT_CODES", "configure", "run"]
+
 HELP = "list the cluster's workers: generation, slots, held attempts, heartbeat age, state"
 EPILOG = ("Reads the control database (profile cluster-control). States: alive (session lease live), "
           "draining (got SIGTERM: claims nothing more, finishes or hands back its attempts, then stops), "
           "expired (lease passed without deregistering: the process died or lost the database), stopped "
           "(deregistered after its drain), fenced (attempts still leased to an older generation of the id). "
           "Ages use the database clock. --json prints one object per worker ({\"type\": \"worker\", ...}) and one {\"type\": \"queue\", ...}.")
+
+#: As ``ql workers --help`` lists them (and docs/cli.md).
+EXIT_CODES = [("0", "the workers were listed (none is not an error)"), FAIL, USAGE]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """The cluster control plane's declared schema (revisions ``0003_cluster_control`` and
-``0006_artifacts``; PostgreSQL only).
+``0006_artifacts``; PostgreSQL only), declared on core's ``METADATA`` when the plugin's schema
+branch loads (:mod:`.migrations`, found by ``ql_core.db.migrate.version_locations``).
 
 Three tables beside the common ones (``ql_run``, ``ql_run_attempt``, ``ql_run_event``):
 
@@ -15,8 +16,8 @@ Three tables beside the common ones (``ql_run``, ``ql_run_attempt``, ``ql_run_ev
 They are written only by the PL/pgSQL functions that the same revision creates (see
 ``docs/cluster-control-db.md``); this module is the declaration that the schema test compares with
 the migrated database. The edge SQLite database does not have them: each table carries
-``info={"ql_dialects": ("postgresql",)}`` and :func:`include_object` tells Alembic's comparison to
-skip them on other dialects.
+``info={"ql_dialects": ("postgresql",)}`` and :func:`ql_core.db.models.include_object` tells
+Alembic's comparison to skip them on other dialects.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Optional
 from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text, text
 from sqlmodel import Field
 
-from .models import QlTable, _ms
+from ql_core.db.models import QlTable, ms_column
 
 __all__ = [
     "Worker",
@@ -36,8 +37,6 @@ __all__ = [
     "ArtifactChunk",
     "POSTGRESQL_ONLY",
     "LIVE_LEASE_STATES",
-    "table_dialects",
-    "include_object",
 ]
 
 #: ``Table.info`` of a table that exists only on these dialects.
@@ -65,9 +64,9 @@ class Worker(QlTable, table=True):
     version: int = 1
     slots: int
     #: Worker session lease (heartbeat); claim needs it live, per-attempt calls need the run lease.
-    lease_expires_at_ms: int = Field(sa_column=_ms())
-    registered_at_ms: int = Field(sa_column=_ms())
-    heartbeat_at_ms: int = Field(sa_column=_ms())
+    lease_expires_at_ms: int = Field(sa_column=ms_column())
+    registered_at_ms: int = Field(sa_column=ms_column())
+    heartbeat_at_ms: int = Field(sa_column=ms_column())
     ql_version: str = Field(max_length=32)
 
 
@@ -94,16 +93,16 @@ class AttemptLease(QlTable, table=True):
     token_digest: str = Field(max_length=64)
     worker_id: str = Field(max_length=64)
     worker_generation: int = Field(sa_column=Column(BigInteger, nullable=False))
-    expires_at_ms: int = Field(sa_column=_ms())
-    claimed_at_ms: int = Field(sa_column=_ms())
+    expires_at_ms: int = Field(sa_column=ms_column())
+    claimed_at_ms: int = Field(sa_column=ms_column())
     #: Database time of ``ql_start`` (claimed → starting: the worker may spawn from now on).
-    started_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    started_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: Database time of ``ql_running`` (the worker reported the process spawned).
-    running_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    renewed_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    running_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    renewed_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: When the run's cancel/timeout intent was first handed to the lease holder.
-    intent_delivered_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
-    ended_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    intent_delivered_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
+    ended_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     #: completed | worker_lost | released (by the holder) | expired | cancelled (by others)
     end_reason: Optional[str] = Field(default=None, max_length=16)
     #: The caller's digest of the completion that was applied: an exact replay is recognised by it.
@@ -123,7 +122,7 @@ class RunSpec(QlTable, table=True):
     key_id: str = Field(max_length=16)
     #: nonce ‖ ciphertext ‖ tag — never the command, cwd or environment in clear.
     sealed: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
-    created_at_ms: int = Field(sa_column=_ms())
+    created_at_ms: int = Field(sa_column=ms_column())
 
 
 def _text(*, primary_key: bool = False, nullable: bool = False) -> Any:
@@ -155,9 +154,9 @@ class Artifact(QlTable, table=True):
     status: str = Field(sa_column=Column(Text, nullable=False, server_default=text("'open'")))
     total_bytes: Optional[int] = Field(default=None, sa_column=Column(BigInteger, nullable=True))
     sha256: Optional[str] = Field(default=None, sa_column=_text(nullable=True))
-    created_at_ms: int = Field(sa_column=_ms())
-    updated_at_ms: int = Field(sa_column=_ms())
-    finalized_at_ms: Optional[int] = Field(default=None, sa_column=_ms(nullable=True))
+    created_at_ms: int = Field(sa_column=ms_column())
+    updated_at_ms: int = Field(sa_column=ms_column())
+    finalized_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
 
 
 class ArtifactChunk(QlTable, table=True):
@@ -172,23 +171,3 @@ class ArtifactChunk(QlTable, table=True):
     length: int = Field(sa_column=Column(Integer, nullable=False))
     sha256: str = Field(sa_column=_text())
     data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
-
-
-def table_dialects(table: Any) -> tuple[str, ...] | None:
-    """The dialects a table of :data:`~ql_core.db.models.METADATA` exists on (None: all)."""
-    info = getattr(table, "info", None) or {}
-    dialects = info.get("ql_dialects")
-    return tuple(dialects) if dialects else None
-
-
-def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
-    """An Alembic ``include_object`` hook that skips tables (and their indexes) of other dialects."""
-
-    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        table = obj if type_ == "table" else getattr(obj, "table", None)
-        if reflected and compare_to is None and type_ == "table":
-            return True
-        dialects = table_dialects(table) if table is not None else None
-        return dialects is None or dialect_name in dialects
-
-    return include

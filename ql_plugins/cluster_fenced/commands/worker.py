@@ -6,7 +6,14 @@ import argparse
 
 from ql_core.cli.output import Output
 
+from . import FAIL, USAGE
+
+__all__ = ["HELP", "EXIT_CODES", "configure", "run"]
+
 HELP = "cluster worker (profile cluster-worker): claim and run queued runs until SIGTERM, then drain"
+
+#: As ``ql worker --help`` lists them (and docs/cli.md).
+EXIT_CODES = [("0", "stopped by SIGTERM/SIGINT and drained"), FAIL, USAGE]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.service import serve
     from ql_core.metrics import serve as serve_metrics
-    from ql_core.ports.journal import WorkerService
+
+    from ..services import WorkerService
 
     serve_metrics(args.metrics_listen)  # before the runtime opens: its events are observed from the start
     return serve(args, role="worker", capability=WorkerService, method="run_worker",
