@@ -51,7 +51,7 @@ def test_doctor_and_db_upgrade(ql_env: dict[str, str], data_dir: Path) -> None:
     checks = {r["check"]: r["result"] for r in json_lines(out.stdout) if "check" in r}
     assert checks == {"plugins": "ok", "data_dir": "ok", "owner": "ok", "permissions": "ok", "hard_links": "ok",
                       "o_append": "ok", "fsync": "ok", "database": "skipped", "schema": "skipped",
-                      "launcher": "ok"}  # the local executor's (ql_doctor_checks)
+                      "containment": "ok", "launcher": "ok"}  # the local executor's (ql_doctor_checks)
     assert json_lines(out.stdout)[-1]["checks"] == checks and json_lines(out.stdout)[-1]["healthy"] is True
     assert list(data_dir.iterdir()) == []  # doctor created nothing, not even the database
     up = run_ql(["db", "upgrade", "--json"], ql_env)
