@@ -443,8 +443,7 @@ class LocalProcessExecutor:
         compiled = self.compiled_launcher()
         if compiled is None:
             raise CompiledLauncherError("standby launchers need the compiled launcher")
-        parent = self.containment.parent
-        process, channel, capacity = spawn_standby(compiled, env={CGROUP_ENV: parent} if parent is not None else {})
+        process, channel, capacity = spawn_standby(compiled)
         child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
         handle = identity.capture_handle(process.pid)
         return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
@@ -460,6 +459,11 @@ class LocalProcessExecutor:
             encoded = encode_task(command, shell=shell, cwd=spec.cwd, env=spec.env)
         except ValueError:
             return None  # the classic path refuses it with the same error, before anything runs
+        if self.containment.parent is not None:
+            # A standby's own environment stays empty (a task can read its parent's): the parent
+            # cgroup travels in the message's environment, which the launcher drops from CMD's.
+            entry = CGROUP_ENV.encode() + b"=" + os.fsencode(self.containment.parent)
+            encoded = encoded._replace(env=[*encoded.env, entry])
         size = standby_message_size(encoded)
         if (size > STANDBY_SPEC_MAX or encoded.longest >= _MAX_ARG_STRLEN
                 or encoded.exec_bytes > os.sysconf("SC_ARG_MAX")):

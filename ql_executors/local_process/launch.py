@@ -391,7 +391,7 @@ def spawn_launcher(
     return (process, write_fd) if (hold or awaited) else process
 
 
-def spawn_standby(compiled: str, env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[bytes], socket.socket, int]:
+def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket, int]:
     """Start a standby launcher (``compiled --standby``): it, our channel end, and the largest
     message that channel takes at once.
 
@@ -399,8 +399,7 @@ def spawn_standby(compiled: str, env: Mapping[str, str] | None = None) -> tuple[
     other descriptor (``close_fds``; the launcher also closes any above 2 but its channel itself),
     signals as ``Popen`` leaves them for any child, and an **empty environment**: its task gets the
     run's environment from the message, and a task can read its parent's (``/proc/PPID/environ``),
-    so the host's own must not be there (``env``: only the launcher's own ``_ql_`` settings, the
-    containment's parent cgroup). (Not ``posix_spawn``: glibc's leaves its own internal
+    so the host's own must not be there. (Not ``posix_spawn``: glibc's leaves its own internal
     signals ignored in the child, and the command would inherit them ignored.) Raises ``OSError``
     when nothing was started.
     """
@@ -411,8 +410,7 @@ def spawn_standby(compiled: str, env: Mapping[str, str] | None = None) -> tuple[
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STANDBY_SPEC_MAX + 64 * 1024)
         capacity = min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
         process = subprocess.Popen([compiled, "--standby"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
-                                   env=dict(env) if env is not None else {})
+                                   stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True, env={})
     except BaseException:
         ours.close()
         raise

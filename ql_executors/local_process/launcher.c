@@ -312,7 +312,7 @@ static void cloexec_from_3(void) {
 
 /* ------------------------------------------------------------------------------------------------
  * Containment (docs/launcher.md, "Containment"): with _ql_cgroup=PARENT in the launcher's
- * environment (set by the host only where cgroup v2 is usable), CMD runs in the cgroup
+ * environment (a standby's: in its run's message; set by the host only where cgroup v2 is usable), CMD runs in the cgroup
  * PARENT/ATTEMPT_ID: the child creates it and moves itself there before it runs any user code.
  * The launcher stays outside, so cgroup.kill there reaches everything the task started (a setsid,
  * a double fork) but never the launcher, which still publishes the receipt. Names carry the
@@ -1125,6 +1125,11 @@ int main(int argc, char **argv) {
         if (!receive_spec(channel, &t))
             return LOST;
         idle_standby = 0; /* from here on it holds a run: signals are remembered, as above */
+        /* A standby's own environment is empty: the host names the parent cgroup in the run's
+         * (dropped from CMD's with every _ql_ name). */
+        for (char **e = t.envp; e != NULL && *e != NULL; e++)
+            if (strncmp(*e, "_ql_cgroup=", 11) == 0)
+                cg_parent = *e + 11;
         set_forwarded(on_signal, 0); /* and forwarded, even those its host ignored */
     } else {
         int len = channel >= 0 ? read_line(channel, token, TOKEN_MAX + 1) : -1;
