@@ -131,7 +131,8 @@ def test_doctor_shows_the_profiles_limits_in_plain_numbers_and_the_plugin_settin
     assert "run_lease_s" not in text and "claim_batch" not in text
     assert "history_retention_s=2592000 (30d)" in text and "e+0" not in text, text
     # Every plugin setting in force, defaults filled in, in JSON and text alike.
-    assert config["plugin_settings"]["local"] == {"launcher": "shell", "run_as": "", "standby": True}
+    assert config["plugin_settings"]["local"] == {"cgroup_parent": "", "containment": "auto", "launcher": "shell",
+                                                  "run_as": "", "standby": True}
     assert config["plugin_settings"]["nice"]["niceness"] == 5
     assert 'launcher="shell"' in text and "standby=true" in text and "niceness=5" in text
 
