@@ -19,6 +19,7 @@ __all__ = [
     "PluginError",
     "DatabaseError",
     "PersistBeforeSpawnError",
+    "RuntimeClosedError",
     "NotFoundError",
     "UnsafePathError",
     "DataDirError",
@@ -57,6 +58,10 @@ class DatabaseError(QlError):
 
 class PersistBeforeSpawnError(DatabaseError):
     """The create transaction failed, so nothing was spawned (ADR-0007 §2.2)."""
+
+
+class RuntimeClosedError(QlError):
+    """A verb of a :class:`~ql_core.runtime.Runtime` after its ``close()``: open a new one."""
 
 
 class NotFoundError(QlError):
