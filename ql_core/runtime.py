@@ -73,8 +73,6 @@ class Runtime:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        #: Set by :meth:`close`: a submit afterwards is a :class:`~ql_core.errors.RuntimeClosedError`.
-        self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------
     @classmethod
@@ -90,10 +88,7 @@ class Runtime:
 
     def close(self) -> None:
         """Close the run store and drop what executors keep ready (a standby launcher exits, having
-        run nothing). Running tasks are not touched: they outlive the runtime. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+        run nothing). Running tasks are not touched: they outlive the runtime."""
         self.node.close()
 
     def __enter__(self) -> Runtime:
@@ -143,11 +138,6 @@ class Runtime:
         runs no tasks but whose run store queues them (cluster-control), the run is queued for a
         worker instead (``max_attempts`` > 1 only for tasks safe to run again after a lost attempt).
         """
-        if self.closed:
-            from .errors import RuntimeClosedError
-
-            raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) "
-                                     "that is not closed yet (nothing was submitted)")
         return submitting.submit(self.node, command, shell=shell, name=name, timeout_s=timeout_s, cwd=cwd, env=env,
                                  log_max_bytes=log_max_bytes, max_attempts=max_attempts, awaited=awaited)
 

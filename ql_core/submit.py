@@ -121,6 +121,11 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
            timeout_s: float | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
            log_max_bytes: int | None = None, max_attempts: int = 1, awaited: bool = False) -> Submission:
     """Persist the run, then spawn it (``Runtime.submit`` documents every argument)."""
+    if node.closed:
+        from .errors import RuntimeClosedError
+
+        raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
+                                 "is not closed yet (nothing was submitted)")
     check_submission(command, shell=shell, env=env, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
     argv = tuple(command)
     if node.executor is None:

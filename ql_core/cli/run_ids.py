@@ -27,14 +27,13 @@ _FULL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 def check_run_argument(text: str) -> str:
     """``text`` as a run id or prefix (lowercased), or ``last``; a usage error for anything else.
     Needs no database: a command checks its argument before it opens anything."""
-    from ql_core.cli.common import printable
     from ql_core.errors import UsageError
 
     if text == LAST:
         return text
     lowered = text.strip().lower()
     if not _ID_CHARS.fullmatch(lowered) or not lowered.strip("-"):
-        raise UsageError(f"{printable(text[:80])!r} is not a run id: give a run id, a unique prefix of one "
+        raise UsageError(f"{ascii(text[:80])} is not a run id: give a run id, a unique prefix of one "
                          f"(hex digits), or `last` (see `ql list`)")
     return lowered
 
