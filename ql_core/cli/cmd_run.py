@@ -120,6 +120,7 @@ def _note_truncated(rt: object, log_artifact_id: str | None, json_mode: bool, ru
     """One note when the task wrote more than its log quota (the ``log.truncated`` event)."""
     if log_artifact_id is None:
         return
+    from ql_core.cli.notes import note
     from ql_core.logs import log_facts
 
     facts = log_facts(rt.node, log_artifact_id)  # type: ignore[attr-defined]
