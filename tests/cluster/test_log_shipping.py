@@ -296,7 +296,8 @@ def test_follow_of_a_run_cancelled_before_it_started_returns_at_once(harness: Ha
     assert harness.ql("cancel", run_id).returncode == 0
     started = time.monotonic()
     out = harness.ql("logs", "-f", run_id, timeout=30)
-    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert out.returncode == 130 and out.stdout == "", out.stderr  # the run's status: cancelled
+    assert f"run {run_id} cancelled" in out.stderr
     assert time.monotonic() - started < 20  # not log_follow_unfinalized_s (120 s)
 
 
