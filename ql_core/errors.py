@@ -20,6 +20,7 @@ __all__ = [
     "PluginError",
     "DatabaseError",
     "PersistBeforeSpawnError",
+    "RuntimeClosedError",
     "NotFoundError",
     "UnsafePathError",
     "DataDirError",
@@ -59,6 +60,10 @@ class DatabaseError(QlError):
 
 class PersistBeforeSpawnError(DatabaseError):
     """The create transaction failed, so nothing was spawned (ADR-0007 §2.2)."""
+
+
+class RuntimeClosedError(QlError):
+    """A verb of a :class:`~ql_core.runtime.Runtime` after its ``close()``: open a new one."""
 
 
 class NotFoundError(QlError):

@@ -52,6 +52,9 @@ __all__ = ["Node", "node_of"]
 class Node:
     """One node's seams: config, profile, plugins, node id, journal, executors, receipts, services."""
 
+    #: Set by :meth:`close`: submitting afterwards is a :class:`~ql_core.errors.RuntimeClosedError`.
+    closed = False
+
     def __init__(self, config: Config, *, plugins: PluginHost, node_id: str, create: bool = True,
                  data_dir_in_use: bool = False) -> None:
         self.config = config
@@ -127,6 +130,7 @@ class Node:
     def close(self) -> None:
         """Close the run store and drop what executors keep ready (a standby launcher exits, having
         run nothing). Running tasks are not touched: they outlive the node."""
+        self.closed = True
         with self._lazy_lock:
             executors = [e for e in self._executors.values() if e is not None]
         for executor in executors:

@@ -81,13 +81,33 @@ class RunIds:
 
 def check_submission(command: Sequence[str], *, shell: bool, env: dict[str, str] | None,
                      timeout_s: float | None, log_max_bytes: int | None) -> None:
-    """The ``UsageError`` checks of a submission, before anything is written."""
+    """The checks of a submission, before anything is written: ``TypeError`` for an argument of the
+    wrong type, ``UsageError`` for a wrong value — each naming the API parameter and the fix."""
+    if isinstance(command, (str, bytes)):
+        raise TypeError(f"command must be a list of arguments, not a {type(command).__name__}: pass "
+                        f"[\"prog\", \"arg\", ...], or [\"sh\", \"-c\", \"...\"] (or shell=True with a one-item "
+                        f"list) for a shell command line")
+    for part in command or ():
+        if not isinstance(part, str):
+            raise TypeError(f"command must be a list of str: an argument is of type {type(part).__name__}; "
+                            f"pass str(value)")
     if not command or (shell and len(command) != 1):
-        raise UsageError("give a command: `ql run -- CMD [ARG...]` (with --shell: exactly one string)")
+        raise UsageError("command must hold at least one argument (with shell=True: exactly one string)")
+    if env is not None:
+        if not isinstance(env, dict):
+            raise TypeError(f"env must be a dict of str to str, not a {type(env).__name__}")
+        for key, value in env.items():
+            if not isinstance(key, str):
+                raise TypeError(f"env must map str to str: a key is of type {type(key).__name__}; pass str(key)")
+            if not isinstance(value, str):
+                raise TypeError(f"env must map str to str: a value is of type {type(value).__name__}; "
+                                f"pass str(value)")
     if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()):
         raise UsageError("a command argument or environment value contains a NUL byte; remove it")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
+        raise TypeError(f"timeout_s must be a number of seconds (or None), not a {type(timeout_s).__name__}")
     if timeout_s is not None and not (0 < timeout_s <= 366 * 24 * 3600):
-        raise UsageError("--timeout must be a positive number of seconds (at most a year)")
+        raise UsageError("timeout_s must be a positive number of seconds (at most a year)")
     if log_max_bytes is not None:
         from .profiles import LIMIT_RANGES
 
@@ -101,6 +121,11 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
            timeout_s: float | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
            log_max_bytes: int | None = None, max_attempts: int = 1, awaited: bool = False) -> Submission:
     """Persist the run, then spawn it (``Runtime.submit`` documents every argument)."""
+    if node.closed:
+        from .errors import RuntimeClosedError
+
+        raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
+                                 "is not closed yet (nothing was submitted)")
     check_submission(command, shell=shell, env=env, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
     argv = tuple(command)
     if node.executor is None:
@@ -289,7 +314,7 @@ def _start_standby(node: Node, executor: Executor, sub: Submission, task: Spawne
             logger.warning("run {}: its standby launcher was gone before the hand-over ({}); nothing ran, "
                            "the run is marked {}", sub.run_id, _errno_name(exc), ended.status or "failed")
             return sub
-        raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
+        raise QlError(f"cannot start the task ({_spawn_failure(exc, shell=shell, cwd=cwd)}); nothing ran and run {sub.run_id} "
                       f"is marked failed") from None
     finally:
         os.close(log_fd)
@@ -307,7 +332,7 @@ def _spawn(node: Node, executor: Executor, sub: Submission, command: tuple[str, 
         # Nothing runs: the create commit is closed with a terminal state, never left "starting".
         assert sub.attempt_id is not None
         node.completion.end_never_ran(sub.attempt_id, reason="SPAWN_FAILED")
-        raise QlError(f"cannot start the task ({_spawn_failure(exc)}); nothing ran and run {sub.run_id} "
+        raise QlError(f"cannot start the task ({_spawn_failure(exc, shell=shell, cwd=cwd)}); nothing ran and run {sub.run_id} "
                       f"is marked failed") from None
     finally:
         os.close(log_fd)
@@ -364,14 +389,20 @@ def _errno_name(exc: BaseException) -> str:
     return errno.errorcode.get(code, type(exc).__name__) if isinstance(code, int) else type(exc).__name__
 
 
-def _spawn_failure(exc: BaseException) -> str:
-    """A one-line cause for a failed spawn that names the fix (never the command itself)."""
+def _spawn_failure(exc: BaseException, *, shell: bool = False, cwd: str | None = None) -> str:
+    """A one-line cause for a failed spawn that names the fix (never the command itself; ``cwd`` is
+    the caller's own path, named only when it is the cause). Spoken in the API's parameter names."""
     if isinstance(exc, OSError):
         if exc.errno == errno.E2BIG:
             return "the argument list or environment is too long for the system (E2BIG); shorten it"
+        if cwd is not None and not os.path.isdir(cwd):
+            what = "is not a directory" if os.path.lexists(cwd) else "does not exist"
+            return f"the working directory (cwd) {cwd!r} {what}; give an existing directory"
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return f"{exc.strerror}: check --cwd and that /bin/sh exists"
+            return (f"{exc.strerror}: check that /bin/sh exists" if shell
+                    else f"{exc.strerror}: the task's launcher could not be started; check `ql doctor`")
         if exc.errno == errno.EACCES:
-            return f"{exc.strerror}: check the permissions of --cwd"
+            return (f"{exc.strerror}: check the permissions of the working directory (cwd)" if cwd is not None
+                    else f"{exc.strerror}: the task's launcher could not be started; check `ql doctor`")
         return exc.strerror or type(exc).__name__
     return type(exc).__name__

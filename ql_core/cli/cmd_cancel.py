@@ -14,17 +14,17 @@ EPILOG = ("outcome: requested (the intent is committed, TERM is on its way), alr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", metavar="RUN", help="a run id, a unique prefix of one, or `last` (the newest run)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import reader_from_args
+    from ql_core.cli.common import reader_for_run
 
     # Only what exists: a run to cancel lives in a data dir that was used (a typo creates nothing).
-    rt = reader_from_args(args, run_id=args.run_id)
+    rt, run_id = reader_for_run(args)
     try:
-        result = rt.cancel(args.run_id, "user")
+        result = rt.cancel(run_id, "user")
     finally:
         rt.close()
-    out.emit({"run_id": args.run_id, "outcome": str(result)}, f"run {args.run_id}: {result}")
+    out.emit({"run_id": run_id, "outcome": str(result)}, f"run {run_id}: {result}")
     return 0

@@ -10,15 +10,15 @@ HELP = "list a run's events in order"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", metavar="RUN", help="a run id, a unique prefix of one, or `last` (the newest run)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, reader_from_args
+    from ql_core.cli.common import printable, reader_for_run
 
-    rt = reader_from_args(args, run_id=args.run_id)
+    rt, run_id = reader_for_run(args)
     try:
-        events = [e.as_dict() for e in rt.events(args.run_id)]
+        events = [e.as_dict() for e in rt.events(run_id)]
     finally:
         rt.close()
     for e in events:

@@ -10,6 +10,7 @@ checked against its receipt or process.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from ql_core.cli.output import Output
@@ -34,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from ql_core.cli.common import printable, reader_from_args
-    from ql_core.errors import UsageError
+    from ql_core.errors import NotFoundError, UsageError
 
     try:
         limit = int(str(args.limit).strip(), 10)
@@ -45,19 +46,56 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.status is not None and args.status not in RUN_STATES:
         raise UsageError(f"--status {printable(args.status[:40])!r} is not a run state; choose one of: "
                          f"{', '.join(RUN_STATES)}")
-    rt = reader_from_args(args)
+    try:
+        rt = reader_from_args(args)
+    except NotFoundError as exc:
+        # Nothing has run here yet (or the data dir is mistyped: the note names it): no runs, exit 0.
+        from ql_core.cli.notes import note
+
+        note(out.json_mode, "no_runs", f"ql: no runs: {exc}")
+        return 0
     try:
         rows = settle_rows(rt, rt.list_runs(status=args.status, limit=limit), budget=rt.profile.page_size)
     finally:
         rt.close()
+    if rows:
+        out.text(f"{'RUN':<36}  {'STATUS':<11} {'EXIT':>4}  {'CREATED':<19}  {'DURATION':<16}  NAME")
+    now = time.time() * 1000
     for view, verified in rows:
         code = "" if view.exit_code is None else str(view.exit_code)
         out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
                   "reason": view.reason, "name": view.name, "created_at_ms": view.created_at_ms,
                   "finished_at_ms": view.finished_at_ms, "verified": verified},
                  f"{view.run_id}  {view.status + ('' if verified else '?'):<11} {code:>4}  "
+                 f"{_local_time(view.created_at_ms):<19}  {_duration(view, now):<16}  "
                  f"{printable(view.name)}".rstrip())
     return 0
+
+
+def _local_time(ms: int | None) -> str:
+    return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _duration(view: RunView, now_ms: float) -> str:
+    """How long it ran (created to finished), or ``running for …`` (``queued for …``) until now."""
+    if view.created_at_ms is None:
+        return "-"
+    if view.finished_at_ms is not None:
+        return human_duration(max(0, view.finished_at_ms - view.created_at_ms) / 1000)
+    waited = human_duration(max(0.0, now_ms - view.created_at_ms) / 1000)
+    return f"{'queued' if view.status == 'queued' else 'running'} for {waited}"
+
+
+def human_duration(seconds: float) -> str:
+    """``0.4s``, ``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def settle_rows(rt: Runtime, views: list[RunView], *, budget: int) -> list[tuple[RunView, bool]]:

@@ -30,7 +30,7 @@ EPILOG = ("--json: one object per chunk {run_id, offset, end, encoding: utf-8|ba
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", metavar="RUN", help="a run id, a unique prefix of one, or `last` (the newest run)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     parser.add_argument("--offset", type=int, default=0, metavar="N", help="start at this byte offset")
 
@@ -97,40 +97,52 @@ class JsonChunks:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import reader_from_args
+    from ql_core.cli.common import reader_for_run
     from ql_core.errors import UsageError
-    from ql_core.follow import follow_log
-    from ql_core.logs import log_facts
 
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
-    rt = reader_from_args(args, run_id=args.run_id)
-    if rt.config.artifact_store:
-        try:
-            return _run_shipped(args, out, rt)
-        finally:
-            rt.close()
+    rt, args.run_id = reader_for_run(args)
     try:
-        chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
-        _write_chunks(follow_log(rt.node, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
-        view = rt.status(args.run_id)
-        facts = log_facts(rt.node, view.log_artifact_id) if view.log_artifact_id else None
-        if chunks is not None:
-            if view.terminal:  # nothing will complete a character cut at the very end any more
-                for record in chunks.flush():
-                    out.emit(record)
-            out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
-                      "reason": view.reason, "end": chunks.end,
-                      "log_truncated": bool(facts is not None and facts.truncated),
-                      "log_deleted": bool(facts is not None and facts.deleted)})
-        elif facts is not None:
-            if facts.deleted:
-                sys.stderr.write(f"ql: the log of run {args.run_id} was deleted by retention\n")
-            elif facts.truncated:
-                sys.stderr.write(f"ql: log truncated at {facts.max_bytes} bytes (log_max_bytes); "
-                                 f"later output of the task was dropped\n")
+        if rt.config.artifact_store:
+            return _run_shipped(args, out, rt)
+        return _run_local(args, out, rt)
     finally:
         rt.close()
+
+
+def _run_local(args: argparse.Namespace, out: Output, rt: Any) -> int:
+    from ql_core.cli.notes import note, note_end_status
+    from ql_core.follow import follow_log
+    from ql_core.logs import log_facts, log_size
+
+    chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
+    _write_chunks(follow_log(rt.node, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
+    view = rt.status(args.run_id)
+    facts = log_facts(rt.node, view.log_artifact_id) if view.log_artifact_id else None
+    if chunks is not None:
+        if view.terminal:  # nothing will complete a character cut at the very end any more
+            for record in chunks.flush():
+                out.emit(record)
+        end = chunks.end
+        if end == args.offset and end > 0:  # nothing read from --offset: past the log's real end?
+            size = log_size(rt.config.data_dir, view.log_artifact_id) if view.log_artifact_id else None
+            size = 0 if size is None else size
+            if facts is not None and facts.max_bytes is not None:
+                size = min(size, facts.max_bytes)
+            end = min(end, size)
+        out.emit({"run_id": view.run_id, "status": view.status, "exit_code": view.exit_code,
+                  "reason": view.reason, "end": end,
+                  "log_truncated": bool(facts is not None and facts.truncated),
+                  "log_deleted": bool(facts is not None and facts.deleted)})
+    elif facts is not None:
+        if facts.deleted:
+            note(False, "log_deleted", f"ql: the log of run {args.run_id} was deleted by retention")
+        elif facts.truncated:
+            note(False, "log_truncated", f"ql: log truncated at {facts.max_bytes} bytes (log_max_bytes); "
+                                         f"later output of the task was dropped")
+    if args.follow and view.terminal:
+        return note_end_status(out.json_mode, view)
     return 0
 
 
@@ -185,4 +197,13 @@ def _print_shipped(args: argparse.Namespace, out: Output, store: Any, config: An
             and ref.attempt_id is not None:
         sys.stderr.write(f"ql: the worker has not finalized the log of run {args.run_id} yet; "
                          f"run ql logs again later to read the rest\n")
+    if args.follow and ref is not None and ref.terminal:
+        from ql_core.cli.notes import note, end_status_text
+        from ql_core.states import exit_status_for
+
+        status = exit_status_for(ref.status, ref.exit_code)
+        note(out.json_mode, "ended", end_status_text(args.run_id, ref.status, ref.exit_code, ref.reason),
+             run_id=args.run_id, status=ref.status, exit_code=ref.exit_code, reason=ref.reason,
+             exit_status=status)
+        return status
     return 0

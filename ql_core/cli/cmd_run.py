@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from ql_core.node import Node
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
-EPILOG = ("The task's output (stdout and stderr, merged) streams to our stdout; ql's own notes go to stderr. "
+EPILOG = ("The task's stdin is /dev/null and it has no terminal: `echo x | ql run -- cat` prints nothing "
+          "(ql warns when its own stdin holds data). Give input as a file argument, or --shell 'cmd < FILE'. "
+          "The task's output (stdout and stderr, merged) streams to our stdout; ql's own notes go to stderr "
+          "(--json: one JSON object per note). "
           "Ctrl-C commits a cancel intent (the run ends cancelled unless the task had already finished); "
           "a second Ctrl-C detaches. If our stdout is closed or its reader leaves, streaming stops and we "
           "keep waiting. The log stays on disk: ql logs RUN_ID.")
@@ -41,7 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import printable, runtime_from_args
+    from ql_core.cli.notes import note
     from ql_core.errors import UsageError
     from ql_core.states import exit_status_for
 
@@ -50,6 +54,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         command = command[1:]
     if not command:
         raise UsageError("nothing to run: ql run [options] -- CMD [ARG...]")
+    if args.shell and len(command) != 1:
+        raise UsageError("--shell runs exactly one string: ql run --shell -- 'CMD ARG | CMD2'")
+    if args.timeout is not None and not (0 < args.timeout <= 366 * 24 * 3600):
+        raise UsageError("--timeout must be a positive number of seconds (at most a year)")
     rt = runtime_from_args(args)
     interrupts = {"n": 0, "cancelled": False}
 
@@ -64,10 +72,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
                     max_attempts=args.retries + 1, awaited=not args.detach)
     # From here on the run exists: a reader that leaves our stdout must not change our exit status.
     out.tolerate_broken_pipe = True
+    if _stdin_holds_data():
+        note(out.json_mode, "stdin_ignored", "ql: warning: the task's stdin is /dev/null: the data on ql's stdin "
+             "is not passed on (give it as a file argument, or --shell 'CMD < FILE')", run_id=sub.run_id)
     state = "queued" if sub.attempt_id is None else "running"
     if args.detach:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state},
-                 f"run_id={sub.run_id} attempt_id={sub.attempt_id}")
+                 sub.run_id)  # the bare id: RUN=$(ql run --detach -- ...)
         return 0
     if out.json_mode:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state})
@@ -78,11 +89,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if streamer is not None:
             streamer.pump()
         if interrupts["n"] >= 2:
-            _note(f"ql: detached; run {sub.run_id} goes on (ql status / ql cancel)")
+            note(out.json_mode, "detached", f"ql: detached; run {sub.run_id} goes on (ql status / ql cancel)",
+                 run_id=sub.run_id)
             raise SystemExit(EXIT_DETACHED)
         if interrupts["n"] == 1 and not interrupts["cancelled"]:
             interrupts["cancelled"] = True
-            _note(f"ql: cancelling run {sub.run_id} (Ctrl-C again to detach)")
+            note(out.json_mode, "cancelling", f"ql: cancelling run {sub.run_id} (Ctrl-C again to detach)",
+                 run_id=sub.run_id)
             rt.cancel(sub.run_id, "user")
 
     try:
@@ -92,13 +105,47 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if streamer is not None:
         streamer.pump(drain=True)
     status = exit_status_for(view.status, view.exit_code)
+    _note_truncated(rt, sub.log_artifact_id, out.json_mode, view.run_id)
     if out.json_mode:
         out.emit({"run_id": view.run_id, "attempt_id": sub.attempt_id, "status": view.status,
                   "exit_code": view.exit_code, "reason": view.reason})
     elif view.status not in ("succeeded", "failed"):
         # stdout is the task's output; our own verdict goes to stderr.
-        _note(f"ql: run {view.run_id} ended {view.status}" + (f" ({view.reason})" if view.reason else ""))
+        note(False, "ended", f"ql: run {view.run_id} ended {view.status}"
+             + (f" ({printable(view.reason)})" if view.reason else ""))
     return status
+
+
+def _note_truncated(rt: object, log_artifact_id: str | None, json_mode: bool, run_id: str) -> None:
+    """One note when the task wrote more than its log quota (the ``log.truncated`` event)."""
+    if log_artifact_id is None:
+        return
+    from ql_core.cli.notes import note
+    from ql_core.logs import log_facts
+
+    facts = log_facts(rt.node, log_artifact_id)  # type: ignore[attr-defined]
+    if facts is not None and facts.truncated:
+        note(json_mode, "log_truncated", f"ql: the task's output was truncated at {facts.max_bytes} bytes "
+             f"(log_max_bytes); later output was dropped", run_id=run_id, max_bytes=facts.max_bytes)
+
+
+def _stdin_holds_data() -> bool:
+    """Is ql's stdin a pipe or socket with bytes waiting, or a regular file with bytes left?"""
+    import fcntl
+    import stat
+    import struct
+    import termios
+
+    try:
+        st = os.fstat(0)
+        if stat.S_ISREG(st.st_mode):
+            return st.st_size > os.lseek(0, 0, os.SEEK_CUR)
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            pending = fcntl.ioctl(0, termios.FIONREAD, struct.pack("i", 0))
+            return struct.unpack("i", pending)[0] > 0
+    except OSError:
+        pass
+    return False
 
 
 def _note(line: str) -> None:

@@ -13,15 +13,15 @@ EPILOG = ("A run that is not terminal is settled first, as a supervisor round wo
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", metavar="RUN", help="a run id, a unique prefix of one, or `last` (the newest run)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, reader_from_args, settle_shown
+    from ql_core.cli.common import printable, reader_for_run, settle_shown
 
-    rt = reader_from_args(args, run_id=args.run_id)
+    rt, run_id = reader_for_run(args)
     try:
-        (view,) = settle_shown(rt, [rt.status(args.run_id)], limit=1)
+        (view,) = settle_shown(rt, [rt.status(run_id)], limit=1)
     finally:
         rt.close()
     lines = [f"run {view.run_id}  {view.status}" + (f"  exit {view.exit_code}" if view.exit_code is not None else "")

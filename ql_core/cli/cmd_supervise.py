@@ -65,5 +65,5 @@ def _supervise(args: argparse.Namespace, out: Output, stop: threading.Event) -> 
     if drained:
         rt.close()  # (a loop still draining keeps the engine; the process exits right after anyway)
     out.emit({"type": "stopped", "drained": drained, "rounds": supervisor.rounds},
-             f"ql: stopped after {supervisor.rounds} rounds" + ("" if drained else " (drain timed out)"))
+             f"ql: stopped after {supervisor.rounds} round{'' if supervisor.rounds == 1 else 's'}" + ("" if drained else " (drain timed out)"))
     return 0 if drained else 1

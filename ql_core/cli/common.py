@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ql_core.runtime import Runtime
 
 __all__ = ["install_early_stop", "early_stop", "stop_on_signals", "config_from_args", "runtime_from_args",
-           "reader_from_args", "settle_shown", "printable", "loaded_sqlite_path"]
+           "reader_from_args", "reader_for_run", "settle_shown", "printable", "loaded_sqlite_path"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
@@ -164,6 +164,22 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
         if run_id is None:
             raise
         raise NotFoundError(f"run {printable(run_id[:80])!r} not found: {exc}") from None
+
+
+def reader_for_run(args: argparse.Namespace, attr: str = "run_id") -> tuple[Runtime, str]:
+    """A reader (:func:`reader_from_args`) and the full run id that ``args.<attr>`` names: a full id, a
+    unique prefix or ``last`` (:mod:`ql_core.cli.run_ids`). A malformed argument is a usage error
+    before anything is opened."""
+    from ql_core.cli.run_ids import check_run_argument, resolve_run_id
+
+    text = getattr(args, attr)
+    check_run_argument(text)
+    rt = reader_from_args(args, run_id=text)
+    try:
+        return rt, resolve_run_id(rt, text)
+    except BaseException:
+        rt.close()
+        raise
 
 
 def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunView]:

@@ -64,7 +64,7 @@ FLUSH_BATCH = 256
 #: The statements the kernel runs, by name: a dialect's :attr:`SqlJournalKernel.sql` has them all.
 KERNEL_STATEMENTS = (
     "INSERT_RUN", "RUN_CURRENT_ATTEMPT", "INSERT_ATTEMPT", "INSERT_LOG", "INSERT_EVENT", "INSERT_JOURNAL",
-    "SELECT_RUN", "SELECT_ATTEMPT", "SELECT_ATTEMPTS_OF_RUN", "SELECT_EVENTS", "SELECT_RUNS_NEWEST",
+    "SELECT_RUN", "SELECT_ATTEMPT", "SELECT_ATTEMPTS_OF_RUN", "SELECT_EVENTS", "SELECT_RUN_IDS_IN_RANGE", "SELECT_RUNS_NEWEST",
     "SELECT_RUNS_NEWEST_BY_STATUS", "SELECT_DISPATCH_OF_RUN", "SELECT_DISPATCH_SIGNAL",
     "PAGE_ACTIVE_ATTEMPTS", "DUE_DEADLINES", "PAGE_JOURNAL", "SELECT_JOURNAL", "ATTEMPT_STATUS_OWNER",
     "MARK_TERMINAL", "MARK_QUARANTINED", "JOURNAL_EXISTS", "DELETE_JOURNAL", "DELETE_JOURNAL_PENDING",
@@ -314,6 +314,15 @@ class SqlJournalKernel:
                 return None
             attempts = [AttemptRecord(*a) for a in self._execute(c, self.sql.SELECT_ATTEMPTS_OF_RUN, (run_id,))]
         return run_view(RunRecord(*row), attempts)
+
+    def run_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
+        """Run ids that start with ``prefix`` (lowercase hex digits and dashes), by id, at most ``limit``:
+        one range of the primary key (``id >= prefix AND id < next``), never a scan."""
+        if not prefix:
+            return []
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        rows = self._rows("run_ids", self.sql.SELECT_RUN_IDS_IN_RANGE, (prefix, upper, limit))
+        return [r[0] for r in rows if r[0].startswith(prefix)]
 
     def list_views(self, *, status: str | None, limit: int) -> list[RunView]:
         with self._read("list") as c:

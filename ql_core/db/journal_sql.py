@@ -50,6 +50,8 @@ _SHARED: dict[str, str] = {
     "SELECT_ATTEMPT": f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE id = ?",
     "SELECT_ATTEMPTS_OF_RUN": f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE run_id = ? ORDER BY attempt_no",
     "SELECT_EVENTS": f"SELECT {EVENT_COLUMNS} FROM ql_run_event WHERE run_id = ? ORDER BY seq",
+    # A run id prefix (`ql status 0190ab`): a range of the primary key, at most `limit` ids read.
+    "SELECT_RUN_IDS_IN_RANGE": "SELECT id FROM ql_run WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
     "SELECT_RUNS_NEWEST": (f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_created "
                            "ORDER BY created_at_ms DESC, id DESC LIMIT ?"),
     "SELECT_RUNS_NEWEST_BY_STATUS": (f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_status WHERE status = ? "

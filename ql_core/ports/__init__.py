@@ -1,10 +1,11 @@
-"""The four plugin seams as typed protocols, and the types that cross them.
+"""The five plugin seams as typed protocols, and the types that cross them.
 
 - :mod:`~ql_core.ports.executor` — start, inspect, signal and wait for tasks;
 - :mod:`~ql_core.ports.receipt_store` — publish, read, remove, quarantine receipts;
 - :mod:`~ql_core.ports.journal` — the run store (journal backend), in four parts: runs and events,
   the receipt journal, cancel dispatch, the log ledger;
 - :mod:`~ql_core.ports.wakeup` — best-effort "something changed" notifications;
+- :mod:`~ql_core.ports.artifact_store` — where a cluster worker ships a run's log, and readers read it;
 - :mod:`~ql_core.ports.context` — what every plugin factory receives.
 
 Each seam has a contract suite in :mod:`ql_core.testing`. Everything exported
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     )
     from .wakeup import ChangeKind, OnChange, WakeupSource, WakeupWatch
 
-# Imported on first use (PEP 562): a reader that needs one protocol does not pay for all four.
+# Imported on first use (PEP 562): a reader that needs one protocol does not pay for all five.
 _WHERE = {
     "ArtifactStore": "artifact_store",
     "ArtifactStoreError": "artifact_store",

@@ -100,7 +100,8 @@ def test_names_are_escaped_in_text_and_exact_in_json(env) -> None:
     name = "evil\nname\x1b[2J\u202e\\"
     run_id = _json(env, "run", "--name", name, "--", "true")[0]["run_id"]
     listed = ql_proc(["list"], env).stdout
-    assert listed.count("\n") == 1 and "\x1b" not in listed and "\u202e" not in listed
+    # a header and one row
+    assert listed.count("\n") == 2 and listed.startswith("RUN ") and "\x1b" not in listed and "\u202e" not in listed
     assert "evil\\nname\\x1b[2J\\u202e\\\\" in listed
     shown = ql_proc(["status", run_id], env).stdout
     assert "\x1b" not in shown and "evil\\nname" in shown
@@ -147,7 +148,7 @@ def test_logs_json_never_splits_a_character_and_keeps_every_byte(env, tmp_path: 
 
 def test_logs_follow_json_ends_with_the_state(env) -> None:
     run_id = _json(env, "run", "--detach", "--", "sh", "-c", "echo one; sleep 0.5; echo two; exit 9")[0]["run_id"]
-    records = _json(env, "logs", "--follow", run_id)
+    records = _json(env, "logs", "--follow", run_id, rc=9)  # --follow exits with the run's exit status
     assert "".join(r["data"] for r in records[:-1]) == "one\ntwo\n"
     assert (records[-1]["status"], records[-1]["exit_code"]) == ("failed", 9)
 

@@ -161,7 +161,8 @@ def test_ql_logs_follow_ends_the_run_without_a_supervisor(ql_env) -> None:
 
     run_id = json.loads(detached.stdout.splitlines()[-1])["run_id"]
     follow = run_ql(["logs", run_id, "--follow"], ql_env, timeout=60)
-    assert follow.returncode == 0, follow.stderr
+    assert follow.returncode == 4, follow.stderr  # --follow exits with the run's status
+    assert follow.stderr == f"ql: run {run_id} failed (exit 4)\n"
     assert follow.stdout == "first\nsecond\n"
     status = json.loads(run_ql(["--json", "status", run_id], ql_env).stdout)
     assert (status["status"], status["exit_code"]) == ("failed", 4)
