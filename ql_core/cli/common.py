@@ -156,7 +156,6 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
     migrated; a missing data dir or database is a one-line error naming the fix (with ``run_id``:
     "run X not found: <why>")."""
     from ql_core.errors import NotFoundError
-    from ql_core.runtime import Runtime
 
     try:
         config = config_from_args(args)
@@ -166,6 +165,8 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
             light = light_reader(config)
             if light is not None:
                 return light  # type: ignore[return-value] - the part of Runtime readers use
+        from ql_core.runtime import Runtime
+
         return Runtime.open(config, create=False)
     except NotFoundError as exc:
         if run_id is None:
