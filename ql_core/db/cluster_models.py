@@ -182,12 +182,16 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 
 
 def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
-    """An Alembic ``include_object`` hook that skips tables (and their indexes) of other dialects."""
+    """An Alembic ``include_object`` hook that skips tables (and their indexes), and indexes, of other dialects."""
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         table = obj if type_ == "table" else getattr(obj, "table", None)
         if reflected and compare_to is None and type_ == "table":
             return True
+        if type_ == "index" and not reflected:  # an index declared for some dialects only (0009)
+            index_dialects = table_dialects(obj)
+            if index_dialects is not None and dialect_name not in index_dialects:
+                return False
         dialects = table_dialects(table) if table is not None else None
         return dialects is None or dialect_name in dialects
 

@@ -13,7 +13,7 @@ __all__ = ["SCHEMA_HEAD", "upgrade", "migrate_url", "migrate_url_in_child", "cur
 
 #: The newest revision in migrations/versions (a test keeps this equal to Alembic's head).
 #: Knowing it without Alembic saves every start-up ~0.3 s of importing it.
-SCHEMA_HEAD = "0008_worker_draining"
+SCHEMA_HEAD = "0009_sqlite_indexes"
 
 
 def _alembic_config(connection=None):  # type: ignore[no-untyped-def]

@@ -98,3 +98,29 @@ def test_create_fresh_refuses_a_database_that_is_not_empty(tmp_path: Path) -> No
     assert create_fresh(conn, "0001_not_the_file") is False
     assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["someone_elses"]
     conn.close()
+
+
+def test_every_run_store_statement_searches_an_index_on_the_fresh_schema(tmp_path: Path) -> None:
+    """Revision 0009 dropped two SQLite indexes no statement needed: every statement that reads a run,
+    attempt, event or dispatch by a condition still searches an index (no full scan of a hot table)."""
+    import re
+
+    from ql_core.db import journal_sql
+    from ql_core.db.fresh_schema import create_fresh
+    from ql_plugins.edge_sqlite import statements
+
+    found: dict[str, str] = {}
+    for module in (journal_sql, statements):
+        for name, value in vars(module).items():
+            candidates = value.items() if isinstance(value, dict) else [(name, value)]
+            for key, sql in candidates:
+                if isinstance(sql, str) and re.match(r"\s*(SELECT|UPDATE|DELETE)\b", sql) and " WHERE " in sql:
+                    found[key] = sql
+    assert "DUE_DEADLINES" in found and "PAGE_ACTIVE_ATTEMPTS" in found
+    conn = sqlite3.connect(tmp_path / "ql.db", isolation_level=None)
+    assert create_fresh(conn, SCHEMA_HEAD)
+    for key, sql in found.items():
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?"))]
+        scans = [step for step in plan if re.match(r"SCAN (ql_run\w*|ql_cancel_dispatch|a|r|d)( |$)", step)]
+        assert scans == [], (key, plan)
+    conn.close()
