@@ -84,7 +84,7 @@ def check_sqlite(path: str | os.PathLike[str]) -> SqliteHealth:
                 if "no such table" not in str(exc):
                     raise
                 found = []
-            revision = str(found[0][0]) if len(found) == 1 else None
+            revision = ",".join(sorted(str(r[0]) for r in found)) or None  # one row per branch head
     finally:
         conn.close()
     return SqliteHealth(ok=ok, check=check, problems=tuple(rows) if not ok else (), revision=revision)

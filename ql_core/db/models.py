@@ -68,7 +68,9 @@ class Run(QlTable, table=True):
                       Index("ix_ql_run_created", "created_at_ms", "id"),
                       # `ql list --status S`: the newest n runs in one state, read in order (0007).
                       Index("ix_ql_run_status", "status", "created_at_ms", "id"),
-                      Index("ix_ql_run_finished", "status", "finished_at_ms"),
+                      # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of
+                      # every statement), and each run's create and end wrote it.
+                      Index("ix_ql_run_finished", "status", "finished_at_ms", info={"ql_dialects": ("postgresql",)}),
                       # History retention by age: ended runs, oldest finish first (0007; partial, so the
                       # five ended states are one ordered range, not five merged ones).
                       Index("ix_ql_run_ended", "finished_at_ms", "id",
@@ -104,7 +106,9 @@ class RunAttempt(QlTable, table=True):
 
     __tablename__ = "ql_run_attempt"
     __table_args__ = (
-        Index("ix_ql_attempt_active", "runtime_owner", "status", "id"),
+        # PostgreSQL only since 0009: on SQLite the live attempts are read through the partial
+        # ix_ql_attempt_live, deadlines through ix_ql_attempt_deadline, joins through the key.
+        Index("ix_ql_attempt_active", "runtime_owner", "status", "id", info={"ql_dialects": ("postgresql",)}),
         # A run's attempts in order (0007: attempt_no added; reads and purges of a run).
         Index("ix_ql_attempt_run", "run_id", "attempt_no"),
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
@@ -249,12 +253,16 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 
 
 def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
-    """An Alembic ``include_object`` hook that skips tables (and their indexes) of other dialects."""
+    """An Alembic ``include_object`` hook that skips tables (and their indexes), and indexes, of other dialects."""
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         table = obj if type_ == "table" else getattr(obj, "table", None)
         if reflected and compare_to is None and type_ == "table":
             return True
+        if type_ == "index" and not reflected:  # an index declared for some dialects only (0009)
+            index_dialects = table_dialects(obj)
+            if index_dialects is not None and dialect_name not in index_dialects:
+                return False
         dialects = table_dialects(table) if table is not None else None
         return dialects is None or dialect_name in dialects
 

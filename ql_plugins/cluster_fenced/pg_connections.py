@@ -193,7 +193,7 @@ class PgConnections:
         if not rows or not rows[0][0]:
             return None
         rows = self.query("schema", "SELECT version_num FROM alembic_version")
-        return str(rows[0][0]) if len(rows) == 1 else None
+        return ",".join(sorted(str(r[0]) for r in rows)) or None  # one row per branch head
 
     def ensure_schema(self, head: str, *, create: bool) -> None:
         """Migrate to ``head`` (once across nodes: an advisory lock), or require it (readers)."""

@@ -10,8 +10,9 @@ timeout, foreign keys, and write transactions that take the write lock up
 front (``BEGIN IMMEDIATE``) so two writers never deadlock on a lock upgrade.
 Reads run in a deferred transaction (one snapshot) and never write.
 
-The schema is created and upgraded by Alembic (``ql_core.db.migrate``), which
-is imported only when the database is behind: checking costs one SELECT.
+An empty database gets the head schema from ``ql_core/db/schema_sqlite.sql`` in one
+transaction (``ql_core.db.fresh_schema``); an older one is upgraded by Alembic
+(``ql_core.db.migrate``), which is imported only then: checking costs one SELECT.
 Concurrent first starts serialize on an ``flock`` beside the database, so 50
 processes creating the same data dir at once all succeed.
 """
@@ -198,14 +199,16 @@ class SqliteConnections:
     def schema_revision(self) -> str | None:
         """The Alembic revision recorded in the database (None: empty database)."""
         try:
-            row = self.connection().execute(_SCHEMA_VERSION_SQL).fetchone()
+            rows = self.connection().execute(_SCHEMA_VERSION_SQL).fetchall()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return None
             raise _store_error(exc, self.path) from None
         except sqlite3.Error as exc:
             raise _store_error(exc, self.path) from None
-        return None if row is None else str(row[0])
+        # One row per branch head (core's, the cluster branch's): named comma-separated, sorted,
+        # as ql_core.db.migrate.current_revision and SCHEMA_HEAD name them.
+        return ",".join(sorted(str(r[0]) for r in rows)) or None
 
     def ensure_schema(self, head: str) -> None:
         """Bring the schema to ``head`` (Alembic, under an flock); read-only: require it."""
@@ -221,6 +224,15 @@ class SqliteConnections:
         with _migration_lock(self.path) as lock_fd:
             if self.schema_revision() == head:  # another process migrated while we waited
                 return
+            if self.schema_revision() is None:
+                # An empty database: the head schema in one transaction, no Alembic (first use).
+                from ql_core.db.fresh_schema import create_fresh
+
+                try:
+                    if create_fresh(self.connection(), head):
+                        return
+                except sqlite3.Error as exc:
+                    raise _store_error(exc, self.path) from None
             from ql_core.db.migrate import migrate_url_in_child
 
             # In a child process, so this long-lived process never loads SQLAlchemy, Alembic and

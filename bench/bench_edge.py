@@ -1,0 +1,379 @@
+"""The edge budget (ADR-0007 §6 gate 10, issue 25): disk written, syncs, CPU, RSS and wake-ups per
+task, each beside its floor measured in the same run.
+
+    python bench/bench_edge.py [--quick] [--dir /var/tmp] [--window 20]
+
+Figures (every one is a median or a difference measured in this run, on the same file system):
+
+bytes written / syncs per task
+    ``write_bytes`` of ``/proc/PID/io`` of a small *reaper* process (a child subreaper: every
+    descendant — the host, its launchers, detached launchers — is reparented to it and reaped by
+    it, so its counters hold them all) and the ``fsync``/``fdatasync`` calls of the whole tree
+    (``strace -f -c``). Each variant runs twice in a fresh data dir, with K1 and K2 tasks; the
+    figure is (B - A) / (K2 - K1), so start-up, schema creation and close cancel out.
+    Variants: ``floor`` (one sqlite3 ``INSERT`` + ``COMMIT`` of a 300-byte row per task, WAL,
+    ``synchronous=FULL``: what ql commits with), ``awaited`` (``rt.wait(rt.submit(["true"],
+    awaited=True))``), ``not awaited`` (``submit`` without ``awaited``, then ``wait``), ``ql run``
+    (``ql run -- true`` processes, then one ``ql list``, which settles them), ``tsp -f true``
+    and ``nq true`` + ``nq -w`` when installed.
+first use
+    CPU (user + sys, ``wait4`` rusage of the child, its reaped children included) of ``ql run --
+    true`` on a new data dir against a later one on the same dir.
+read commands
+    CPU of ``ql status/list/events/logs`` against a floor: the same interpreter running a script
+    that opens the same SQLite file read-only, runs the same SELECT (or reads the log file) and
+    prints JSON. ``ql run -- true`` is compared with the same floor.
+embedded CPU per task
+    In one interpreter: ``getrusage`` (self + children) over N ``Popen(["true"]).wait()`` and over
+    N awaited ``rt.run(["true"])``.
+RSS
+    Pss (``/proc/PID/smaps_rollup``) of the host after the awaited loop, of one launcher of a
+    running task, and of an idle ``ql supervise``.
+idle wake-ups
+    Context switches (voluntary + involuntary, all threads) per minute of the idle supervisor and
+    of the launcher over ``--window`` seconds.
+
+Prints a table with the acceptance bullets of issue 25 as PASS/FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+QL = [PY, "-m", "ql_core.cli.main"]
+
+#: The reaper: becomes a child subreaper, runs argv, reaps every descendant, prints its own io.
+REAPER = r"""
+import ctypes, json, os, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        time.sleep(0.05)
+io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+print(json.dumps({k: int(v) for k, v in io.items()}))
+"""
+
+#: Embedded host: HOST MODE N DATA_DIR.
+HOST = r"""
+import sys
+from pathlib import Path
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+mode, n, data = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=data.parent))
+for _ in range(n):
+    if mode == "awaited":
+        rt.wait(rt.submit(["true"], awaited=True))
+    else:
+        rt.wait(rt.submit(["true"]))
+rt.close()
+"""
+
+#: The sqlite3 floor: FLOOR N DB.
+FLOOR = r"""
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[2], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA synchronous=FULL")
+db.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, body TEXT)")
+for _ in range(int(sys.argv[1])):
+    db.execute("BEGIN IMMEDIATE"); db.execute("INSERT INTO t (body) VALUES (?)", ("x" * 300,)); db.execute("COMMIT")
+db.close()
+"""
+
+#: Loops of one CLI command per task: LOOP N ARGV...; the reaper reaps what each leaves behind.
+LOOP = r"""
+import subprocess, sys
+n, argv = int(sys.argv[1]), sys.argv[2:]
+for _ in range(n):
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+"""
+
+QL_RUN_LOOP = r"""
+import os, subprocess, sys
+n, data = int(sys.argv[1]), sys.argv[2]
+ql = [sys.executable, "-m", "ql_core.cli.main", "--data-dir", data]
+for _ in range(n):
+    subprocess.run(ql + ["run", "--", "true"], check=True, stdout=subprocess.DEVNULL)
+subprocess.run(ql + ["list"], check=True, stdout=subprocess.DEVNULL)
+"""
+
+NQ_LOOP = r"""
+import subprocess, sys
+for _ in range(int(sys.argv[1])):
+    job = subprocess.run(["nq", "true"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["nq", "-w", job], check=True)
+"""
+
+
+def traced(argv: list[str], work: Path, env: dict[str, str]) -> tuple[int, int]:
+    """(write_bytes, fsync+fdatasync calls) of ``argv`` and every descendant."""
+    out = work / f"strace-{time.monotonic_ns()}"
+    reaper = [PY, "-c", REAPER, *argv]
+    if shutil.which("strace"):
+        reaper = ["strace", "-f", "-qq", "-c", "-e", "trace=fsync,fdatasync", "-o", str(out), *reaper]
+    done = subprocess.run(reaper, env=env, capture_output=True, text=True, check=True, timeout=1800)
+    io = json.loads(done.stdout.strip().splitlines()[-1])
+    syncs = 0
+    if out.exists():
+        for line in out.read_text().splitlines():
+            parts = line.split()
+            if parts and parts[-1] in ("fsync", "fdatasync"):
+                syncs += int(parts[3])
+    return io["write_bytes"], syncs
+
+
+def per_task(make: callable, k1: int, k2: int, work: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(bytes, syncs) per task: a run of k2 tasks minus a run of k1, each in a fresh directory."""
+    results = []
+    for k in (k1, k2):
+        d = Path(tempfile.mkdtemp(dir=work, prefix="pt-"))
+        results.append(traced(make(k, d), d, env))
+    (b1, s1), (b2, s2) = results
+    return (b2 - b1) / (k2 - k1), (s2 - s1) / (k2 - k1)
+
+
+def cpu_of(argv: list[str], env: dict[str, str]) -> float:
+    """User + sys seconds of one process (and its reaped children), from wait4."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[3:]} exited {proc.returncode}")
+    return ru.ru_utime + ru.ru_stime
+
+
+def median_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
+    cpu_of(argv, env)  # warm the page cache
+    return statistics.median(cpu_of(argv, env) for _ in range(n))
+
+
+def floor_script(db: Path, sql: str, arg: str | None) -> list[str]:
+    params = "()" if arg is None else repr((arg,))
+    return [PY, "-c", "import json, sqlite3\n"
+            f"c = sqlite3.connect('file:{db}?mode=ro', uri=True)\n"
+            f"cur = c.execute({sql!r}, {params})\n"
+            "names = [d[0] for d in cur.description]\n"
+            "print(json.dumps([dict(zip(names, r)) for r in cur.fetchall()]))\n"]
+
+
+def pss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return -1
+
+
+def ctx_switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
+
+
+def find_child_of_command(marker: str, timeout: float = 30) -> tuple[int, int] | None:
+    """(pid of the ``sleep MARKER`` process, its parent's pid)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if (entry / "cmdline").read_bytes() == b"sleep\0" + marker.encode() + b"\0":
+                    ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+                    return int(entry.name), ppid
+            except OSError:
+                continue
+        time.sleep(0.1)
+    return None
+
+
+def embedded_cpu(data: Path, n: int) -> tuple[float, float, int]:
+    """(CPU s per Popen+wait task, CPU s per awaited ql task, host Pss KiB) in this interpreter."""
+    import resource
+
+    from ql_core.config import load_config
+    from ql_core.runtime import Runtime
+
+    def used() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=data.parent))
+    for _ in range(20):
+        rt.run(["true"])
+        subprocess.Popen(["true"]).wait()
+    t0 = used()
+    for _ in range(n):
+        subprocess.Popen(["true"]).wait()
+    popen = (used() - t0) / n
+    t0 = used()
+    for _ in range(n):
+        rt.run(["true"])
+    ql = (used() - t0) / n
+    host = pss_kib(os.getpid())
+    rt.close()
+    return popen, ql, host
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tasks (noisier)")
+    parser.add_argument("--dir", default="/var/tmp", help="where data dirs live (a real disk)")
+    parser.add_argument("--window", type=float, default=20.0, help="idle wake-up window, seconds")
+    args = parser.parse_args()
+    q = args.quick
+    k1, k2 = (10, 60) if q else (50, 250)
+    r1, r2 = (4, 14) if q else (10, 40)
+    nreads = 5 if q else 15
+    env = dict(os.environ)
+    env.pop("QL_DATA_DIR", None)
+    rows: list[tuple[str, str, str]] = []
+    goals: list[tuple[str, bool]] = []
+
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="ql-bench-edge-") as tmp:
+        work = Path(tmp)
+        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {os.cpu_count()} CPUs  python {sys.version.split()[0]}  "
+              f"load {os.getloadavg()[0]:.2f}  dir {args.dir}  tasks {k1}/{k2} (ql run {r1}/{r2})")
+
+        # -- bytes and syncs per task ------------------------------------------------------------
+        variants = {
+            "floor: sqlite3 INSERT+COMMIT": (lambda k, d: [PY, "-c", FLOOR, str(k), str(d / "f.db")], k1, k2),
+            "ql embedded, awaited": (lambda k, d: [PY, "-c", HOST, "awaited", str(k), str(d / "data")], k1, k2),
+            "ql embedded, not awaited": (lambda k, d: [PY, "-c", HOST, "detached", str(k), str(d / "data")], k1, k2),
+            "ql run -- true": (lambda k, d: [PY, "-c", QL_RUN_LOOP, str(k), str(d / "data")], r1, r2),
+        }
+        peers_env = dict(env)
+        if shutil.which("tsp"):
+            variants["tsp -f true"] = (lambda k, d: ["sh", "-c", f'TS_SOCKET={d}/ts TMPDIR={d} {PY} -c "$0" "$@"; '
+                                                                 f'TS_SOCKET={d}/ts tsp -K', LOOP, str(k),
+                                                                 "tsp", "-f", "true"], k1, k2)
+        if shutil.which("nq"):
+            variants["nq true; nq -w"] = (lambda k, d: ["sh", "-c", f'NQDIR={d}/nq {PY} -c "$0" "$@"', NQ_LOOP,
+                                                        str(k)], k1, k2)
+        written: dict[str, tuple[float, float]] = {}
+        print(f"\n{'per task':<30} {'bytes written':>14} {'vs floor':>9} {'fsync+fdatasync':>16}")
+        for label, (make, a, b) in variants.items():
+            try:
+                written[label] = per_task(make, a, b, work, peers_env)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                print(f"{label:<30} failed: {exc}")
+                continue
+            by, sy = written[label]
+            base = written["floor: sqlite3 INSERT+COMMIT"][0]
+            print(f"{label:<30} {by / 1024:>11.1f} KB {by / base if base else float('nan'):>8.2f}x {sy:>16.2f}")
+        aw = written.get("ql embedded, awaited")
+        fl = written.get("floor: sqlite3 INSERT+COMMIT")
+        qr = written.get("ql run -- true")
+        if aw and fl:
+            goals.append((f"awaited task writes <= 24 KB ({aw[0] / 1024:.1f} KB)", aw[0] <= 24 * 1024))
+            goals.append((f"awaited task <= 2 fsync/fdatasync ({aw[1]:.2f})", aw[1] <= 2))
+            goals.append((f"awaited task <= 2x the sqlite3 floor in bytes ({aw[0] / fl[0]:.2f}x)", aw[0] <= 2 * fl[0]))
+        if qr:
+            goals.append((f"ql run <= 3 fsync/fdatasync ({qr[1]:.2f})", qr[1] <= 3))
+
+        # -- first use, later runs, read commands: CPU -------------------------------------------------
+        data = work / "cpu-data"
+        firsts = []
+        for i in range(3 if q else 5):
+            firsts.append(cpu_of(QL + ["--data-dir", str(work / f"first-{i}"), "run", "--", "true"], env))
+        first = statistics.median(firsts)
+        cpu_of(QL + ["--data-dir", str(data), "run", "--", "true"], env)
+        later = median_cpu(QL + ["--data-dir", str(data), "run", "--", "true"], env, nreads)
+        done = subprocess.run(QL + ["--data-dir", str(data), "--json", "list", "--limit", "1"], env=env,
+                              capture_output=True, text=True, check=True)
+        run_id = json.loads(done.stdout.splitlines()[0])["run_id"]
+        db = data / "ql.db"
+        from ql_core.db.journal_sql import EVENT_COLUMNS, RUN_COLUMNS
+
+        log_path = subprocess.run(QL + ["--data-dir", str(data), "--json", "status", run_id], env=env,
+                                  capture_output=True, text=True, check=True)
+        floor_status = floor_script(db, f"SELECT {RUN_COLUMNS} FROM ql_run WHERE id = ?", run_id)
+        floor = median_cpu(floor_status, env, nreads)
+        reads = {
+            "ql status": (QL + ["--data-dir", str(data), "--json", "status", run_id], floor_status),
+            "ql list": (QL + ["--data-dir", str(data), "--json", "list"],
+                        floor_script(db, f"SELECT {RUN_COLUMNS} FROM ql_run ORDER BY created_at_ms DESC, id DESC "
+                                         "LIMIT 50", None)),
+            "ql events": (QL + ["--data-dir", str(data), "--json", "events", run_id],
+                          floor_script(db, f"SELECT {EVENT_COLUMNS} FROM ql_run_event WHERE run_id = ? ORDER BY seq",
+                                       run_id)),
+            "ql logs": (QL + ["--data-dir", str(data), "logs", run_id], floor_status),
+        }
+        del log_path
+        print(f"\n{'CPU (user+sys), median':<30} {'ms':>9} {'floor ms':>9} {'ratio':>7}")
+        print(f"{'python+sqlite3 floor':<30} {floor * 1000:>9.1f} {floor * 1000:>9.1f} {1:>6.2f}x")
+        for label, (argv, floor_argv) in reads.items():
+            c, f = median_cpu(argv, env, nreads), median_cpu(floor_argv, env, nreads)
+            print(f"{label:<30} {c * 1000:>9.1f} {f * 1000:>9.1f} {c / f:>6.2f}x")
+            goals.append((f"{label} <= 1.5x its floor in CPU ({c / f:.2f}x)", c <= 1.5 * f))
+        print(f"{'ql run -- true (later)':<30} {later * 1000:>9.1f} {floor * 1000:>9.1f} {later / floor:>6.2f}x")
+        print(f"{'ql run -- true (first use)':<30} {first * 1000:>9.1f} {later * 1000:>9.1f} {first / later:>6.2f}x "
+              "(vs later)")
+        goals.append((f"ql run -- true <= 2.5x the floor in CPU ({later / floor:.2f}x)", later <= 2.5 * floor))
+        goals.append((f"first use <= 1.5x a later ql run in CPU ({first / later:.2f}x)", first <= 1.5 * later))
+
+        # -- embedded CPU per task, host RSS -----------------------------------------------------------
+        popen, ql_cpu, host_pss = embedded_cpu(work / "emb-data", 100 if q else 400)
+        print(f"\n{'embedded CPU per true task':<30} {ql_cpu * 1e3:>7.2f} ms  Popen+wait host {popen * 1e3:.2f} ms  "
+              f"{ql_cpu / popen:.2f}x")
+        goals.append((f"embedded CPU per task <= 3x the Popen host's ({ql_cpu / popen:.2f}x)", ql_cpu <= 3 * popen))
+
+        # -- RSS of launcher and idle supervisor, idle wake-ups ------------------------------------------
+        marker = f"{1000 + os.getpid() % 1000}.25"
+        sup = subprocess.Popen(QL + ["--data-dir", str(data), "supervise"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        # `ql run` waits for its task: it is the host here; the launcher is its child.
+        waiter = subprocess.Popen(QL + ["--data-dir", str(data), "run", "--", "sleep", marker], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found = find_child_of_command(marker)
+        time.sleep(3)  # the supervisor's start-up is over
+        launcher = found[1] if found else None
+        s0, l0 = ctx_switches(sup.pid), ctx_switches(launcher) if launcher else 0
+        time.sleep(args.window)
+        s1, l1 = ctx_switches(sup.pid), ctx_switches(launcher) if launcher else 0
+        per_min = 60 / args.window
+        print(f"\n{'RSS (Pss)':<30} host {host_pss} KiB (after the awaited loop), launcher "
+              f"{pss_kib(launcher) if launcher else -1} KiB, idle supervisor {pss_kib(sup.pid)} KiB")
+        print(f"{'idle wake-ups/min':<30} supervisor {(s1 - s0) * per_min:.0f}, launcher of a running task "
+              f"{(l1 - l0) * per_min:.0f}")
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+            sup.wait()
+        if found:
+            os.kill(found[0], signal.SIGTERM)  # our own task
+        try:
+            waiter.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            waiter.kill()
+            waiter.wait()
+        subprocess.run(QL + ["--data-dir", str(data), "list"], env=env, stdout=subprocess.DEVNULL, check=False)
+
+    print("\ngoals (issue 25 acceptance)")
+    for label, ok in goals:
+        print(f"  {'PASS' if ok else 'FAIL'}  {label}")
+
+
+if __name__ == "__main__":
+    main()
