@@ -156,18 +156,10 @@ def reader_from_args(args: argparse.Namespace, *, run_id: str | None = None) -> 
     migrated; a missing data dir or database is a one-line error naming the fix (with ``run_id``:
     "run X not found: <why>")."""
     from ql_core.errors import NotFoundError
+    from ql_core.runtime import Runtime
 
     try:
-        config = config_from_args(args)
-        if not _names_plugins(config):  # the built-in edge-sqlite store: read it without plugins
-            from ql_core.cli.light_read import light_reader
-
-            light = light_reader(config)
-            if light is not None:
-                return light  # type: ignore[return-value] - the part of Runtime readers use
-        from ql_core.runtime import Runtime
-
-        return Runtime.open(config, create=False)
+        return Runtime.open(config_from_args(args), create=False)
     except NotFoundError as exc:
         if run_id is None:
             raise

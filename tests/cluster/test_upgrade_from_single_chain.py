@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.db.migrate import SCHEMA_HEAD
+
 from tests.conftest import QL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,14 +89,23 @@ def test_a_data_dir_of_the_single_chain_upgrades_in_place(old_release: Path, tmp
     new = _env(tmp_path, None)
     up = _ql(["--json", "--data-dir", str(data), "db", "upgrade"], new)
     assert up.returncode == 0, up.stderr
-    assert '"revision":"0008_worker_draining"' in up.stdout.replace(" ", "")
-    assert _sqlite_rows(data / "ql.db") == before  # nothing migrated again, every row kept
+    assert f'"revision":"{SCHEMA_HEAD}"' in up.stdout.replace(" ", "")
+    assert _kept(_sqlite_rows(data / "ql.db"), before)  # only core's 0009 applied, every row kept
+    after = _sqlite_rows(data / "ql.db")
     _alembic_upgrade(f"sqlite:///{data / 'ql.db'}", new)
-    assert _sqlite_rows(data / "ql.db") == before  # Alembic itself sees every revision applied
+    assert _sqlite_rows(data / "ql.db") == after  # Alembic itself sees every revision applied
     listed = _ql(["--json", "--data-dir", str(data), "list"], new)
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 3, listed.stderr
     again = _ql(["--data-dir", str(data), "run", "--", "true"], new)
     assert again.returncode == 0, again.stderr
+
+
+def _kept(after: dict[str, list[tuple]], before: dict[str, list[tuple]]) -> bool:
+    """Every row of ``before`` is in ``after`` unchanged; ``alembic_version`` names both heads now
+    (core's 0009 on 0007, the cluster branch's 0008)."""
+    assert after["alembic_version"] == [(rev,) for rev in SCHEMA_HEAD.split(",")], after["alembic_version"]
+    return {k: v for k, v in after.items() if k != "alembic_version"} == \
+        {k: v for k, v in before.items() if k != "alembic_version"}
 
 
 def _pg_rows(conninfo: str) -> dict[str, list[tuple]]:
@@ -138,9 +149,10 @@ def test_a_control_database_of_the_single_chain_upgrades_in_place(old_release: P
         new = _env(tmp_path, None)
         up = _ql(["--config", str(config), "db", "upgrade"], new)
         assert up.returncode == 0, up.stderr
-        assert _pg_rows(url.replace("postgresql+psycopg://", "postgresql://")) == before
+        after = _pg_rows(url.replace("postgresql+psycopg://", "postgresql://"))
+        assert _kept(after, before)  # only core's 0009 applied (nothing on PostgreSQL), every row kept
         _alembic_upgrade(url, new)
-        assert _pg_rows(url.replace("postgresql+psycopg://", "postgresql://")) == before
+        assert _pg_rows(url.replace("postgresql+psycopg://", "postgresql://")) == after
         listed = _ql(["--json", "--config", str(config), "list"], new)
         assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 2, listed.stderr
         assert all('"queued"' in line for line in listed.stdout.splitlines())

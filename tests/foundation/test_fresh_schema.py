@@ -72,13 +72,13 @@ def test_a_database_at_an_older_revision_is_still_migrated_by_alembic(tmp_path: 
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from ql_core.db.migrate import _alembic_config  # noqa: PLC2701 - the migration entry point
+    from ql_core.db.migrate import alembic_config
 
     data = tmp_path / "data"
     data.mkdir()
     engine = create_engine(f"sqlite:///{data / 'ql.db'}", poolclass=NullPool)
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0007_history")
+        command.upgrade(alembic_config(conn), "0007_history")
     engine.dispose()
     run = ql(data, "run", "--", "true")
     assert run.returncode == 0, run.stderr
