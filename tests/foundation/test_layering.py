@@ -222,9 +222,6 @@ ALLOWED_CYCLES = {
     # db/models.py imports db/cluster_models.py at its tail so the cluster tables share METADATA;
     # gone when the cluster tables register from the plugin (issue 23, items 2 and 6).
     frozenset({"ql_core.db.models", "ql_core.db.cluster_models"}),
-    # worker.py names WorkerJournal for its type; worker_store.py builds the Worker in run_worker;
-    # gone when Worker is split into parts handed what they use (issue 23, item 4).
-    frozenset({"ql_plugins.cluster_fenced.worker", "ql_plugins.cluster_fenced.worker_store"}),
 }
 
 
