@@ -8,8 +8,6 @@ wakes the loop early: it polls anyway.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -32,30 +30,18 @@ __all__ = ["ControlLoop"]
 class ControlLoop:
     """One round after another: events, heartbeat, renewals, starts, outbox, claims, purge."""
 
-    def __init__(self, held: HeldAttempts, session: ControlSession, *, guard: FenceGuard, outbox: OutboxSender,
-                 stop: threading.Event, done: threading.Event, wake: threading.Event) -> None:
-        self.held = held
+    def __init__(self, session: ControlSession, *, guard: FenceGuard, runner: Runner, outbox: OutboxSender) -> None:
         self.session = session
-        self.profile = session.profile
         self.guard = guard
+        self.runner = runner
         self.outbox = outbox
-        self.stop = stop
-        self.done = done
-        #: Wakes the loop (an event, a notification, a stop).
-        self.wake = wake
-        self.runner: Runner | None = None
-        self._events: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
-
-    def spawned(self, attempt_id: str) -> None:
-        """From a runner thread: the attempt's handle is stored locally; report it running."""
-        self._events.put(("spawned", attempt_id))
-        self.wake.set()
+        #: The attempts this worker holds (the guard's).
+        self.held: HeldAttempts = guard.held
 
     # -- one round -----------------------------------------------------------------------------------------
     def tick(self, *, claiming: bool) -> None:
-        assert self.runner is not None
         try:
-            self._handle_events()
+            self.guard.report_spawned()
             self._heartbeat()
             self.guard.renew()
             self.runner.start_pending()
@@ -65,15 +51,14 @@ class ControlLoop:
             self.outbox.purge()
         except ControlDBError as exc:  # a final error of one call (a bug or a schema mismatch)
             logger.error("control call failed: {}", exc)
-            self.stop.wait(1.0)
+            self.session.stop.wait(1.0)
         except Exception as exc:  # noqa: BLE001 - e.g. the local disk: the loop (and its leases) go on
             # Type only: a traceback's variables could hold a token or a spec.
             logger.error("worker round failed ({}); retried in 1s", type(exc).__name__)
-            self.stop.wait(1.0)
+            self.session.stop.wait(1.0)
 
     def sleep(self) -> None:
         """Until the next thing due (a heartbeat, a renewal, a start, an outbox try, a claim), or woken."""
-        assert self.runner is not None
         now = time.monotonic()
         due = [self.session.heartbeat_due, self.outbox.purge_due]
         for held in self.held.select():
@@ -86,33 +71,24 @@ class ControlLoop:
             due.append(self.runner.claim_due)
         timeout = max(0.0, min(min(due) - now, IDLE_S)) if due else IDLE_S
         if timeout > 0:
-            self.wake.wait(timeout)
-        self.wake.clear()
-
-    def _handle_events(self) -> None:
-        while True:
-            try:
-                kind, attempt_id = self._events.get_nowait()
-            except queue.Empty:
-                return
-            held = self.held.get(attempt_id)
-            if held is not None and kind == "spawned":
-                self.guard.report_running(held)
+            self.session.wake.wait(timeout)
+        self.session.wake.clear()
 
     # -- the worker session --------------------------------------------------------------------------------
     def register(self) -> bool:
         """Register this worker (waits for a schema or a grant); False: stopped before any answer."""
         session = self.session
+        profile, stop = session.profile, session.stop
         delay = 0.1
-        while not self.stop.is_set():
+        while not stop.is_set():
             try:
                 reg, _sent = session.call(lambda db: db.register(session.worker_id, session.session,
                                                                  slots=session.settings.slots,
                                                                  ql_version=session.version,
-                                                                 ttl_ms=int(self.profile.session_lease_s * 1000)))
+                                                                 ttl_ms=int(profile.session_lease_s * 1000)))
             except TransientError as exc:
                 logger.warning("register: no answer ({}); retried in {:.1f}s", exc.kind, delay)
-                self.stop.wait(delay)
+                stop.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             except ControlDBError as exc:
@@ -122,7 +98,7 @@ class ControlLoop:
                     logger.warning("this worker's database role may not call the worker functions: run `ql db "
                                    "grant-worker ROLE` as the control database's admin (again after every "
                                    "`ql db upgrade`); retried in {:.1f}s", delay)
-                    self.stop.wait(delay)
+                    stop.wait(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 if exc.sqlstate not in ("42883", "42P01"):  # anything but "no such function / table"
@@ -131,11 +107,11 @@ class ControlLoop:
                 # creates it. A worker never migrates the control plane; it waits.
                 logger.warning("the control database has no ql schema yet (start `ql control` or run "
                                "`ql db upgrade` with the control profile); retried in {:.1f}s", delay)
-                self.stop.wait(delay)
+                stop.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             session.worker = reg.worker
-            session.heartbeat_due = time.monotonic() + self.profile.heartbeat_interval_s
+            session.heartbeat_due = time.monotonic() + profile.heartbeat_interval_s
             return True
         return False
 
@@ -143,14 +119,14 @@ class ControlLoop:
         session = self.session
         if session.worker is None or time.monotonic() < session.heartbeat_due:
             return
-        worker = session.worker
+        worker, profile = session.worker, session.profile
         try:
-            res, sent = session.call(lambda db: db.heartbeat(worker, ttl_ms=int(self.profile.session_lease_s * 1000)))
+            res, sent = session.call(lambda db: db.heartbeat(worker, ttl_ms=int(profile.session_lease_s * 1000)))
         except TransientError:
             session.heartbeat_due = time.monotonic() + 1.0
             return
         if res.answer is LeaseAnswer.OK:
-            session.heartbeat_due = sent + self.profile.heartbeat_interval_s
+            session.heartbeat_due = sent + profile.heartbeat_interval_s
             if session.claim_paused:
                 logger.info("worker session confirmed: claiming again")
             session.claim_paused = False
@@ -169,24 +145,25 @@ class ControlLoop:
             import psycopg
         except ImportError:  # pragma: no cover
             return
+        done = self.session.done
         delay = 1.0
-        while not self.done.is_set():
+        while not done.is_set():
             try:
                 with psycopg.connect(conninfo_of(self.session.control_url), autocommit=True, connect_timeout=5,
                                      application_name="ql-worker-queue") as conn:
                     conn.execute("LISTEN ql_queue")
                     conn.execute("LISTEN ql_intent")
                     delay = 1.0
-                    while not self.done.is_set():
+                    while not done.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             if note.channel == "ql_intent":
                                 with self.held.lock:
                                     held = self.held.get(note.payload)
                                     if held is not None:
                                         held.renew_due = 0.0  # learn the intent from a renew, now
-                            elif self.runner is not None:
+                            else:
                                 self.runner.queue_woken = True
-                            self.wake.set()
+                            self.session.wake.set()
             except Exception:  # noqa: BLE001 - a wake-up only: the control loop polls anyway
-                self.done.wait(delay)
+                done.wait(delay)
                 delay = min(delay * 2, 30.0)

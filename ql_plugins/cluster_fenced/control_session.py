@@ -2,11 +2,13 @@
 
 Only the control loop thread calls :meth:`ControlSession.call` (every call capped by
 ``control_call_timeout_s``); the flags here are what the worker's parts tell each other about the
-session (registered fence, claiming paused, taken over, draining).
+session (registered fence, claiming paused, taken over, draining), with the process's own signals
+(``stop`` asked, ``done``, ``wake`` the control loop).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
@@ -27,13 +29,18 @@ __all__ = ["ControlSession"]
 class ControlSession:
     """One worker process's control connection, lease numbers and session state."""
 
-    def __init__(self, *, control_url: str, clock: DbClock, settings: ClusterSettings, profile: Any) -> None:
+    def __init__(self, *, control_url: str, clock: DbClock, settings: ClusterSettings, profile: Any,
+                 stop: threading.Event) -> None:
         from ql_core import __version__
 
         self.control_url = control_url
         self.clock = clock
         self.settings = settings
         self.profile = profile
+        #: Set when the worker is asked to stop (it drains); ``done`` once it has; ``wake`` the control loop.
+        self.stop = stop
+        self.done = threading.Event()
+        self.wake = threading.Event()
         self.version = __version__[:32]
         self.worker_id = settings.worker_id
         self.session = str(uuid.uuid4())

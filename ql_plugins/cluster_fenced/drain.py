@@ -7,14 +7,13 @@ never spawned, and submits the outbox with the *old* fences. After registering,
 :meth:`Restart.fence_previous` stops every attempt of the previous process that still runs (its
 lease is gone): nothing launched before is ever spawned again.
 
-Drain (:meth:`Restart.drain`): stop claiming, finish (or hand back) what runs, bounded; submit the
+Drain (:meth:`Drain.drain`): stop claiming, finish (or hand back) what runs, bounded; submit the
 outbox; deregister.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -40,30 +39,22 @@ if TYPE_CHECKING:
     from .worker_ports import WorkerStore
     from .worker_tables import LeaseRow
 
-__all__ = ["Restart"]
+__all__ = ["Restart", "Drain"]
 
 
 class Restart:
-    """The previous process's attempts on start, and the drain on stop."""
+    """The previous process's attempts: settled and submitted before registering, stopped after."""
 
-    def __init__(self, node: Node, store: WorkerStore, held: HeldAttempts, session: ControlSession, *,
-                 guard: FenceGuard, runner: Runner, outbox: OutboxSender, stop: threading.Event,
-                 wake: threading.Event, tick: Callable[[], None]) -> None:
+    def __init__(self, node: Node, store: WorkerStore, session: ControlSession, *, guard: FenceGuard,
+                 outbox: OutboxSender) -> None:
         self.node = node
         self.store = store
-        self.leases = store.leases
-        self.held = held
         self.session = session
-        self.settings = session.settings
-        self.profile = session.profile
         self.guard = guard
-        self.runner = runner
         self.outbox = outbox
-        self.stop = stop
-        self.wake = wake
-        #: One round of the control loop without claiming.
-        self.tick = tick
-        self.shipper: LogShipper | None = None
+        self.leases = store.leases
+        #: The attempts this worker holds (the guard's).
+        self.held: HeldAttempts = guard.held
 
     # -- restart -------------------------------------------------------------------------------------------
     def recover_previous(self) -> None:
@@ -72,26 +63,26 @@ class Restart:
         if not rows:
             return
         logger.info("recovering {} attempts of the previous worker process", len(rows))
-        old = rows[0]
+        old, session = rows[0], self.session
         with contextlib.suppress(ControlDBError):
             # Measures the database clock (the outbox states its times in it); the old session's
             # heartbeat changes nothing that matters: registering next replaces it.
-            self.session.call(lambda db: db.heartbeat(WorkerFence(old.worker_id, old.worker_generation, old.session),
-                                                      ttl_ms=int(self.profile.session_lease_s * 1000)))
+            session.call(lambda db: db.heartbeat(WorkerFence(old.worker_id, old.worker_generation, old.session),
+                                                 ttl_ms=int(session.profile.session_lease_s * 1000)))
         # What ended while no worker ran: receipts, process identities (one bounded local pass).
         with contextlib.suppress(Exception):
             Reconciler(self.node).full_pass()
         for row in rows:
             self._recover_row(row)
         self.store.rebuild_outbox()
-        deadline = time.monotonic() + self.session.ttl_s
-        while time.monotonic() < deadline and not self.stop.is_set():
+        deadline = time.monotonic() + session.ttl_s
+        while time.monotonic() < deadline and not session.stop.is_set():
             pending = [r for r in self.leases.by_state("outbox") if r.stop_reason != FENCED]
             if not pending:
                 break
             self.outbox.submit_due(pre_register=True)
             if any(self.held.outbox_next.get(r.attempt_id, 0) > time.monotonic() for r in pending):
-                self.stop.wait(0.2)
+                session.stop.wait(0.2)
 
     def _recover_row(self, row: LeaseRow) -> None:
         from ql_core.never_started import StartState, start_state
@@ -136,12 +127,27 @@ class Restart:
                            row.attempt_id)
             self.guard.self_fence(held, by_database=True)
 
-    # -- drain ---------------------------------------------------------------------------------------------
+
+
+class Drain:
+    """Stop claiming; finish (or hand back) what runs, bounded; submit the outbox; deregister."""
+
+    def __init__(self, session: ControlSession, *, guard: FenceGuard, runner: Runner,
+                 tick: Callable[[], None]) -> None:
+        self.session = session
+        self.guard = guard
+        self.runner = runner
+        #: One round of the control loop without claiming.
+        self.tick = tick
+        self.held: HeldAttempts = guard.held
+        self.shipper: LogShipper | None = None
+
     def drain(self) -> int:
         """Stop claiming; finish (or hand back) what runs, bounded; submit the outbox; deregister."""
-        session = self.session
+        session, leases = self.session, self.held.leases
+        settings, profile = session.settings, session.profile
         session.draining = True
-        logger.info("draining ({}, at most {:g}s)", self.settings.drain, self.settings.drain_timeout_s)
+        logger.info("draining ({}, at most {:g}s)", settings.drain, settings.drain_timeout_s)
         unstarted = self.held.select(lambda h: h.state in ("claimed", "started") and not h.ended
                                      and h.stop_reason is None and not h.previous)
         for held in unstarted:
@@ -150,17 +156,17 @@ class Restart:
                     continue
                 held.stop_reason = DRAINED  # a runner that has not begun will not spawn it
             self.runner.release(held)
-        if self.settings.drain == "hand_back" or session.taken_over:
+        if settings.drain == "hand_back" or session.taken_over:
             self.hand_back_all()
-        finish_by = time.monotonic() + self.settings.drain_timeout_s
-        handed_back = self.settings.drain == "hand_back" or session.taken_over
-        hard_stop = finish_by + float(self.profile.cancel_grace_s) + session.call_timeout_s * 2 + 2.0
+        finish_by = time.monotonic() + settings.drain_timeout_s
+        handed_back = settings.drain == "hand_back" or session.taken_over
+        hard_stop = finish_by + float(profile.cancel_grace_s) + session.call_timeout_s * 2 + 2.0
         announced = False
         while time.monotonic() < hard_stop:
             if not handed_back and time.monotonic() >= finish_by:
                 self.hand_back_all()
                 handed_back = True
-                hard_stop = time.monotonic() + float(self.profile.cancel_grace_s) + session.call_timeout_s * 2 + 2.0
+                hard_stop = time.monotonic() + float(profile.cancel_grace_s) + session.call_timeout_s * 2 + 2.0
             self.tick()
             if not announced:
                 # After the first round's renewals, not before: the announcement is for operators
@@ -168,14 +174,14 @@ class Restart:
                 announced = True
                 self._announce_drain()
             open_ = self.held.select(lambda h: not (h.previous and h.ended))
-            if not open_ and not self.leases.by_state("outbox"):
+            if not open_ and not leases.by_state("outbox"):
                 break
-            self.wake.wait(0.1)
-            self.wake.clear()
+            session.wake.wait(0.1)
+            session.wake.clear()
         if self.shipper is not None and session.worker is not None and not session.taken_over:
             # Deregistering ends the session that proves this worker to the artifact store: finalize
             # the logs of ended attempts first (bounded; a later start finishes whatever is left).
-            if not self.shipper.flush(min(10.0, max(1.0, self.settings.drain_timeout_s))):
+            if not self.shipper.flush(min(10.0, max(1.0, settings.drain_timeout_s))):
                 logger.info("some logs are not finalized yet; the next start of this worker ships them")
         worker = session.worker
         if worker is not None and not session.taken_over:
@@ -183,7 +189,7 @@ class Restart:
                 session.call(lambda db: db.deregister(worker))
         current = (worker.generation, worker.session) if worker is not None else None
         pending = waiting = 0
-        for row in self.leases.unanswered():
+        for row in leases.unanswered():
             if row.state == "outbox" or (row.worker_generation, row.session) == current:
                 pending += 1
             else:
@@ -228,5 +234,5 @@ class Restart:
                 if held.stop_reason is not None:
                     continue
                 held.stop_reason = DRAINED
-            self.guard.stop(held, DRAINED, grace_s=float(self.profile.cancel_grace_s))
+            self.guard.stop(held, DRAINED, grace_s=float(self.session.profile.cancel_grace_s))
         self.guard.wake.set()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import queue
 import signal
 import threading
 import time
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from .control_session import ControlSession
     from .held_attempts import Held, HeldAttempts
+    from .worker_tables import WorkerLeases
 
 __all__ = ["FenceGuard", "renew_due_at", "IDLE_S"]
 
@@ -51,15 +53,17 @@ def renew_due_at(sent: float, own_deadline: float, ttl_s: float) -> float:
 class FenceGuard:
     """Renews the held attempts' leases and stops the attempts that lost (or may have lost) theirs."""
 
-    def __init__(self, node: Node, held: HeldAttempts, session: ControlSession, done: threading.Event) -> None:
+    def __init__(self, node: Node, held: HeldAttempts, session: ControlSession) -> None:
         self.node = node
         self.held = held
-        self.leases = held.leases
         self.session = session
-        self.profile = session.profile
-        self.done = done
         #: Wakes the guard thread (a deadline moved, a kill is due).
         self.wake = threading.Event()
+        self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    @property
+    def leases(self) -> WorkerLeases:
+        return self.held.leases
 
     # -- lease answers (the control loop) ----------------------------------------------------------------
     def lease_ok(self, held: Held, res: Any, sent: float) -> None:
@@ -88,7 +92,7 @@ class FenceGuard:
         if held.deadline_mono is not None and held.intent is None:
             # Past the deadline the sweeper commits the timeout intent: learn it promptly.
             now = time.monotonic()
-            poll = max(0.2, min(1.0, float(self.profile.sweep_interval_s)))
+            poll = max(0.2, min(1.0, float(self.session.profile.sweep_interval_s)))
             due = min(due, max(held.deadline_mono + 0.05, now + poll))
         return due
 
@@ -100,6 +104,22 @@ class FenceGuard:
             self.node.canceller.dispatch_one(local_run)
         except Exception as exc:  # noqa: BLE001 - the runner's wait loop dispatches again
             logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
+
+    def spawned(self, attempt_id: str) -> None:
+        """From a runner thread: the attempt's handle is stored locally; the control loop reports it."""
+        self._spawned.put(attempt_id)
+        self.session.wake.set()
+
+    def report_spawned(self) -> None:
+        """On the control loop: tell the control plane each attempt spawned since the last round."""
+        while True:
+            try:
+                attempt_id = self._spawned.get_nowait()
+            except queue.Empty:
+                return
+            held = self.held.get(attempt_id)
+            if held is not None:
+                self.report_running(held)
 
     def report_running(self, held: Held) -> None:
         sub = held.sub
@@ -201,7 +221,7 @@ class FenceGuard:
     # -- the guard thread ----------------------------------------------------------------------------------
     def run(self) -> None:
         """Self-fencing by the monotonic clock alone, and KILL after the grace; never the network."""
-        while not self.done.is_set():
+        while not self.session.done.is_set():
             now = time.monotonic()
             wait = IDLE_S
             for held in self.held.select():

@@ -8,7 +8,6 @@ else is retried with capped backoff), and only then marked answered. Runs on the
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -32,14 +31,12 @@ __all__ = ["OutboxSender"]
 class OutboxSender:
     """Submits due outbox rows and purges old answered ones."""
 
-    def __init__(self, held: HeldAttempts, session: ControlSession, wake: threading.Event) -> None:
+    def __init__(self, held: HeldAttempts, session: ControlSession) -> None:
         self.held = held
         self.leases = held.leases
         self.session = session
-        self.profile = session.profile
-        #: Wakes the control loop.
-        self.wake = wake
         self.shipper: LogShipper | None = None
+        #: Monotonic: the next purge of answered rows.
         self.purge_due = 0.0
 
     def on_outbox(self, attempt_id: str) -> None:
@@ -50,7 +47,7 @@ class OutboxSender:
                 held.ended = True
                 held.kill_due = None
         self.held.outbox_next.pop(attempt_id, None)
-        self.wake.set()
+        self.session.wake.set()
         if self.shipper is not None:
             self.shipper.wake()  # the attempt ended: finalize its log soon
 
@@ -95,7 +92,7 @@ class OutboxSender:
         except TransientError:
             tries = row.tries + 1
             self.leases.note_try(row.attempt_id, row=row)
-            backoff = min(float(self.profile.outbox_backoff_cap_s), 0.05 * (2 ** min(tries, 20)))
+            backoff = min(float(self.session.profile.outbox_backoff_cap_s), 0.05 * (2 ** min(tries, 20)))
             self.held.outbox_next[row.attempt_id] = time.monotonic() + backoff
             return False
         crashpoint("worker.outbox.after_submit")
@@ -114,4 +111,4 @@ class OutboxSender:
             return
         self.purge_due = now + 60.0
         with contextlib.suppress(Exception):
-            self.leases.purge_answered(now_ms() - int(self.profile.lease_retention_s * 1000))
+            self.leases.purge_answered(now_ms() - int(self.session.profile.lease_retention_s * 1000))

@@ -80,19 +80,13 @@ def task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, s
 class Runner:
     """Claims attempts up to the free slots, starts them, and runs each in its own thread."""
 
-    def __init__(self, node: Node, store: WorkerStore, held: HeldAttempts, session: ControlSession,
-                 guard: FenceGuard, stop: threading.Event, spawned: Callable[[str], None]) -> None:
+    def __init__(self, node: Node, store: WorkerStore, session: ControlSession, guard: FenceGuard) -> None:
         self.node = node
         self.store = store
-        self.leases = store.leases
-        self.held = held
         self.session = session
         self.guard = guard
-        self.stop = stop
-        #: Told (from the runner thread) each attempt whose handle is stored locally.
-        self.spawned = spawned
-        self.settings = session.settings
-        self.profile = session.profile
+        #: The attempts this worker holds (the guard's).
+        self.held: HeldAttempts = guard.held
         #: The spec key ring (sealing.SpecKeyRing), read when the worker starts.
         self.ring: Any = None
         self.shipper: LogShipper | None = None
@@ -104,7 +98,7 @@ class Runner:
     def may_claim(self) -> bool:
         s = self.session
         return (s.worker is not None and not s.draining and not s.claim_paused and not s.taken_over
-                and not self.stop.is_set() and self.held.live_processes() < self.settings.slots)
+                and not s.stop.is_set() and self.held.live_processes() < s.settings.slots)
 
     def claim(self) -> None:
         if not self.may_claim():
@@ -115,8 +109,9 @@ class Runner:
         self.queue_woken = False
         from ql_core.ids import new_id
 
-        free = self.settings.slots - self.held.live_processes()
-        n = min(free, int(self.profile.claim_batch))
+        profile = self.session.profile
+        free = self.session.settings.slots - self.held.live_processes()
+        n = min(free, int(profile.claim_batch))
         worker = self.session.worker
         assert worker is not None
         ids = [new_id() for _ in range(n)]
@@ -137,11 +132,11 @@ class Runner:
             self.session.heartbeat_due = 0.0
             return
         if not result.attempts:
-            self.claim_due = time.monotonic() + self.profile.claim_interval_s
+            self.claim_due = time.monotonic() + profile.claim_interval_s
             return
         fences = [(a.fence(worker), a.run_id) for a in result.attempts]
         try:
-            self.leases.insert_claimed(fences)
+            self.store.leases.insert_claimed(fences)
         except Exception as exc:  # noqa: BLE001 - not recorded: never started; the sweeper requeues them
             logger.error("claimed {} attempts but could not record them locally ({}); they are not started",
                          len(fences), type(exc).__name__)
@@ -163,7 +158,7 @@ class Runner:
             self.held.add(held)
             self.start(held)
         self.claim_due = time.monotonic() if len(result.attempts) == n else (
-            time.monotonic() + self.profile.claim_interval_s)
+            time.monotonic() + profile.claim_interval_s)
 
     def start_pending(self) -> None:
         """Retry ``start`` for the claimed attempts whose earlier call got no answer."""
@@ -217,7 +212,7 @@ class Runner:
             sealed, held.spec = held.spec, None
             spec, problem = self._open_spec(held.run_id, sealed)
             del sealed
-            self.leases.set_state(attempt_id, "launching", expected="claimed")
+            self.store.leases.set_state(attempt_id, "launching", expected="claimed")
             if spec is None:
                 # Never spawned: the attempt ends lost with a reason that says why (the run fails
                 # clearly instead of waiting for a key that may never come).
@@ -245,7 +240,7 @@ class Runner:
             self.guard.signal(held, signal.SIGTERM)
         elif intent is not None:
             self.guard.apply_intent(held, intent)
-        self.spawned(attempt_id)
+        self.guard.spawned(attempt_id)
         try:
             wait_locally(self.node, sub)
         except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity

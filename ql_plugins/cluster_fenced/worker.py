@@ -1,9 +1,12 @@
 """``ql worker``: claim, run, renew and complete attempts of the control plane (DESIGN.md §9).
 
-:class:`Worker` is the assembly; each thread's job has its own module, handed what it uses:
+:class:`Worker` is the assembly; each thread's job has its own module, handed what it uses (the
+session, the fence guard — which keeps the held attempts —, the runner, the outbox sender), never
+the ``Worker``:
 
 - :mod:`.held_attempts` — the attempts this worker holds, under one lock;
-- :mod:`.control_session` — the one control connection, the session and its flags;
+- :mod:`.control_session` — the one control connection, the session, its flags and the process's
+  stop/done/wake signals;
 - :mod:`.control_loop` — the **control loop** (the thread that called :meth:`Worker.run`; the only
   one that calls the control database: heartbeat, claim, start, running, renew, outbox, release)
   and the **queue listener** (``LISTEN ql_queue``: a notification only wakes the loop early);
@@ -36,7 +39,7 @@ from ql_core.supervisor import Supervisor
 
 from .control_loop import ControlLoop
 from .control_session import ControlSession
-from .drain import Restart
+from .drain import Drain, Restart
 from .fence_guard import FenceGuard
 from .held_attempts import HeldAttempts
 from .outbox_sender import OutboxSender
@@ -59,21 +62,15 @@ class Worker:
     def __init__(self, node: Node, journal: WorkerStore, stop: threading.Event) -> None:
         self.node = node
         self.journal = journal
-        self.stop = stop
-        self.done = threading.Event()
-        self.wake = threading.Event()
-        self.session = ControlSession(control_url=journal.control_url, clock=journal.clock,
-                                      settings=journal.settings, profile=journal.profile)
-        self.held = HeldAttempts(journal.leases)
-        self.guard = FenceGuard(node, self.held, self.session, self.done)
-        self.outbox = OutboxSender(self.held, self.session, self.wake)
-        self.loop = ControlLoop(self.held, self.session, guard=self.guard, outbox=self.outbox, stop=stop,
-                                done=self.done, wake=self.wake)
-        self.runner = Runner(node, journal, self.held, self.session, self.guard, stop, self.loop.spawned)
-        self.loop.runner = self.runner
-        self.restart = Restart(node, journal, self.held, self.session, guard=self.guard, runner=self.runner,
-                               outbox=self.outbox, stop=stop, wake=self.wake,
-                               tick=lambda: self.loop.tick(claiming=False))
+        session = self.session = ControlSession(control_url=journal.control_url, clock=journal.clock,
+                                                settings=journal.settings, profile=journal.profile, stop=stop)
+        held = HeldAttempts(journal.leases)
+        self.guard = FenceGuard(node, held, session)
+        self.outbox = OutboxSender(held, session)
+        self.runner = Runner(node, journal, session, self.guard)
+        self.loop = ControlLoop(session, guard=self.guard, runner=self.runner, outbox=self.outbox)
+        self.restart = Restart(node, journal, session, guard=self.guard, outbox=self.outbox)
+        self.drain = Drain(session, guard=self.guard, runner=self.runner, tick=lambda: self.loop.tick(claiming=False))
         self.shipper: LogShipper | None = None
         self._lock_fd: int | None = None
         self._threads: list[threading.Thread] = []
@@ -102,17 +99,17 @@ class Worker:
             logger.info("ql worker {} (generation {}): {} slots, run lease {:g}s", session.worker_id,
                         session.worker.generation if session.worker else "?", session.settings.slots,
                         session.ttl_s)
-            while not self.stop.is_set() and not session.taken_over:
+            while not session.stop.is_set() and not session.taken_over:
                 self.loop.tick(claiming=True)
                 self.loop.sleep()
-            status = self.restart.drain()
+            status = self.drain.drain()
             if session.taken_over:
                 raise QlError(f"worker id {session.worker_id!r} was registered by another process: this one stopped "
                               f"its attempts and exits (give every worker its own worker_id)")
             return status
         finally:
-            self.done.set()
-            self.wake.set()
+            session.done.set()
+            session.wake.set()
             self.guard.wake.set()
             if supervisor is not None:
                 supervisor.stop()
@@ -137,7 +134,7 @@ class Worker:
         table = open_ship_table(self.node.config.data_dir, int(profile.busy_timeout_ms))
         self.shipper = LogShipper(self.node, table, lambda: self.node.plugins.artifact_stores.create(name, self.node.context),
                                   worker_id=self.session.worker_id, profile=profile, fence=self.session.live_fence)
-        self.runner.shipper = self.outbox.shipper = self.restart.shipper = self.shipper
+        self.runner.shipper = self.outbox.shipper = self.drain.shipper = self.shipper
         missing = []
         for row in self.journal.leases.unanswered():
             attempt = self.node.journal.attempt(row.attempt_id)
@@ -153,9 +150,10 @@ class Worker:
         self._threads.append(thread)
 
     def _stop_watch(self) -> None:
-        while not self.done.is_set():
-            if self.stop.wait(0.5):
-                self.wake.set()
+        session = self.session
+        while not session.done.is_set():
+            if session.stop.wait(0.5):
+                session.wake.set()
                 return
 
     def _lock_data_dir(self) -> None:
