@@ -219,9 +219,6 @@ def _import_cycles() -> list[frozenset[str]]:
 #: Import cycles left in files other branches own, each removed by the change named; an entry that no
 #: longer occurs fails the test too, so it is deleted the day its cycle goes.
 ALLOWED_CYCLES = {
-    # worker.py names WorkerJournal for its type; worker_store.py builds the Worker in run_worker;
-    # gone when Worker is split into parts handed what they use (issue 23, item 4).
-    frozenset({"ql_plugins.cluster_fenced.worker", "ql_plugins.cluster_fenced.worker_store"}),
 }
 
 

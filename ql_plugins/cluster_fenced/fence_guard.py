@@ -1,0 +1,243 @@
+"""Lease renewal and the fence: how a held attempt keeps its lease, and how it is stopped without one.
+
+- :meth:`FenceGuard.renew`, :meth:`~FenceGuard.report_running` and :meth:`~FenceGuard.lease_ok` run
+  on the control loop: each answer that extends the lease moves the attempt's own deadline and its
+  next renewal (:func:`renew_due_at`), and brings the control plane's cancel/timeout intent;
+- :meth:`FenceGuard.run` is the **fence guard** thread: it never touches the network. Past an
+  attempt's own lease deadline on the monotonic clock (renew *sent* + TTL − ``fence_margin_s``,
+  always before the database can expire the lease) it fences the attempt itself: stops its process
+  group (verified identity: TERM, KILL after half the margin), keeps receipt and log, records
+  ``SELF_FENCED`` locally, stops claiming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ql_core.clock import now_ms
+from ql_core.crashpoints import crashpoint
+from ql_core.log import logger
+from ql_core.states import RUN_TERMINAL
+
+from .control_db import TransientError
+from .held_attempts import LIVE, PROCESS
+from .outbox import FENCED, SELF_FENCED
+from .results import LeaseAnswer
+
+if TYPE_CHECKING:
+    from ql_core.node import Node
+
+    from .control_session import ControlSession
+    from .held_attempts import Held, HeldAttempts
+    from .worker_tables import WorkerLeases
+
+__all__ = ["FenceGuard", "renew_due_at", "IDLE_S"]
+
+#: How long a worker thread sleeps at most between looks (it is woken earlier by every event).
+IDLE_S = 0.5
+
+
+def renew_due_at(sent: float, own_deadline: float, ttl_s: float) -> float:
+    """When to renew after a lease call sent at ``sent`` (monotonic): half a lease after it, but
+    never later than half way to the own deadline — an answer that did not extend the lease
+    (``running`` keeps the claim's expiry) must not push the renewal past the point where the guard
+    fences the attempt itself."""
+    return min(sent + ttl_s / 2, sent + max(0.0, own_deadline - sent) / 2)
+
+
+class FenceGuard:
+    """Renews the held attempts' leases and stops the attempts that lost (or may have lost) theirs."""
+
+    def __init__(self, node: Node, held: HeldAttempts, session: ControlSession) -> None:
+        self.node = node
+        self.held = held
+        self.session = session
+        #: Wakes the guard thread (a deadline moved, a kill is due).
+        self.wake = threading.Event()
+        self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    @property
+    def leases(self) -> WorkerLeases:
+        return self.held.leases
+
+    # -- lease answers (the control loop) ----------------------------------------------------------------
+    def lease_ok(self, held: Held, res: Any, sent: float) -> None:
+        """An answer that extended (or confirmed) the lease: move the own deadline, learn the intents."""
+        now = time.monotonic()
+        if res.lease_expires_at_ms is not None and res.db_now_ms is not None:
+            # The database's expiry, seen from here: never later than sent + (expiry − db now).
+            remaining = (res.lease_expires_at_ms - res.db_now_ms) / 1000
+            held.own_deadline = max(held.own_deadline, sent + remaining - self.session.margin_s)
+        held.last_ok = now
+        deadline = res.intents.deadline_at_ms
+        if deadline is not None and res.db_now_ms is not None:
+            held.deadline_mono = now + (deadline - res.db_now_ms) / 1000
+        held.renew_due = self._next_renew(held, sent)
+        reason = res.intents.cancel_reason
+        if reason is not None and held.intent is None:
+            held.intent = reason
+            with self.held.lock:
+                spawned = held.sub is not None
+            if spawned:
+                self.apply_intent(held, reason)
+        self.wake.set()
+
+    def _next_renew(self, held: Held, sent: float) -> float:
+        due = renew_due_at(sent, held.own_deadline, self.session.ttl_s)
+        if held.deadline_mono is not None and held.intent is None:
+            # Past the deadline the sweeper commits the timeout intent: learn it promptly.
+            now = time.monotonic()
+            poll = max(0.2, min(1.0, float(self.session.profile.sweep_interval_s)))
+            due = min(due, max(held.deadline_mono + 0.05, now + poll))
+        return due
+
+    def apply_intent(self, held: Held, reason: str) -> None:
+        """The control plane's cancel/timeout intent: commit it locally and signal (TERM now, KILL later)."""
+        try:
+            local_run = held.sub.run_id if held.sub is not None else held.run_id
+            self.node.canceller.request(local_run, reason)
+            self.node.canceller.dispatch_one(local_run)
+        except Exception as exc:  # noqa: BLE001 - the runner's wait loop dispatches again
+            logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
+
+    def spawned(self, attempt_id: str) -> None:
+        """From a runner thread: the attempt's handle is stored locally; the control loop reports it."""
+        self._spawned.put(attempt_id)
+        self.session.wake.set()
+
+    def report_spawned(self) -> None:
+        """On the control loop: tell the control plane each attempt spawned since the last round."""
+        while True:
+            try:
+                attempt_id = self._spawned.get_nowait()
+            except queue.Empty:
+                return
+            held = self.held.get(attempt_id)
+            if held is not None:
+                self.report_running(held)
+
+    def report_running(self, held: Held) -> None:
+        sub = held.sub
+        if sub is None or held.stop_reason is not None:
+            return
+        started = self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
+        crashpoint("worker.running.before_call")
+        for _ in range(3):
+            try:
+                res, sent = self.session.call(lambda db: db.running(held.fence, started_at_ms=started))
+            except TransientError:
+                continue
+            if res.answer is LeaseAnswer.OK:
+                held.state = "running" if not held.ended else held.state
+                self.lease_ok(held, res, sent)
+            else:
+                self.self_fence(held, by_database=True)
+            return
+        # No answer: the next renewals keep the lease; the completion works from 'starting' too.
+
+    def renew(self) -> None:
+        """Renew every lease whose renewal is due."""
+        now = time.monotonic()
+        due = self.held.select(lambda h: not h.previous and h.stop_reason is None and h.state != "claimed"
+                               and h.renew_due <= now)
+        for held in due:
+            try:
+                res, sent = self.session.call(lambda db: db.renew(held.fence, ttl_ms=self.session.ttl_ms))
+            except TransientError:
+                held.renew_due = time.monotonic() + min(1.0, self.session.ttl_s / 10)
+                continue
+            if res.answer is LeaseAnswer.OK:
+                self.session.count("renewed")
+                self.lease_ok(held, res, sent)
+            else:
+                logger.warning("attempt {}: lease fenced ({})", held.attempt_id, res.reason)
+                self.self_fence(held, by_database=True)
+
+    # -- fencing -------------------------------------------------------------------------------------------
+    def self_fence(self, held: Held, *, by_database: bool) -> None:
+        """The lease is gone (or may be): stop the task, keep receipt and log, stop claiming."""
+        now = time.monotonic()
+        with self.held.lock:
+            if held.stop_reason is not None:
+                return
+            held.stop_reason = FENCED if by_database else SELF_FENCED
+            spawned = held.sub is not None or held.state in PROCESS
+            # Our report waits until the database must have expired the lease by its own clock (last
+            # extension + TTL + margin): the sweeper decides first. What we then send is true either
+            # way — "lost" for a task we stopped ourselves (outbox.build_payload) — so even a renewal
+            # that reached the database late, keeping the lease live, cannot turn it into a verdict.
+            not_before = now_ms() if by_database else now_ms() + int(
+                max(0.0, held.last_ok + self.session.ttl_s + self.session.margin_s - now) * 1000)
+        self.session.claim_paused = True
+        self.session.count("self_fenced")
+        with contextlib.suppress(Exception):
+            self.leases.mark_stopped(held.attempt_id, held.stop_reason,
+                                     stopped_at_ms=self.stopped_at_ms(held.attempt_id), not_before_ms=not_before)
+        if not spawned and held.state in ("claimed", "started"):
+            self.held.forget(held, "fenced")  # nothing runs and nothing ever will
+            return
+        if not held.ended:
+            self.signal(held, signal.SIGTERM)
+            held.kill_due = time.monotonic() + self.session.kill_grace_s
+            self.wake.set()
+
+    def stop(self, held: Held, reason: str, *, grace_s: float) -> None:
+        """Stop a running attempt for ``reason`` (TERM now, KILL after ``grace_s``), its stop recorded."""
+        with contextlib.suppress(Exception):
+            self.leases.mark_stopped(held.attempt_id, reason, stopped_at_ms=self.stopped_at_ms(held.attempt_id),
+                                     not_before_ms=None)
+        self.signal(held, signal.SIGTERM)
+        held.kill_due = time.monotonic() + grace_s
+
+    def stopped_at_ms(self, attempt_id: str) -> int:
+        """When we stop an attempt, on the time base its receipt's finish uses (its committed start +
+        the time since on the boot clock, docs/design.md §3), so the outbox's "did the task beat the
+        stop?" compares like with like; the wall clock only when the executor cannot measure."""
+        attempt = self.node.journal.attempt(attempt_id)
+        if attempt is not None and attempt.started_at_ms is not None:
+            elapsed = self.node.attempt_elapsed_ms(attempt)
+            if elapsed is not None:
+                return attempt.started_at_ms + elapsed
+        return now_ms()
+
+    def signal(self, held: Held, signum: int) -> str | None:
+        """A verified group signal through the attempt's executor (its durable handle)."""
+        attempt = self.node.journal.attempt(held.attempt_id)
+        if attempt is None or attempt.handle is None or attempt.status in RUN_TERMINAL:
+            return None
+        executor = self.node.executor_for(attempt.executor)
+        if executor is None:
+            return None
+        try:
+            return str(executor.signal(attempt.handle, signum))
+        except OSError:
+            return None
+
+    # -- the guard thread ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Self-fencing by the monotonic clock alone, and KILL after the grace; never the network."""
+        while not self.session.done.is_set():
+            now = time.monotonic()
+            wait = IDLE_S
+            for held in self.held.select():
+                if held.ended:
+                    continue
+                if held.stop_reason is None and not held.previous and held.state in LIVE:
+                    if now >= held.own_deadline:
+                        logger.warning("attempt {}: no lease renewal in time, fencing itself", held.attempt_id)
+                        self.self_fence(held, by_database=False)
+                    else:
+                        wait = min(wait, held.own_deadline - now)
+                if held.kill_due is not None:
+                    if now >= held.kill_due:
+                        held.kill_due = None
+                        self.signal(held, signal.SIGKILL)
+                    else:
+                        wait = min(wait, held.kill_due - now)
+            self.wake.wait(max(0.005, wait))
+            self.wake.clear()

@@ -1,0 +1,114 @@
+"""Submitting the outbox: every local terminal transition of a claimed attempt, with its fence.
+
+Each row (:class:`~.worker_store.WorkerJournal` writes it) is submitted with the attempt's fence
+until a final answer (``applied``, ``already_completed``, ``already_terminal``, ``fenced``; anything
+else is retried with capped backoff), and only then marked answered. Runs on the control loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from ql_core.clock import now_ms
+from ql_core.crashpoints import crashpoint
+from ql_core.log import logger
+
+from .control_db import TransientError
+from .outbox import FENCED
+from .results import EndAnswer, EndStatus
+
+if TYPE_CHECKING:
+    from .control_session import ControlSession
+    from .held_attempts import HeldAttempts
+    from .log_shipper import LogShipper
+    from .worker_tables import LeaseRow
+
+__all__ = ["OutboxSender"]
+
+
+class OutboxSender:
+    """Submits due outbox rows and purges old answered ones."""
+
+    def __init__(self, held: HeldAttempts, session: ControlSession) -> None:
+        self.held = held
+        self.leases = held.leases
+        self.session = session
+        self.shipper: LogShipper | None = None
+        #: Monotonic: the next purge of answered rows.
+        self.purge_due = 0.0
+
+    def on_outbox(self, attempt_id: str) -> None:
+        """An attempt went into the outbox (any thread): it ended locally; submit it soon."""
+        with self.held.lock:
+            held = self.held.get(attempt_id)
+            if held is not None:
+                held.ended = True
+                held.kill_due = None
+        self.held.outbox_next.pop(attempt_id, None)
+        self.session.wake.set()
+        if self.shipper is not None:
+            self.shipper.wake()  # the attempt ended: finalize its log soon
+
+    def submit_due(self, *, pre_register: bool = False) -> int:
+        """Submit due outbox rows with their fences; returns how many got a final answer."""
+        answered = 0
+        now = time.monotonic()
+        wall = now_ms()
+        retry = self.held.outbox_next
+        for row in self.leases.by_state("outbox"):
+            if retry.get(row.attempt_id, 0.0) > now:
+                continue
+            if row.not_before_ms is not None and wall < row.not_before_ms:
+                retry[row.attempt_id] = now + (row.not_before_ms - wall) / 1000
+                continue
+            if pre_register and row.stop_reason == FENCED:
+                continue  # submitted under the new registration: certainly answered 'fenced'
+            if self._submit(row):
+                answered += 1
+        return answered
+
+    def _submit(self, row: LeaseRow) -> bool:
+        fence = row.fence()
+        kind = row.kind
+        call = self.session.call
+        try:
+            if kind == "complete":
+                assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
+                res, _sent = call(lambda db: db.complete(
+                    fence, exit_code=row.exit_code, started_at_ms=row.started_at_ms,
+                    finished_at_ms=row.finished_at_ms, signalled=bool(row.signalled), completion_digest=row.digest))
+                answer, detail = str(res.answer), res.fence_reason or res.status
+            else:
+                status = EndStatus.RELEASED if kind == "released" else EndStatus.LOST
+                res, _sent = call(lambda db: db.end_without_completion(
+                    fence, status=status, reason=row.reason, signalled=bool(row.signalled)))
+                if res.answer is EndAnswer.REFUSED:
+                    # 'released' on a lease that did run, or 'lost' on one that never started: the other.
+                    self.leases.note_try(row.attempt_id, "lost" if kind == "released" else "released")
+                    return False
+                answer, detail = str(res.answer), res.fence_reason or res.outcome
+        except TransientError:
+            tries = row.tries + 1
+            self.leases.note_try(row.attempt_id, row=row)
+            backoff = min(float(self.session.profile.outbox_backoff_cap_s), 0.05 * (2 ** min(tries, 20)))
+            self.held.outbox_next[row.attempt_id] = time.monotonic() + backoff
+            return False
+        crashpoint("worker.outbox.after_submit")
+        self.leases.mark_answered(row.attempt_id, answer)
+        self.held.outbox_next.pop(row.attempt_id, None)
+        self.held.drop(row.attempt_id)
+        self.session.count(f"answer_{answer}")
+        log = logger.warning if answer == "fenced" else logger.info
+        log("attempt {}: {} answered {} ({})", row.attempt_id, kind, answer, detail)
+        return True
+
+    def purge(self) -> None:
+        """Once a minute: drop answered rows older than ``lease_retention_s``."""
+        now = time.monotonic()
+        if now < self.purge_due:
+            return
+        self.purge_due = now + 60.0
+        with contextlib.suppress(Exception):
+            self.leases.purge_answered(now_ms() - int(self.session.profile.lease_retention_s * 1000))

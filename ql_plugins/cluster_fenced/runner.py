@@ -1,0 +1,261 @@
+"""Claims and starts, and the **runner** thread of each attempt.
+
+The claim and the ``start`` call run on the control loop. Then one runner thread per attempt writes
+``launching`` locally, mirrors the attempt into the local store and spawns it through the node's own
+two steps (``ql_core.submit.create`` with the claim's ids, then ``start``: log artifact, receipt
+location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
+which also dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends
+locally. A runner never calls the control database.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ql_core.crashpoints import crashpoint
+from ql_core.errors import QlError
+from ql_core.log import logger
+from ql_core.wait import wait as wait_locally
+
+from .control_db import TransientError
+from .held_attempts import Held
+from .outbox import Payload
+from .results import LeaseAnswer
+
+if TYPE_CHECKING:
+    from ql_core.node import Node
+    from ql_core.submit import Submission
+
+    from .control_session import ControlSession
+    from .fence_guard import FenceGuard
+    from .held_attempts import HeldAttempts
+    from .log_shipper import LogShipper
+    from .worker_ports import WorkerStore
+
+__all__ = ["Runner", "spawn_claimed", "task_spec"]
+
+
+def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, token: str,
+                  command: tuple[str, ...], shell: bool, cwd: str | None, env: dict[str, str] | None,
+                  before_spawn: Callable[[], None] | None = None) -> Submission:
+    """Mirror a claimed attempt into the local store (same ids, the lease token as callback token)
+    and spawn it through the node's own path (:func:`ql_core.submit.create`, then
+    :func:`~ql_core.submit.start`: log, receipt location, executor, handle). The returned
+    submission's ``run_id`` is the *local* run id (see below)."""
+    from ql_core.ids import new_id
+    from ql_core.submit import RunIds, create, start
+
+    if node.journal.run(run_id) is not None:
+        # A later attempt of a run this worker ran before (retried here): the local store holds one
+        # current attempt per run, so this attempt gets a local run of its own. The control plane
+        # never sees the local run id (every fenced call names the attempt).
+        run_id = new_id()
+    # No local deadline: the control plane's lease and the worker's own timers bound the attempt.
+    sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token))
+    if before_spawn is not None:
+        before_spawn()
+    return start(node, sub, command, shell=shell, cwd=cwd, env=env)
+
+
+def task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, str] | None] | None:
+    """The run's spec as the executor takes it; None when it is malformed (never logged)."""
+    if not isinstance(spec, dict):
+        return None
+    command, shell, cwd, env = spec.get("command"), spec.get("shell", False), spec.get("cwd"), spec.get("env")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        return None
+    if not isinstance(shell, bool) or (shell and len(command) != 1):
+        return None
+    if cwd is not None and not isinstance(cwd, str):
+        return None
+    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                              for k, v in env.items())):
+        return None
+    return tuple(command), shell, cwd, (dict(env) if env else None)
+
+
+class Runner:
+    """Claims attempts up to the free slots, starts them, and runs each in its own thread."""
+
+    def __init__(self, node: Node, store: WorkerStore, session: ControlSession, guard: FenceGuard) -> None:
+        self.node = node
+        self.store = store
+        self.session = session
+        self.guard = guard
+        #: The attempts this worker holds (the guard's).
+        self.held: HeldAttempts = guard.held
+        #: The spec key ring (sealing.SpecKeyRing), read when the worker starts.
+        self.ring: Any = None
+        self.shipper: LogShipper | None = None
+        self.claim_due = 0.0
+        #: A queue notification arrived: claim now, not at ``claim_due``.
+        self.queue_woken = False
+
+    # -- claim and start (the control loop) ------------------------------------------------------------
+    def may_claim(self) -> bool:
+        s = self.session
+        return (s.worker is not None and not s.draining and not s.claim_paused and not s.taken_over
+                and not s.stop.is_set() and self.held.live_processes() < s.settings.slots)
+
+    def claim(self) -> None:
+        if not self.may_claim():
+            return
+        now = time.monotonic()
+        if now < self.claim_due and not self.queue_woken:
+            return
+        self.queue_woken = False
+        from ql_core.ids import new_id
+
+        profile = self.session.profile
+        free = self.session.settings.slots - self.held.live_processes()
+        n = min(free, int(profile.claim_batch))
+        worker = self.session.worker
+        assert worker is not None
+        ids = [new_id() for _ in range(n)]
+        logs = [new_id() for _ in range(n)]
+        executor = self.node.config.executor
+        ttl_ms, ttl_s, margin_s = self.session.ttl_ms, self.session.ttl_s, self.session.margin_s
+        try:
+            result, sent = self.session.call(lambda db: db.claim(worker, max_n=n, free_slots=free, executor=executor,
+                                                                 attempt_ids=ids, log_ids=logs, lease_ttl_ms=ttl_ms))
+        except TransientError:
+            # Never replayed: claims whose answer was lost stay 'claimed' and the sweeper requeues them.
+            self.claim_due = time.monotonic() + 1.0
+            return
+        crashpoint("worker.claim.after_answer")
+        if result.answer is LeaseAnswer.FENCED:
+            logger.warning("claim fenced (session lapsed or taken over): claiming paused until a heartbeat answers")
+            self.session.claim_paused = True
+            self.session.heartbeat_due = 0.0
+            return
+        if not result.attempts:
+            self.claim_due = time.monotonic() + profile.claim_interval_s
+            return
+        fences = [(a.fence(worker), a.run_id) for a in result.attempts]
+        try:
+            self.store.leases.insert_claimed(fences)
+        except Exception as exc:  # noqa: BLE001 - not recorded: never started; the sweeper requeues them
+            logger.error("claimed {} attempts but could not record them locally ({}); they are not started",
+                         len(fences), type(exc).__name__)
+            self.claim_due = time.monotonic() + 1.0
+            return
+        self.session.count("claimed", len(result.attempts))
+        log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
+        if self.shipper is not None:
+            try:  # before anything spawns: every byte of these logs is shipped
+                self.shipper.track([(f.attempt_id, run_id, log_of[f.attempt_id], f.lease_generation, f.lease_token)
+                                    for f, run_id in fences])
+            except Exception as exc:  # noqa: BLE001 - the next start tracks them from ql_worker_lease
+                logger.error("claimed attempts not tracked for log shipping ({})", type(exc).__name__)
+        for claimed, (fence, _run_id) in zip(result.attempts, fences):
+            held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
+                        timeout_ms=claimed.timeout_ms,
+                        own_deadline=sent + ttl_s - margin_s, renew_due=sent + ttl_s / 2,
+                        last_ok=time.monotonic())
+            self.held.add(held)
+            self.start(held)
+        self.claim_due = time.monotonic() if len(result.attempts) == n else (
+            time.monotonic() + profile.claim_interval_s)
+
+    def start_pending(self) -> None:
+        """Retry ``start`` for the claimed attempts whose earlier call got no answer."""
+        now = time.monotonic()
+        pending = self.held.select(lambda h: h.state == "claimed" and h.stop_reason is None
+                                   and h.start_retry <= now and not h.previous)
+        for held in pending:
+            self.start(held)
+
+    def start(self, held: Held) -> None:
+        try:
+            res, sent = self.session.call(lambda db: db.start(held.fence))
+        except TransientError:
+            held.start_retry = time.monotonic() + 1.0
+            return
+        if res.answer is not LeaseAnswer.OK:
+            # Gone before it started (cancelled while claimed, expired, another generation): never spawned.
+            logger.info("attempt {} fenced before start ({})", held.attempt_id, res.reason)
+            self.held.forget(held, "fenced")
+            return
+        crashpoint("worker.start.after_answer")
+        self.guard.lease_ok(held, res, sent)
+        if res.intents.cancel_reason is not None:
+            self.release(held)  # a cancel before the spawn: nothing runs, the intent ends it
+            return
+        held.state = "started"
+        runner = threading.Thread(target=self.run_attempt, args=(held,), name=f"ql-attempt-{held.attempt_id[-6:]}",
+                                  daemon=True)
+        runner.start()
+
+    def release(self, held: Held) -> None:
+        """Hand a never-spawned attempt back (its outbox row: ``released``)."""
+        held.spec = None
+        if self.store.outbox_direct(held.attempt_id, Payload("released")):
+            held.ended = True
+
+    # -- the runner: spawn and wait (its own thread; never calls the control database) ---------------------
+    def run_attempt(self, held: Held) -> None:
+        attempt_id = held.attempt_id
+        with self.held.lock:
+            if held.stop_reason is not None or held.intent is not None:
+                abandon = True
+            else:
+                abandon = False
+                held.state = "launching"
+        if abandon:
+            if held.stop_reason is None:
+                self.release(held)
+            return
+        try:
+            sealed, held.spec = held.spec, None
+            spec, problem = self._open_spec(held.run_id, sealed)
+            del sealed
+            self.store.leases.set_state(attempt_id, "launching", expected="claimed")
+            if spec is None:
+                # Never spawned: the attempt ends lost with a reason that says why (the run fails
+                # clearly instead of waiting for a key that may never come).
+                logger.error("attempt {}: {}; it is not run", attempt_id, problem)
+                reason = "SPEC_INVALID" if problem == "the run's task spec is malformed" else "SPEC_UNREADABLE"
+                self.store.outbox_direct(attempt_id, Payload("lost", reason=reason))
+                return
+            command, shell, cwd, env = spec
+            sub = spawn_claimed(self.node, run_id=held.run_id, attempt_id=attempt_id, log_id=held.log_id,
+                                token=held.fence.lease_token, command=command, shell=shell, cwd=cwd, env=env,
+                                before_spawn=lambda: crashpoint("worker.launch.before_spawn"))
+        except QlError as exc:
+            # Nothing runs (spawn failed, handle not saved): the local terminal state is in the outbox.
+            logger.warning("attempt {} did not start: {}", attempt_id, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - the supervisor settles whatever was created
+            logger.error("attempt {} launch failed: {}", attempt_id, type(exc).__name__)
+            return
+        with self.held.lock:
+            held.sub = sub
+            held.state = "spawned"
+            stop_now = held.stop_reason is not None
+            intent = held.intent
+        if stop_now:
+            self.guard.signal(held, signal.SIGTERM)
+        elif intent is not None:
+            self.guard.apply_intent(held, intent)
+        self.guard.spawned(attempt_id)
+        try:
+            wait_locally(self.node, sub)
+        except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity
+            logger.warning("waiting for attempt {} failed: {}", attempt_id, type(exc).__name__)
+
+    def _open_spec(self, run_id: str, sealed: Any) -> tuple[Any, str]:
+        """The attempt's task spec, opened in memory: (spec, "") or (None, why — never a spec byte)."""
+        from .sealing import SpecUnreadable
+
+        if sealed is None:
+            return None, "the control database had no sealed spec for this attempt"
+        try:
+            opened = self.ring.open(run_id, sealed)
+        except SpecUnreadable as exc:
+            return None, f"its task spec cannot be opened: {exc}"
+        spec = task_spec(opened)
+        del opened
+        return (spec, "") if spec is not None else (None, "the run's task spec is malformed")
