@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -173,6 +174,46 @@ def postgres_url() -> Iterator[str]:
     yield f"{base}/{name}"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_url: str) -> Iterator[str]:
+    """The name of a PostgreSQL database at schema head, migrated ONCE per session (the real Alembic
+    migration, in a child process) and never connected to again: tests clone it with
+    :func:`clone_postgres` (``CREATE DATABASE ... TEMPLATE``, a file copy) instead of migrating a
+    fresh database each."""
+    import psycopg
+
+    from ql_core.db.migrate import SCHEMA_HEAD, migrate_url_in_child
+
+    name = f"ql_tpl_{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        assert migrate_url_in_child(f"{postgres_url.rsplit('/', 1)[0]}/{name}") == SCHEMA_HEAD
+        yield name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def clone_postgres(postgres_url: str, template: str, prefix: str) -> Iterator[str]:
+    """A private database ``<prefix><random>`` cloned from ``template`` (SQLAlchemy URL), dropped
+    on exit: each test's rows are its own."""
+    import psycopg
+
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield f"{postgres_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # Portability results for docs/platforms.md (ADR-0007 gate 11): see tests/platforms_plugin.py.

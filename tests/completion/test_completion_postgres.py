@@ -54,7 +54,8 @@ from test_completion_crashpoints import (
 from ql_core.submit import create
 from tests import dbview
 
-pytestmark = pytest.mark.postgres
+# A PostgreSQL node: its data dir holds no run database (the tests check none appears).
+pytestmark = [pytest.mark.postgres, pytest.mark.fresh_data_dir]
 
 BASE = 'profile = "standalone"\njournal = "cluster-fenced"\n'
 _KEYS = {"ql_run": "id", "ql_run_attempt": "id", "ql_log_artifact": "id", "ql_receipt_journal": "attempt_id",
