@@ -15,30 +15,24 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from ql_core.testing.executor import wait_until
 from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
 from ql_core.submit import create
+from tests.conftest import QL
 from tests import dbview
 
 T = TypeVar("T")
 
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 #: Generous: CI machines can be slow; nothing waits this long when things work.
 DEADLINE_S = 60.0
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names."""
+    return wait_until(predicate, what, timeout, interval=0.02)
 
 
 # -- the real command ------------------------------------------------------------------

@@ -5,16 +5,15 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from ql_core.testing.executor import wait_until
+from tests.conftest import QL
 
 T = TypeVar("T")
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 DEADLINE_S = 90.0
 
 __all__ = ["QL", "free_port", "ql_env", "spawn", "ql", "scrape", "sample", "wait_for", "stop", "http_get"]
