@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from audit_support import DataDir, make_data_dir
+from tests.audit.audit_support import DataDir, make_data_dir
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from completion_support import (
+from tests.completion.completion_support import (
     assert_not_terminal,
     assert_one_terminal,
     create_with_receipts,
@@ -34,8 +34,8 @@ from completion_support import (
     valid_receipt,
     wait_for,
 )
-from test_completion_cancel_order import race_cancel_and_completion
-from test_completion_crashpoints import (
+from tests.completion.test_completion_cancel_order import race_cancel_and_completion
+from tests.completion.test_completion_crashpoints import (
     Ctx,
     case_completion_before_commit,
     case_completion_before_commit_lost,
@@ -76,7 +76,7 @@ def _rows_from_postgres(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     import psycopg
     from psycopg.rows import dict_row
 
-    import test_completion_crashpoints
+    from tests.completion import test_completion_crashpoints
 
     original = dbview.row
 
