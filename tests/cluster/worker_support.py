@@ -25,7 +25,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ql_core.testing.executor import wait_until
-from tests.conftest import QL
+from tests.conftest import QL, run_ql
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
@@ -179,7 +179,7 @@ class Harness:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         full_env.update({"QL_CONFIG": str(self.control_config()), "HOME": str(self.root)})
         full_env.update(env or {})
-        return subprocess.run(QL + list(args), env=full_env, capture_output=True, text=True, timeout=timeout)
+        return run_ql(list(args), full_env, timeout=timeout)
 
     # -- the control side ---------------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
 from ql_core.submit import create
-from tests.conftest import QL
+from tests.conftest import run_ql
 from tests import dbview
 
 T = TypeVar("T")
@@ -44,7 +44,7 @@ def ql(env: dict[str, str], *args: str, crash: str | None = None, timeout: float
         env["QL_CRASH_POINT"] = crash
     if config is not None:
         env["QL_CONFIG"] = str(config)
-    return subprocess.run(QL + list(args), env=env, capture_output=True, text=True, timeout=timeout)
+    return run_ql(list(args), env, timeout=timeout)
 
 
 def ql_json(env: dict[str, str], *args: str, **kwargs: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from ql_core.testing.executor import wait_until
-from tests.conftest import QL
+from tests.conftest import QL, run_ql
 
 T = TypeVar("T")
 DEADLINE_S = 90.0
@@ -39,7 +39,7 @@ def spawn(args: list[str], *, env: dict[str, str], log: Path) -> subprocess.Pope
 
 
 def ql(args: list[str], *, env: dict[str, str], timeout: float = DEADLINE_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(QL + args, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_ql(args, env, timeout=timeout)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:

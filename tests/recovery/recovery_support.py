@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ql_core.testing.executor import wait_until as poll_until
-from tests.conftest import QL
+from tests.conftest import QL, run_ql
 from tests import dbview
 from tests.processes import pids, proc_stat
 
@@ -49,7 +49,7 @@ def ql(args: list[str], env: dict[str, str], *, timeout: float = 60, check: bool
        config: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real `ql` command."""
     pre = ["--config", str(config)] if config is not None else []
-    proc = subprocess.run(QL + pre + args, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_ql(pre + args, env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"ql {args} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
