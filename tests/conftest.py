@@ -20,11 +20,53 @@ from .postgres_server import Unavailable as PostgresUnavailable
 QL = [sys.executable, "-m", "ql_core.cli.main"]
 
 
+# -- pre-migrated templates: the Alembic migration runs once per session, not once per test ---------
+TEMPLATE_DB_NAME = "ql.db"
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run database at schema head, made ONCE per test session the way ql makes one (the edge
+    store creates the file 0600 and runs the real Alembic migration in a child process). Never
+    opened again: tests get a byte copy (:func:`seed_data_dir`), so each test's history is its own."""
+    from ql_core.db.migrate import SCHEMA_HEAD
+    from ql_plugins.edge_sqlite.store import SqliteJournal
+
+    where = tmp_path_factory.mktemp("ql-template")
+    path = where / TEMPLATE_DB_NAME
+    journal = SqliteJournal(f"sqlite:///{path}")
+    try:
+        assert journal.connections.schema_revision() == SCHEMA_HEAD
+    finally:
+        journal.close()
+    leftovers = sorted(p.name for p in where.iterdir() if p.name.startswith(TEMPLATE_DB_NAME + "-"))
+    assert not leftovers, f"the template database is still open somewhere: {leftovers}"
+    return path
+
+
+def seed_data_dir(directory: Path, template: Path) -> Path:
+    """Make ``directory`` (0700) a fresh data dir whose run database is a copy of ``template``
+    (a file copy while nothing holds the template open; the copy is created 0600 like ql's own)."""
+    import shutil
+
+    directory.mkdir(mode=0o700, exist_ok=True)
+    target = directory / TEMPLATE_DB_NAME
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    shutil.copyfile(template, target)
+    return directory
+
+
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
+def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """This test's data dir (0700). Its run database is already migrated (a copy of the session's
+    :func:`sqlite_template`); tests marked ``fresh_data_dir`` (first use, migration, a missing
+    database) get an empty directory and let ql create and migrate it."""
     d = tmp_path / "data"
-    d.mkdir(mode=0o700)
-    return d
+    if request.node.get_closest_marker("fresh_data_dir") is not None:
+        d.mkdir(mode=0o700)
+        return d
+    return seed_data_dir(d, request.getfixturevalue("sqlite_template"))
 
 
 @pytest.fixture
@@ -144,6 +186,46 @@ def postgres_url(postgres_admin_dsn: str) -> Iterator[str]:
     yield f"{base}/{name}"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_url: str) -> Iterator[str]:
+    """The name of a PostgreSQL database at schema head, migrated ONCE per session (the real Alembic
+    migration, in a child process) and never connected to again: tests clone it with
+    :func:`clone_postgres` (``CREATE DATABASE ... TEMPLATE``, a file copy) instead of migrating a
+    fresh database each."""
+    import psycopg
+
+    from ql_core.db.migrate import SCHEMA_HEAD, migrate_url_in_child
+
+    name = f"ql_tpl_{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        assert migrate_url_in_child(f"{postgres_url.rsplit('/', 1)[0]}/{name}") == SCHEMA_HEAD
+        yield name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def clone_postgres(postgres_url: str, template: str, prefix: str) -> Iterator[str]:
+    """A private database ``<prefix><random>`` cloned from ``template`` (SQLAlchemy URL), dropped
+    on exit: each test's rows are its own."""
+    import psycopg
+
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield f"{postgres_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # Portability results for docs/platforms.md (ADR-0007 gate 11): see tests/platforms_plugin.py.

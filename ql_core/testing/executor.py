@@ -310,13 +310,20 @@ class ExecutorContract:
 
     # -- end to end, through a real runtime ----------------------------------------------------
     @pytest.fixture
-    def runtime(self, executor_name: str | None, plugin_name: str | None, tmp_path: Path) -> Any:
+    def node_data_dir(self, tmp_path: Path) -> Path:
+        """The data dir of the end-to-end runtime: a path that does not exist yet (ql creates and
+        migrates it). Override it to hand a pre-migrated copy and save the migration per test."""
+        return tmp_path / "data"
+
+    @pytest.fixture
+    def runtime(self, executor_name: str | None, plugin_name: str | None, node_data_dir: Path,
+                tmp_path: Path) -> Any:
         if executor_name is None:
             pytest.skip("no executor_name fixture: end-to-end tests need the installed plugin")
         from ql_core.config import load_config
         from ql_core.runtime import Runtime
 
-        data = tmp_path / "data"
+        data = node_data_dir
         toml = tmp_path / "ql.toml"
         toml.write_text(f'executor = "{executor_name}"\nplugins = ["{plugin_name}"]\n')
         rt = Runtime.open(load_config(config_path=toml, data_dir=data, environ={}, cwd=tmp_path))

@@ -176,17 +176,24 @@ def assert_one_line_error(result: CliResult, code: int, *fragments: str) -> None
         assert fragment in lines[0], lines[0]
 
 
-def make_data_dir(path: Path) -> DataDir:
-    """A data dir at ``path`` with a migrated SQLite ql.db and an empty receipts/ (0700)."""
-    from ql_core.db.engine import create_db_engine
-    from ql_core.db.migrate import upgrade
-
-    path.mkdir(mode=0o700)
+def make_data_dir(path: Path, template: Path | None = None) -> DataDir:
+    """A data dir at ``path`` with a migrated SQLite ql.db and an empty receipts/ (0700); given the
+    session's ``template`` (tests/conftest.py ``sqlite_template``) the database is a copy of it, else
+    it is migrated here."""
     url = f"sqlite:///{path / 'ql.db'}"
-    engine = create_db_engine(url)
-    try:
-        upgrade(engine)
-    finally:
-        engine.dispose()
+    path.mkdir(mode=0o700)
+    if template is not None:
+        from tests.conftest import seed_data_dir
+
+        seed_data_dir(path, template)
+    else:
+        from ql_core.db.engine import create_db_engine
+        from ql_core.db.migrate import upgrade
+
+        engine = create_db_engine(url)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
     (path / "receipts").mkdir(mode=0o700)
     return DataDir(path, url)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from audit_support import DataDir, make_data_dir
+from tests.audit.audit_support import DataDir, make_data_dir
 
 
 @pytest.fixture
-def audit_dir(tmp_path: Path) -> DataDir:
-    return make_data_dir(tmp_path / "data")
+def audit_dir(tmp_path: Path, sqlite_template: Path) -> DataDir:
+    return make_data_dir(tmp_path / "data", sqlite_template)

@@ -7,7 +7,7 @@ import os
 import stat
 
 import pytest
-from audit_support import DataDir, id_in_shard, run_ql, set_age
+from tests.audit.audit_support import DataDir, id_in_shard, run_ql, set_age
 
 from ql_core.audit import (
     DEFAULT_LIMIT,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from audit_support import DataDir, clean_env, id_in_shard, insert_attempt, run_ql
+from tests.audit.audit_support import DataDir, clean_env, id_in_shard, insert_attempt, run_ql
 
 from ql_core.audit import audit_receipts
 from ql_core.db.audit_reads import _libpq_conninfo, _open_postgres

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from audit_support import DataDir, id_in_shard, regular_inodes, run_ql, snapshot
+from tests.audit.audit_support import DataDir, id_in_shard, regular_inodes, run_ql, snapshot
 
 from ql_core.audit import Action, audit_receipts
 from ql_core.audit.move import move

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from audit_support import (
+from tests.audit.audit_support import (
     DataDir,
     assert_one_line_error,
     clean_env,

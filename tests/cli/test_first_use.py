@@ -10,11 +10,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import QL
 
 N = 50
 
 
+@pytest.mark.slow  # fifty `ql` processes migrate-or-wait at once
 def test_fifty_first_uses_at_once_all_succeed(tmp_path: Path, ql_env: dict[str, str]) -> None:
     data = tmp_path / "fresh" / "data"
     env = dict(ql_env, QL_DATA_DIR=str(data))

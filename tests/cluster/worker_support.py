@@ -15,7 +15,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -25,8 +24,10 @@ from typing import Any, Callable, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from ql_core.testing.executor import wait_until
+from tests.conftest import QL, run_ql
+
 T = TypeVar("T")
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 DEADLINE_S = 90.0
 
@@ -47,15 +48,8 @@ FAST_LIMITS: dict[str, Any] = {
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: str = "condition",
              every: float = 0.02, diagnose: Callable[[], str] | None = None) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n{diagnose()}" if diagnose is not None else ""
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
-        time.sleep(every)
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names."""
+    return wait_until(predicate, what, timeout, interval=every, diagnose=diagnose)
 
 
 def toml_value(value: Any) -> str:
@@ -185,7 +179,7 @@ class Harness:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         full_env.update({"QL_CONFIG": str(self.control_config()), "HOME": str(self.root)})
         full_env.update(env or {})
-        return subprocess.run(QL + list(args), env=full_env, capture_output=True, text=True, timeout=timeout)
+        return run_ql(list(args), full_env, timeout=timeout)
 
     # -- the control side ---------------------------------------------------------------------------------
     @property

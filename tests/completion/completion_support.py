@@ -15,31 +15,25 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from ql_core.testing.executor import wait_until
 from ql_core.clock import now_ms_ceil
 from ql_core.crashpoints import CRASH_EXIT_CODE
 from ql_core.receipts import Receipt, serialize_receipt
 from ql_core.states import RUN_TERMINAL
 from ql_core.submit import create
+from tests.conftest import QL, run_ql
 from tests import dbview
 from tests.processes import under_subreaper
 
 T = TypeVar("T")
 
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 #: Generous: CI machines can be slow; nothing waits this long when things work.
 DEADLINE_S = 60.0
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = DEADLINE_S, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names."""
+    return wait_until(predicate, what, timeout, interval=0.02)
 
 
 # -- the real command ------------------------------------------------------------------
@@ -53,10 +47,10 @@ def ql(env: dict[str, str], *args: str, crash: str | None = None, timeout: float
         env["QL_CRASH_POINT"] = crash
     if config is not None:
         env["QL_CONFIG"] = str(config)
-    argv = QL + list(args)
-    if subreaper:
-        argv = under_subreaper(argv, bound_s=timeout / 2)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    if subreaper:  # the host's orphans are this wrapper's, not the machine's (tests/processes.py)
+        argv = under_subreaper(QL + list(args), bound_s=timeout / 2)
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_ql(list(args), env, timeout=timeout)
 
 
 def ql_json(env: dict[str, str], *args: str, **kwargs: Any) -> dict[str, Any]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+
+from tests.conftest import clone_postgres
 
 
 @pytest.fixture
@@ -59,14 +60,8 @@ def submit(runtime: Any, tasks: list[Any]) -> Callable[..., Any]:
 
 
 @pytest.fixture
-def pg_url(postgres_url: str) -> Iterator[str]:
-    """A PostgreSQL database of this test's own (other tests' nodes share none of its rows)."""
-    import psycopg
-
-    name = f"ql_completion_{uuid.uuid4().hex[:12]}"
-    conninfo = postgres_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"{postgres_url.rsplit('/', 1)[0]}/{name}"
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def pg_url(postgres_url: str, postgres_template: str) -> Iterator[str]:
+    """A PostgreSQL database of this test's own (other tests' nodes share none of its rows), cloned
+    from the session's migrated template."""
+    with clone_postgres(postgres_url, postgres_template, "ql_completion_") as url:
+        yield url

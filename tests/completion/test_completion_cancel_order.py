@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from completion_support import (
+from tests.completion.completion_support import (
     assert_one_terminal,
     detach,
     dispatch_row,
@@ -38,7 +38,7 @@ from ql_core.submit import create
 
 
 def _identity(rt: Any, sub: Any) -> IdentityState:
-    from completion_support import attempt_row
+    from tests.completion.completion_support import attempt_row
 
     return rt.executor.inspect(attempt_row(rt, sub.attempt_id)["handle"])
 

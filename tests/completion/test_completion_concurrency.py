@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from completion_support import (
+from tests.completion.completion_support import (
     DEADLINE_S,
     QL,
     assert_one_terminal,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from completion_support import (
+from tests.completion.completion_support import (
     assert_not_terminal,
     host_gone,
     assert_one_terminal,

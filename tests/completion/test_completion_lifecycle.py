@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from completion_support import (
+from tests.completion.completion_support import (
     CommitLog,
     assert_one_terminal,
     create_with_receipts,

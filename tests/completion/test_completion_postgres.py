@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from completion_support import (
+from tests.completion.completion_support import (
     assert_not_terminal,
     assert_one_terminal,
     create_with_receipts,
@@ -34,8 +34,8 @@ from completion_support import (
     valid_receipt,
     wait_for,
 )
-from test_completion_cancel_order import race_cancel_and_completion
-from test_completion_crashpoints import (
+from tests.completion.test_completion_cancel_order import race_cancel_and_completion
+from tests.completion.test_completion_crashpoints import (
     Ctx,
     case_completion_before_commit,
     case_completion_before_commit_lost,
@@ -54,7 +54,8 @@ from test_completion_crashpoints import (
 from ql_core.submit import create
 from tests import dbview
 
-pytestmark = pytest.mark.postgres
+# A PostgreSQL node: its data dir holds no run database (the tests check none appears).
+pytestmark = [pytest.mark.postgres, pytest.mark.fresh_data_dir]
 
 BASE = 'profile = "standalone"\njournal = "cluster-fenced"\n'
 _KEYS = {"ql_run": "id", "ql_run_attempt": "id", "ql_log_artifact": "id", "ql_receipt_journal": "attempt_id",
@@ -75,7 +76,7 @@ def _rows_from_postgres(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     import psycopg
     from psycopg.rows import dict_row
 
-    import test_completion_crashpoints
+    from tests.completion import test_completion_crashpoints
 
     original = dbview.row
 

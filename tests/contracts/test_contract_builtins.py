@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ql_core.testing import ExecutorContract, JournalBackendContract, ReceiptStoreContract, WakeupSourceContract
+from tests.conftest import seed_data_dir
 
 
 class TestFileReceiptStore(ReceiptStoreContract):
@@ -28,13 +29,22 @@ class TestLocalExecutor(ExecutorContract):
     def executor_name(self) -> str:
         return "local"
 
+    @pytest.fixture
+    def node_data_dir(self, data_dir: Path) -> Path:
+        return data_dir  # a copy of the session's migrated database (tests/conftest.py)
+
 
 class TestEdgeSqliteJournal(JournalBackendContract):
     @pytest.fixture
-    def make_backend(self):
+    def make_backend(self, sqlite_template: Path):
+        """A fresh store on a copy of the session's migrated database (the migration runs once)."""
         from ql_plugins.edge_sqlite.store import SqliteJournal
 
-        return lambda tmp_path: SqliteJournal(f"sqlite:///{Path(tmp_path) / 'ql.db'}")
+        def make(tmp_path: Path) -> SqliteJournal:
+            seed_data_dir(Path(tmp_path) / "db", sqlite_template)
+            return SqliteJournal(f"sqlite:///{Path(tmp_path) / 'db' / 'ql.db'}")
+
+        return make
 
 
 class TestWatchfilesWakeup(WakeupSourceContract):

@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from tests.conftest import QL, classic_env, json_lines, run_ql
 
 
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    return wait_until(predicate, "the condition", timeout, interval=interval)
 
 
 def receipt_path(data_dir: Path, attempt_id: str) -> Path:

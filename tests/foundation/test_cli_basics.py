@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ql_core.db.migrate import SCHEMA_HEAD
 from tests.conftest import QL, json_lines, run_ql
 
@@ -45,6 +47,7 @@ def test_cluster_profile_refuses_sqlite_on_the_command_line(ql_env: dict[str, st
     assert out.returncode == 2 and "needs database_url" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.fresh_data_dir  # doctor on a data dir nothing has used; `ql db upgrade` migrates it
 def test_doctor_and_db_upgrade(ql_env: dict[str, str], data_dir: Path) -> None:
     out = run_ql(["doctor", "--json"], ql_env)
     assert out.returncode == 0, out.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ql_core.testing.executor import wait_until
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.launch import (
     Limits,
@@ -320,14 +321,8 @@ def new_token() -> str:
 
 
 def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    """ql_core.testing's poller (``wait_until``)."""
+    return wait_until(cond, what, timeout)
 
 
 # ---------------------------------------------------------------- /proc helpers

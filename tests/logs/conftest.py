@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from logs_support import write_config
+from tests.logs.logs_support import write_config
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ql_core.testing.executor import wait_until
+
 PY = sys.executable
 
 
@@ -23,14 +25,8 @@ def write_config(directory: Path, *, profile: str = "standalone", plugins: tuple
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+    """ql_core.testing's poller (``wait_until``), with this folder's argument order."""
+    return wait_until(predicate, "the condition", timeout, interval=interval)
 
 
 def thread_names() -> set[str]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from logs_support import PY, lines_output, lines_script, reap, thread_names, wait_for
+from tests.logs.logs_support import PY, lines_output, lines_script, reap, thread_names, wait_for
 
 from tests.conftest import QL, run_ql
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from logs_support import PY, reap, wait_for
+from tests.logs.logs_support import PY, reap, wait_for
 
 QUOTA = 4096
 CHUNK = 2048

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from logs_support import PY
+from tests.logs.logs_support import PY
 
 from tests import dbview
 from tests.conftest import run_ql

@@ -9,7 +9,7 @@ import json
 from typing import Iterator
 
 import pytest
-from logs_support import lines_output, lines_script
+from tests.logs.logs_support import lines_output, lines_script
 
 from tests.web_host_support import load_web_host, serve, sse_events
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from logs_support import lines_output, lines_script, reap, thread_names, wait_for
+from tests.logs.logs_support import lines_output, lines_script, reap, thread_names, wait_for
 
 from tests.conftest import run_ql
 
@@ -218,7 +218,7 @@ def test_ql_supervise_uses_the_wakeup_and_stops_cleanly(ql_env, tmp_path, data_d
     import signal
     import subprocess
 
-    from logs_support import write_config
+    from tests.logs.logs_support import write_config
 
     from tests.conftest import QL
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from ql_core.testing.executor import wait_until
+from tests.conftest import QL, run_ql
 
 T = TypeVar("T")
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 DEADLINE_S = 90.0
 
 __all__ = ["QL", "free_port", "ql_env", "spawn", "ql", "scrape", "sample", "wait_for", "stop", "http_get"]
@@ -40,7 +39,7 @@ def spawn(args: list[str], *, env: dict[str, str], log: Path) -> subprocess.Pope
 
 
 def ql(args: list[str], *, env: dict[str, str], timeout: float = DEADLINE_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(QL + args, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_ql(args, env, timeout=timeout)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:

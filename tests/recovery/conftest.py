@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from recovery_support import kill_group  # noqa: E402
+from tests.recovery.recovery_support import kill_group  # noqa: E402
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def sleeper_handle(sleeper: subprocess.Popen[bytes]) -> dict[str, Any]:
 @pytest.fixture
 def rt_factory(data_dir: Path) -> Iterator[Any]:
     """Open runtimes on this test's data dir with limit overrides: ``rt_factory(page_size=3, ...)``."""
-    from recovery_support import open_runtime
+    from tests.recovery.recovery_support import open_runtime
 
     opened: list[Any] = []
 

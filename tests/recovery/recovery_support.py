@@ -12,15 +12,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ql_core.testing.executor import wait_until as poll_until
+from tests.conftest import QL, run_ql
 from tests import dbview
 from tests.processes import pids, proc_stat
 
-QL = [sys.executable, "-m", "ql_core.cli.main"]
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 
 
@@ -49,7 +49,7 @@ def ql(args: list[str], env: dict[str, str], *, timeout: float = 60, check: bool
        config: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real `ql` command."""
     pre = ["--config", str(config)] if config is not None else []
-    proc = subprocess.run(QL + pre + args, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_ql(pre + args, env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"ql {args} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
@@ -62,15 +62,8 @@ def ql_json(args: list[str], env: dict[str, str], **kw: Any) -> list[dict[str, A
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05,
                message: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
+    """ql_core.testing's poller (``wait_until``), with this folder's keyword names."""
+    return poll_until(predicate, message, timeout, interval=interval)
 
 
 def proc_state(pid: int) -> str | None:

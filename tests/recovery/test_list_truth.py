@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recovery_support import ql, ql_json, wait_until, write_config
+import pytest
+
+from tests.recovery.recovery_support import ql, ql_json, wait_until, write_config
 
 from ql_core.reconciler import Reconciler
 
 N = 300
 
 
+@pytest.mark.slow  # 300 launchers
 def test_list_running_after_300_quick_detached_runs_is_truthful(rt_factory, ql_env: dict[str, str],
                                                                 tmp_path: Path) -> None:
     rt = rt_factory("standalone")

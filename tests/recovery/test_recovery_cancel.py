@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_support import (
+from tests.recovery.recovery_support import (
     QL,
     alive,
     attempt_row,
@@ -263,7 +263,7 @@ def test_cancel_before_the_handle_is_retried_not_blocked(rt_factory) -> None:
 
 def test_dispatch_due_selects_only_this_nodes_attempts(rt_factory) -> None:
     """On a shared database, other nodes' due records must not fill our page (no starvation)."""
-    from recovery_support import dead_handle
+    from tests.recovery.recovery_support import dead_handle
 
     rt = rt_factory()
     foreign = insert_attempts(rt, 5, handle=dead_handle(), owner="01a00000-0000-7000-8000-0000000000ff")

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from recovery_support import attempt_row, count_rows, dead_handle, insert_attempts, statuses, unverifiable_handle
+from tests.recovery.recovery_support import attempt_row, count_rows, dead_handle, insert_attempts, statuses, unverifiable_handle
 
 from ql_core.reconciler import CursorStuckError, Reconciler
 

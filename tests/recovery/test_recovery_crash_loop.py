@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_support import kill_group, wait_until
+from tests.recovery.recovery_support import kill_group, wait_until
 
 from ql_core.reconciler import Reconciler
 from ql_core.supervisor import Supervisor
@@ -51,7 +51,7 @@ HOST = Path(__file__).with_name("recovery_host.py")
 
 
 def _runs(rt: Any) -> list[Any]:
-    from recovery_support import attempt_row
+    from tests.recovery.recovery_support import attempt_row
 
     from tests import dbview
 

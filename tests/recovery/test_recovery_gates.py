@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from recovery_support import (
+from tests.recovery.recovery_support import (
     alive,
     attempt_row,
     dispatch_row,
@@ -197,7 +197,7 @@ def test_gate6_supervise_enforces_deadline(data_dir: Path, ql_env: dict[str, str
     """The same flow driven by `ql supervise` (the periodic loop), stopped by SIGTERM with a bounded drain."""
     import subprocess
 
-    from recovery_support import QL
+    from tests.recovery.recovery_support import QL
 
     config = write_config(tmp_path / "ql.toml", cancel_grace_s=grace)
     started = _detach(ql_env, "sleep", "60", timeout=1, config=config)
@@ -221,7 +221,7 @@ def test_gate6_supervise_enforces_deadline(data_dir: Path, ql_env: dict[str, str
 
 def test_reconcile_cli_reports_incomplete_pass(data_dir: Path, ql_env: dict[str, str], tmp_path: Path,
                                                sleeper_handle: dict) -> None:
-    from recovery_support import insert_attempts
+    from tests.recovery.recovery_support import insert_attempts
 
     rt = open_runtime(data_dir)
     try:
@@ -241,7 +241,7 @@ def test_gate5_with_a_waiting_host_a_killed_task_is_lost_not_failed(data_dir: Pa
     import json
     import subprocess
 
-    from recovery_support import QL
+    from tests.recovery.recovery_support import QL
 
     host = subprocess.Popen(QL + ["--json", "run", "--", "sh", "-c", "echo success; exec sleep 60"], env=ql_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

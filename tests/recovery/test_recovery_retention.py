@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from recovery_support import (
+from tests.recovery.recovery_support import (
     attempt_row,
     dead_handle,
     event_types,
@@ -61,7 +61,7 @@ def test_terminal_rows_without_receipt_purged_only_after_the_window(rt_factory, 
 
 
 def test_leftover_receipt_of_an_ended_attempt_is_replayed_not_purged(rt_factory) -> None:
-    from recovery_support import publish_receipt
+    from tests.recovery.recovery_support import publish_receipt
 
     rt = rt_factory(**LIMITS)
     ended = insert_attempts(rt, 1, handle=dead_handle())
@@ -82,7 +82,7 @@ def test_leftover_receipt_of_an_ended_attempt_is_replayed_not_purged(rt_factory)
 
 
 def _quarantine_bad_receipts(rt, inserted) -> None:  # type: ignore[no-untyped-def]
-    from recovery_support import publish_receipt
+    from tests.recovery.recovery_support import publish_receipt
 
     for attempt_id in inserted.attempt_ids:
         good = inserted.tokens[attempt_id]
@@ -92,7 +92,7 @@ def _quarantine_bad_receipts(rt, inserted) -> None:  # type: ignore[no-untyped-d
 
 
 def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleeper_handle: dict) -> None:
-    from recovery_support import publish_receipt
+    from tests.recovery.recovery_support import publish_receipt
 
     rt = rt_factory(**LIMITS)
     inserted = insert_attempts(rt, 6, handle=sleeper_handle)
@@ -133,7 +133,7 @@ def test_quarantined_receipts_deleted_only_after_their_window(rt_factory, sleepe
 
 def test_logs_survive_receipt_consumption_and_retention(data_dir: Path, ql_env: dict[str, str], tmp_path: Path,
                                                         rt_factory) -> None:
-    from recovery_support import write_config
+    from tests.recovery.recovery_support import write_config
 
     config = write_config(tmp_path / "ql.toml", terminal_journal_retention_s=0.0, quarantine_retention_s=0.0)
     live = ql_json(["run", "--", "sh", "-c", "echo live-path"], ql_env, config=config)[-1]
@@ -148,7 +148,7 @@ def test_logs_survive_receipt_consumption_and_retention(data_dir: Path, ql_env: 
     # Every receipt consumed, every retention window (0 s) over: both logs are still there.
     assert rt.log_path(live["run_id"]).read_bytes() == b"live-path\n"
     assert rt.log_path(detached["run_id"]).read_bytes() == b"recovered-path\n"
-    from recovery_support import count_rows
+    from tests.recovery.recovery_support import count_rows
 
     assert count_rows(rt, "ql_log_artifact", "deleted_at_ms IS NOT NULL") == 0
     assert count_rows(rt, "ql_receipt_journal") == 0
@@ -159,7 +159,7 @@ def test_another_node_never_ages_or_purges_our_journal_rows(tmp_path: Path) -> N
 
     (Node B's receipts live in B's data dir; A cannot see them, so A must not call them missing.)
     """
-    from recovery_support import open_runtime, publish_receipt
+    from tests.recovery.recovery_support import open_runtime, publish_receipt
 
     dir_a, dir_b = tmp_path / "node-a", tmp_path / "node-b"
     url = f"sqlite:///{tmp_path / 'shared.db'}"
@@ -189,7 +189,7 @@ def test_another_node_never_ages_or_purges_our_journal_rows(tmp_path: Path) -> N
 
 
 def _run_count(rt) -> int:  # type: ignore[no-untyped-def]
-    from recovery_support import count_rows
+    from tests.recovery.recovery_support import count_rows
 
     return count_rows(rt, "ql_run")
 
@@ -197,7 +197,7 @@ def _run_count(rt) -> int:  # type: ignore[no-untyped-def]
 def test_history_max_runs_holds_under_a_continuous_load_of_tasks(rt_factory) -> None:
     """500 `true` tasks as fast as this host goes, a supervisor running beside them; then one round:
     exactly ``history_max_runs`` runs are left (the newest), and the tally agrees with a COUNT."""
-    from recovery_support import count_rows
+    from tests.recovery.recovery_support import count_rows
 
     rt = rt_factory("standalone", history_max_runs=50, scan_interval_s=0.2, publish_grace_ms=0,
                     retention_budget_ms=60_000)

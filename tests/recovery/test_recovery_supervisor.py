@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recovery_support import insert_attempts, wait_until
+from tests.recovery.recovery_support import insert_attempts, wait_until
 
 from ql_core.reconciler import CursorStuckError, Reconciler, RoundReport
 from ql_core.supervisor import Supervisor

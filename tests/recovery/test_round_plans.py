@@ -14,7 +14,7 @@ import sqlite3
 import time
 from typing import Any
 
-from recovery_support import insert_attempts
+from tests.recovery.recovery_support import insert_attempts
 
 from ql_core.reconciler import Reconciler
 from ql_plugins.edge_sqlite.history_fill import fill_history
@@ -140,7 +140,7 @@ def _round_vm_steps(rt: Any, rounds: int = 3) -> int:
 
 def test_an_idle_round_costs_the_same_on_a_small_and_a_30x_larger_history(rt_factory, data_dir,
                                                                            tmp_path_factory) -> None:
-    from recovery_support import open_runtime
+    from tests.recovery.recovery_support import open_runtime
 
     small = _history_rt(rt_factory, 500)
     big_dir = tmp_path_factory.mktemp("big")
