@@ -98,6 +98,29 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def status_json(env: dict[str, str], run_id: str) -> dict:
+    """``ql --json status RUN``'s run record (the command must succeed)."""
+    out = run_ql(["--json", "status", run_id], env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[0])
+
+
+def detach_json(env: dict[str, str], *args: str) -> dict:
+    """``ql --json run --detach ARGS``'s first line: run_id and attempt_id."""
+    out = run_ql(["--json", "run", "--detach", *args], env)
+    assert out.returncode == 0, out.stderr
+    return json_lines(out.stdout)[0]
+
+
+def published_receipt(data_dir: Path, attempt_id: str, bound_s: float = 60) -> dict:
+    """The receipt file of ``attempt_id`` once it is there (bounded wait)."""
+    from ql_core.testing.executor import wait_until
+
+    path = data_dir / "receipts" / attempt_id[-2:] / f"{attempt_id}.json"
+    wait_until(path.exists, "the receipt", bound_s, interval=0.05)
+    return json.loads(path.read_text())
+
+
 def release_host(host: subprocess.Popen[str], go: Path) -> None:
     """A test's clean-up of a `ql` host whose task waits for the file ``go``: let the task end, then
     kill and reap the host if it still runs (a failed assertion leaves no process behind)."""

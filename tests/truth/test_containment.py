@@ -21,7 +21,7 @@ import pytest
 
 from ql_core.testing.executor import wait_until
 from ql_executors.local_process.containment import find_containment
-from tests.conftest import json_lines, run_ql
+from tests.conftest import detach_json, json_lines, published_receipt, run_ql, status_json
 from tests.processes import pids_with
 
 BOUND_S = 60
@@ -95,23 +95,6 @@ def _task_pids(marker: str) -> set[int]:
     return out
 
 
-def _status(env: dict[str, str], run_id: str) -> dict:
-    out = run_ql(["--json", "status", run_id], env)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.splitlines()[0])
-
-
-def _detach(env: dict[str, str], *args: str) -> dict:
-    out = run_ql(["--json", "run", "--detach", *args], env)
-    assert out.returncode == 0, out.stderr
-    return json_lines(out.stdout)[0]
-
-
-def _receipt(data_dir: Path, attempt_id: str) -> dict:
-    path = data_dir / "receipts" / attempt_id[-2:] / f"{attempt_id}.json"
-    wait_until(path.exists, "the receipt", BOUND_S, interval=0.05)
-    return json.loads(path.read_text())
-
 
 def _escaping(marker: str) -> list[str]:
     """A shell task that starts the escapee in the background and waits: TERM ends the shell, the
@@ -125,7 +108,7 @@ def test_a_setsid_task_ignoring_term_does_not_survive_its_timeout(
     out = run_ql(["--json", "run", "--timeout", "2", "--", *_escaping(marker)], env)
     assert out.returncode == 124, (out.returncode, out.stderr)
     rec = json_lines(out.stdout)[-1]
-    view = _status(env, rec["run_id"])
+    view = status_json(env, rec["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")
     assert pids_with(marker) == [], "a process of the task outlived its timed_out run"
     assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists(), "the task's cgroup was left behind"
@@ -134,28 +117,28 @@ def test_a_setsid_task_ignoring_term_does_not_survive_its_timeout(
 @needs_cgroup
 def test_a_detached_setsid_task_is_stopped_at_its_deadline_with_nobody_looking(
         env: dict[str, str], data_dir: Path, marker: str) -> None:
-    rec = _detach(env, "--timeout", "2", "--", *_escaping(marker))
+    rec = detach_json(env, "--timeout", "2", "--", *_escaping(marker))
     wait_until(lambda: pids_with(marker), "the escapee to start", BOUND_S, interval=0.05)
-    receipt = _receipt(data_dir, rec["attempt_id"])  # the launcher publishes after it stopped all
+    receipt = published_receipt(data_dir, rec["attempt_id"])  # the launcher publishes after it stopped all
     assert receipt["exitCode"] == 143
     assert pids_with(marker) == [], "the escapee outlived the receipt of its stopped run"
     assert not (Path(_CONTAINMENT.parent) / rec["attempt_id"]).exists()
-    view = _status(env, rec["run_id"])
+    view = status_json(env, rec["run_id"])
     assert (view["status"], view["reason"]) == ("timed_out", "timeout")
 
 
 @needs_cgroup
 def test_a_double_forked_grandchild_dies_on_cancel(env: dict[str, str], data_dir: Path, marker: str) -> None:
-    rec = _detach(env, "--", sys.executable, "-c", DOUBLE_FORK, marker)
+    rec = detach_json(env, "--", sys.executable, "-c", DOUBLE_FORK, marker)
     wait_until(lambda: len(_task_pids(marker)) == 2, "the task and its grandchild", BOUND_S, interval=0.05)
     cgroup = Path(_CONTAINMENT.parent) / rec["attempt_id"]
     procs = {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
     assert _task_pids(marker) <= procs, "the task's processes are in its cgroup"
     assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
-    assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == 143  # the task itself dies of TERM
+    assert published_receipt(data_dir, rec["attempt_id"])["exitCode"] == 143  # the task itself dies of TERM
     assert pids_with(marker) == [], "the double-forked grandchild outlived the cancel"
     assert not cgroup.exists()
-    assert _status(env, rec["run_id"])["status"] == "cancelled"
+    assert status_json(env, rec["run_id"])["status"] == "cancelled"
 
 
 def test_without_cgroups_the_process_group_is_the_old_limit(
@@ -168,7 +151,7 @@ def test_without_cgroups_the_process_group_is_the_old_limit(
     assert line.split(None, 2)[2] == 'process group ([plugin.local] containment = "process-group")', line
     out = run_ql(["--json", "run", "--timeout", "2", "--", *_escaping(marker)], env)
     assert out.returncode == 124, (out.returncode, out.stderr)
-    assert _status(env, json_lines(out.stdout)[-1]["run_id"])["status"] == "timed_out"
+    assert status_json(env, json_lines(out.stdout)[-1]["run_id"])["status"] == "timed_out"
     survivors = pids_with(marker)
     assert survivors, "without a cgroup the escapee is out of reach of the group KILL"
     cgroup = Path(f"/proc/{survivors[0]}/cgroup").read_text()
@@ -193,7 +176,7 @@ def test_the_host_kill_reaches_the_cgroup_of_a_task_whose_launcher_was_killed(
         # the launcher's name, in its group), and recovery then never sends the KILL at all.
         pytest.skip("a launcher.sh killed alone leaves its quota helper; ql's KILL is then never sent")
     script = f"trap '' TERM; {sys.executable} -c \"$1\" {marker} & while :; do sleep 1; done"
-    rec = _detach(env, "--", "sh", "-c", script, "sh", ESCAPEE)
+    rec = detach_json(env, "--", "sh", "-c", script, "sh", ESCAPEE)
     wait_until(lambda: _task_pids(marker), "the escapee to start", BOUND_S, interval=0.05)
     escapee = next(iter(_task_pids(marker)))
     shell = int(Path(f"/proc/{escapee}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -207,7 +190,7 @@ def test_the_host_kill_reaches_the_cgroup_of_a_task_whose_launcher_was_killed(
         return not _task_pids(marker)
 
     wait_until(stopped, "ql's KILL after the grace to reach the escapee", BOUND_S, interval=0.5)
-    wait_until(lambda: _status(env, rec["run_id"])["status"] in ("cancelled", "lost"), "the run to end", BOUND_S,
+    wait_until(lambda: status_json(env, rec["run_id"])["status"] in ("cancelled", "lost"), "the run to end", BOUND_S,
                interval=0.5)
 
 

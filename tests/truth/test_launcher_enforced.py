@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ql_core.testing.executor import wait_until
-from tests.conftest import json_lines, run_ql
+from tests.conftest import detach_json, json_lines, published_receipt, run_ql, status_json
 from tests.processes import pids_with
 
 BOUND_S = 60
@@ -40,47 +40,30 @@ def _wait(predicate, what: str):  # type: ignore[no-untyped-def]
     return wait_until(predicate, what, BOUND_S, interval=0.05)
 
 
-def _status(env: dict[str, str], run_id: str) -> dict:
-    out = run_ql(["--json", "status", run_id], env)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.splitlines()[0])
-
-
-def _detach(env: dict[str, str], *args: str) -> dict:
-    out = run_ql(["--json", "run", "--detach", *args], env)
-    assert out.returncode == 0, out.stderr
-    return json_lines(out.stdout)[0]
-
-
-def _receipt(data_dir: Path, attempt_id: str) -> dict:
-    path = data_dir / "receipts" / attempt_id[-2:] / f"{attempt_id}.json"
-    _wait(path.exists, "the receipt")
-    return json.loads(path.read_text())
-
 
 def test_the_deadline_of_a_detached_run_holds_with_nobody_looking(env: dict[str, str], data_dir: Path) -> None:
     marker = f"25.{secrets.randbelow(10**6):06d}"
-    rec = _detach(env, "--timeout", "2", "--", "sleep", marker)
+    rec = detach_json(env, "--timeout", "2", "--", "sleep", marker)
     _wait(lambda: pids_with(marker), "the task to start")
     _wait(lambda: not pids_with(marker), "the task to be stopped at its deadline")
-    receipt = _receipt(data_dir, rec["attempt_id"])
+    receipt = published_receipt(data_dir, rec["attempt_id"])
     assert receipt["exitCode"] == 143
     assert receipt["finishedAtMs"] - receipt["startedAtMs"] >= 2000  # not before its deadline
-    view = _status(env, rec["run_id"])
+    view = status_json(env, rec["run_id"])
     assert (view["status"], view["exit_code"], view["reason"]) == ("timed_out", 143, "timeout")
 
 
 def test_a_cancel_kills_a_term_ignoring_task_after_the_grace_with_nobody_running_ql(
         env: dict[str, str], data_dir: Path) -> None:
     marker = f"26.{secrets.randbelow(10**6):06d}"
-    rec = _detach(env, "--", "sh", "-c", f"trap '' TERM; sleep {marker}; exit 0")
+    rec = detach_json(env, "--", "sh", "-c", f"trap '' TERM; sleep {marker}; exit 0")
     _wait(lambda: pids_with(marker), "the task to start")
     out = run_ql(["cancel", rec["run_id"]], env)  # sends TERM and returns: no ql runs after this
     assert out.returncode == 0, out.stderr
     assert pids_with(marker), "TERM is ignored: the task is still there after the cancel's TERM"
     _wait(lambda: not pids_with(marker), "the launcher's KILL after cancel_grace_s")
-    assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == 137
-    view = _status(env, rec["run_id"])
+    assert published_receipt(data_dir, rec["attempt_id"])["exitCode"] == 137
+    view = status_json(env, rec["run_id"])
     assert (view["status"], view["exit_code"], view["reason"]) == ("cancelled", 137, "user")
 
 
@@ -99,7 +82,7 @@ def test_the_log_quota_holds_with_no_follower(env: dict[str, str], data_dir: Pat
     import sys
 
     marker = f"q{secrets.token_hex(4)}"
-    rec = _detach(env, "--name", marker, "--", sys.executable, "-c", WRITER, str(32 * QUOTA))
+    rec = detach_json(env, "--name", marker, "--", sys.executable, "-c", WRITER, str(32 * QUOTA))
     log = data_dir / "logs"
     _wait(lambda: list(log.rglob("*")) and any(p.is_file() for p in log.rglob("*")), "the log")
     path = next(p for p in log.rglob("*") if p.is_file())
@@ -107,7 +90,7 @@ def test_the_log_quota_holds_with_no_follower(env: dict[str, str], data_dir: Pat
     assert path.read_bytes() == b"q" * (QUOTA + 1)
     out = run_ql(["cancel", rec["run_id"]], env)
     assert out.returncode == 0, out.stderr
-    _wait(lambda: _status(env, rec["run_id"])["status"] == "cancelled", "the cancel")
+    _wait(lambda: status_json(env, rec["run_id"])["status"] == "cancelled", "the cancel")
     # The end of the run is finalized by the next round (or a waiting host, or a follower at the
     # end): QUOTA + 1 bytes tell it the log was cut, and it records the cut.
     assert run_ql(["reconcile"], env).returncode == 0
@@ -120,7 +103,7 @@ def test_the_log_quota_holds_with_no_follower(env: dict[str, str], data_dir: Pat
 def test_a_flood_with_no_follower_is_cut_while_it_runs(env: dict[str, str], data_dir: Path) -> None:
     """`yes` with a 1 MiB quota: the log is cut again and again while it runs (it never grows for
     long: about a second of output past the quota at most), with nobody reading it."""
-    rec = _detach(env, "--", "yes")
+    rec = detach_json(env, "--", "yes")
     log = data_dir / "logs"
     _wait(lambda: any(p.is_file() for p in log.rglob("*")), "the log")
     path = next(p for p in log.rglob("*") if p.is_file())
@@ -134,7 +117,7 @@ def test_a_flood_with_no_follower_is_cut_while_it_runs(env: dict[str, str], data
         last = size
         time.sleep(0.02)
     assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
-    _wait(lambda: _status(env, rec["run_id"])["status"] == "cancelled", "the cancel")
+    _wait(lambda: status_json(env, rec["run_id"])["status"] == "cancelled", "the cancel")
 
 
 def _ignoring_and_blocking() -> None:
@@ -171,6 +154,6 @@ def test_a_task_of_a_host_that_ignores_and_blocks_signals_dies_of_them(
         os.killpg(os.getpgid(pids_with(marker)[0]), signal.SIGINT)
         expected = ("failed", 130)
     _wait(lambda: not pids_with(marker), "the task to die of the signal")
-    assert _receipt(data_dir, rec["attempt_id"])["exitCode"] == expected[1]
-    view = _status(env, rec["run_id"])
+    assert published_receipt(data_dir, rec["attempt_id"])["exitCode"] == expected[1]
+    view = status_json(env, rec["run_id"])
     assert (view["status"], view["exit_code"]) == expected
