@@ -12,7 +12,6 @@ the host does not acknowledge the status it reaped (docs/launcher.md).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal as _signal
@@ -44,6 +43,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, forget_after_fork, reap_exited
+from .handles import decode_handle, encode_handle, stamped, start_boot
 from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
@@ -57,50 +57,6 @@ LAUNCHER_LOST_STATUS = 125
 #: ``compiled`` (required: an error names why it cannot be built) or ``shell`` (launcher.sh).
 #: How long :meth:`LocalProcessExecutor.abort` gives a task between TERM and KILL.
 ABORT_TERM_GRACE_S = 2.0
-
-
-#: The handle key of the attempt's start on the boot clock (CLOCK_BOOTTIME ms, :func:`start_boot`).
-START_BOOT_KEY = "start_boot_ms"
-
-
-def encode_handle(handle: identity.ProcessHandle, *, start_boot_ms: int | None = None) -> str:
-    """The stored form of a handle: compact JSON of :func:`identity.handle_to_dict` (well under 512
-    bytes), with the attempt's start on the boot clock when known (its boot is the handle's)."""
-    data = identity.handle_to_dict(handle)
-    if start_boot_ms is not None:
-        data[START_BOOT_KEY] = start_boot_ms
-    return json.dumps(data, separators=(",", ":"), sort_keys=True)
-
-
-def _handle_dict(data: str | None) -> dict | None:
-    if not data:
-        return None
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def decode_handle(data: str | None) -> identity.ProcessHandle | None:
-    """Parse a stored handle; anything malformed is None (callers fail closed)."""
-    parsed = _handle_dict(data)
-    if parsed is None:
-        return None
-    parsed.pop(START_BOOT_KEY, None)
-    try:
-        return identity.handle_from_dict(parsed)
-    except ValueError:
-        return None
-
-
-def start_boot(data: str | None) -> int | None:
-    """The attempt's start on the boot clock recorded in a handle, or None."""
-    parsed = _handle_dict(data)
-    value = parsed.get(START_BOOT_KEY) if parsed is not None else None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
 
 
 def _with_boot(request: SpawnRequest) -> SpawnRequest:
@@ -143,17 +99,6 @@ def _wait_publisher_gone(leader: int) -> None:
     end = time.monotonic() + PUBLISHER_WAIT_S
     while identity.group_has_others(leader) and time.monotonic() < end:
         time.sleep(0.005)
-
-
-def _stamped(handle: str | None, boot: int | None) -> str | None:
-    """A standby's handle with the boot-clock time it was taken for a run (just before that run's
-    create commit, which records it): the duration recovery measures from there is at most the
-    create commit longer than the launcher's own, which counts from the committed start."""
-    parsed = _handle_dict(handle)
-    if parsed is None or boot is None:
-        return handle
-    parsed[START_BOOT_KEY] = boot
-    return json.dumps(parsed, separators=(",", ":"), sort_keys=True)
 
 
 class _Held:
@@ -482,7 +427,7 @@ class LocalProcessExecutor:
             return None
         held = _Held(ready.child, ready.channel, "")
         held.encoded = (spec, encoded)
-        return SpawnedTask(handle=_stamped(ready.handle, boot_ms()), live=held)
+        return SpawnedTask(handle=stamped(ready.handle, boot_ms()), live=held)
 
     def start(self, task: SpawnedTask, request: SpawnRequest, *, log_fd: int) -> None:
         """Hand a standby its run; the go-ahead is the same message. Raises (OSError, ValueError)
