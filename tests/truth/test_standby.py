@@ -313,7 +313,7 @@ def test_a_missing_working_directory_fails_before_anything_runs(rt: Any, tmp_pat
     from ql_core.errors import QlError
 
     _ready_standby(rt)
-    with pytest.raises(QlError, match="check --cwd"):
+    with pytest.raises(QlError, match=r"working directory \(cwd\) .* does not exist; give an existing directory"):
         rt.submit(["true"], cwd=str(tmp_path / "nowhere"))
     view = rt.list_runs(limit=1)[0]
     assert (view.status, view.reason) == ("failed", "SPAWN_FAILED")
