@@ -15,9 +15,9 @@ EPILOG = ("The stop handlers are installed first: a SIGTERM that arrives while q
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, metavar="S", help="seconds between rounds (default: profile)")
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
-                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
+    from ql_core.cli.service import add_metrics_listen
+
+    add_metrics_listen(parser)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import threading
 
-__all__ = ["serve"]
+__all__ = ["add_metrics_listen", "serve"]
+
+
+def add_metrics_listen(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-listen HOST:PORT``, as ``ql supervise``, ``ql worker`` and ``ql control`` take it."""
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
+                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
 
 
 def serve(args: argparse.Namespace, *, role: str, capability: type, method: str, profile_hint: str) -> int:

@@ -17,9 +17,9 @@ EXIT_CODES = [("0", "stopped by SIGTERM/SIGINT and drained"), FAIL, USAGE]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; needs "
-                             "pip install 'ql-runner[metrics]'; docs/operations.md)")
+    from ql_core.cli.service import add_metrics_listen
+
+    add_metrics_listen(parser)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
