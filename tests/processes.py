@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["OUTLIVED_EXIT_CODE", "foreign_standbys", "pids", "pids_with", "proc_stat", "standby_launchers",
+__all__ = ["OUTLIVED_EXIT_CODE", "pids", "pids_with", "proc_stat", "standby_launchers",
            "standbys_of", "under_subreaper", "zombie_children"]
 
 #: The exit code of :func:`under_subreaper`'s wrapper when a descendant outlived the host.
@@ -97,12 +97,6 @@ def standby_launchers() -> dict[int, int]:
 def standbys_of(parent: int) -> list[int]:
     """Live standby launchers whose parent is ``parent``."""
     return [pid for pid, ppid in standby_launchers().items() if ppid == parent]
-
-
-def foreign_standbys(before: dict[int, int]) -> list[int]:
-    """Standbys started since ``before`` that are not this test process's own: those of another
-    host (live or dead: a dead host's standby has been reparented, whoever its new parent is)."""
-    return [pid for pid, parent in standby_launchers().items() if pid not in before and parent != os.getpid()]
 
 
 def zombie_children(parent: int) -> list[int]:

@@ -31,10 +31,10 @@ from ql_core.testing.executor import wait_until
 from tests import dbview
 from tests.as_nobody import AS_NOBODY, nobody_env
 from tests.processes import (
-    foreign_standbys,
     proc_stat,
     standby_launchers,
     standbys_of,
+    under_subreaper,
     zombie_children,
 )
 
@@ -230,32 +230,42 @@ for _ in range(3):
 if sys.argv[2] == "drop":
     del rt
     gc.collect()
-    print("dropped", flush=True)
+    print("dropped", os.getpid(), flush=True)
     sys.stdin.readline()  # the test looks for standbys now, then lets us exit
 else:
-    print("exiting", flush=True)
+    print("exiting", os.getpid(), flush=True)
 """
+
+
+def _standbys_under(reaper: int) -> list[int]:
+    """Live standbys in the subtree of ``reaper`` (a :func:`tests.processes.under_subreaper` wrapper):
+    its host's, and, once the host died, the host's orphans (reparented to the wrapper) — this
+    test's own, whatever other tests or hosts run on the machine at the same time."""
+    live = standby_launchers()
+    return [pid for pid, parent in live.items() if parent == reaper
+            or (st := proc_stat(parent)) is not None and int(st[1]) == reaper]
 
 
 @pytest.mark.parametrize("how", ["drop", "exit"])
 def test_a_runtime_collected_or_exiting_without_close_leaves_no_standby(data_dir: Path, how: str) -> None:
-    before = standby_launchers()
-    host = subprocess.Popen([sys.executable, "-c", HOST, str(data_dir), how], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    host = subprocess.Popen(under_subreaper([sys.executable, "-c", HOST, str(data_dir), how], bound_s=BOUND_S),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with host:
         try:
             line = host.stdout.readline()  # type: ignore[union-attr]
-            assert line.strip() in ("dropped", "exiting"), line
+            word, _, pid = line.strip().partition(" ")
+            assert word in ("dropped", "exiting"), line
             if how == "drop":  # collected: its standby is discarded and reaped while the host lives
-                _wait(lambda: standbys_of(host.pid) == [] and zombie_children(host.pid) == [],
+                _wait(lambda: standbys_of(int(pid)) == [] and zombie_children(int(pid)) == [],
                       "the collected runtime's standby to be discarded")
-            _out, err = host.communicate("\n", timeout=BOUND_S)
+            _out, err = host.communicate("\n", timeout=BOUND_S * 2)
         finally:
             if host.poll() is None:
                 host.kill()
                 host.wait()
-    assert host.returncode == 0 and "Warning" not in err, err
-    _wait(lambda: foreign_standbys(before) == [], "no standby outliving its host")
+    # The wrapper exits with the host's code once no descendant of the host is left, or with
+    # OUTLIVED_EXIT_CODE naming the standby that outlived its host by BOUND_S.
+    assert host.returncode == 0 and "Warning" not in err, (host.returncode, err)
 
 
 FORKING_HOST = r"""
@@ -281,19 +291,28 @@ def test_a_forked_child_does_not_keep_its_dead_hosts_standby_alive(data_dir: Pat
     """A fork without exec inherits the host's copy of the standby's channel; the child drops it
     (os.register_at_fork), so when the host dies the standby reads EOF and exits although the
     child lives on — it neither lingers nor keeps a dead host's run looking alive."""
-    before = standby_launchers()
-    out = subprocess.run([sys.executable, "-c", FORKING_HOST, str(data_dir)], capture_output=True, text=True,
-                         timeout=BOUND_S, check=False)
-    assert out.stdout.strip().isdigit(), out.stderr
-    child = int(out.stdout)
+    reaper = subprocess.Popen(under_subreaper([sys.executable, "-c", FORKING_HOST, str(data_dir)],
+                                              bound_s=BOUND_S),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = 0
     try:
-        _wait(lambda: foreign_standbys(before) == [], "the standby of the dead host to exit", timeout=10)
+        line = reaper.stdout.readline()  # type: ignore[union-attr]
+        assert line.strip().isdigit(), reaper.stderr.read()  # type: ignore[union-attr]
+        child = int(line)
+        _wait(lambda: _standbys_under(reaper.pid) == [], "the standby of the dead host to exit", timeout=10)
         assert proc_stat(child) is not None, "the forked child still lives (the standby left despite it)"
     finally:
+        if child:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            reaper.communicate(timeout=BOUND_S * 2)
+        finally:
+            if reaper.poll() is None:
+                reaper.kill()
+                reaper.wait()
 
 
 def test_the_task_sees_the_hosts_environment_and_directory_as_of_submit(rt: Any, tmp_path: Path,
