@@ -86,6 +86,11 @@ class Node:
     @classmethod
     def open(cls, config: Config, *, create: bool = True, environ: dict[str, str] | None = None) -> Node:
         """Load the configured plugins and open the run store (``Runtime.open`` documents ``create``)."""
+        # Before anything is created: a misspelled [plugin.lcoal] table must stop an embedding host
+        # as it stops every command, not be ignored (its tasks would run as root).
+        from .plugins import check_config_plugins
+
+        check_config_plugins(config, environ)
         if not create:
             data_dir = existing_data_dir(config.data_dir)
             found = read_node_id(data_dir)

@@ -18,6 +18,7 @@ import pluggy
 
 from .errors import ConfigError, PluginError, QlError
 from .hookspecs import PROJECT_NAME, QlHookSpecs
+from .plugin_cache import PLUGIN_CACHE_ENV, read_cached_group, write_cached_group
 
 if TYPE_CHECKING:
     from .config import Config
@@ -31,6 +32,7 @@ __all__ = [
     "installed_plugins",
     "select_plugin_names",
     "load_plugin_host",
+    "check_config_plugins",
     "explain_unregistered",
     "check_plugin_names",
     "require_selected_seams",
@@ -180,86 +182,6 @@ def _installed_hint() -> str:
     return ", ".join(names) if names else "none"
 
 
-# -- remembering what stevedore found --------------------------------------------------------
-#: ``QL_PLUGIN_CACHE=off`` makes every start ask stevedore (and importlib.metadata) afresh.
-PLUGIN_CACHE_ENV = "QL_PLUGIN_CACHE"
-
-
-def _environment_key() -> str:
-    """What an install changes: the interpreter, and every import path with its modification time
-    (a distribution added, removed or reinstalled changes its site directory's mtime)."""
-    parts = [sys.version, sys.prefix]
-    for entry in sys.path:
-        try:
-            parts.append(f"{entry}\0{os.stat(entry or '.').st_mtime_ns}")
-        except OSError:
-            parts.append(f"{entry}\0-")
-    return "\n".join(parts)
-
-
-def _cache_file(env: Mapping[str, str]) -> str | None:
-    if env.get(PLUGIN_CACHE_ENV, "").strip().lower() == "off":
-        return None
-    from .paths import user_cache_dir
-
-    directory = user_cache_dir(env)
-    if directory is None:
-        return None
-    import zlib
-
-    return os.path.join(directory, f"plugins-{zlib.crc32(sys.prefix.encode()):08x}.json")
-
-
-def _read_cached_group(env: Mapping[str, str]) -> dict[str, str] | None:
-    """The group's ``name -> "module:attr"`` as stevedore found it in this very environment, or None."""
-    path = _cache_file(env)
-    if path is None:
-        return None
-    import json
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 256 * 1024 or st.st_uid != os.geteuid():
-            return None
-        data = json.loads(os.read(fd, st.st_size + 1))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    if not isinstance(data, dict) or data.get("key") != _environment_key():
-        return None
-    group = data.get("plugins")
-    if not isinstance(group, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in group.items()):
-        return None
-    return group
-
-
-def _write_cached_group(env: Mapping[str, str]) -> None:
-    """Remember the group for the next start (best effort: a read-only home just means no cache)."""
-    path = _cache_file(env)
-    if path is None:
-        return
-    import json
-    import tempfile
-
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        body = json.dumps({"key": _environment_key(), "plugins": {p.name: p.value for p in installed_plugins()}})
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".plugins-")
-        try:
-            os.write(fd, body.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
 def _import_target(name: str, value: str) -> Any:
     """Import an entry point's ``module:attr`` target exactly as stevedore would."""
     import importlib
@@ -323,7 +245,7 @@ def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = N
     distributions (~13 ms, most of a `ql status`). ``QL_PLUGIN_CACHE=off`` disables it.
     """
     env = dict(os.environ if environ is None else environ)
-    cached = _read_cached_group(env) if use_cache else None
+    cached = read_cached_group(env) if use_cache else None
     wanted = list(names)
     extra = [n for n in optional if n not in wanted]
     if extra:
@@ -335,7 +257,7 @@ def load_plugin_host(names: Iterable[str], environ: Mapping[str, str] | None = N
     else:
         loaded = _stevedore_load(selected)
         if use_cache:
-            _write_cached_group(env)
+            write_cached_group(env, {p.name: p.value for p in installed_plugins()})
     return _host_of(loaded, env)
 
 
@@ -439,7 +361,7 @@ def check_plugin_names(config: Config, environ: Mapping[str, str] | None = None)
         named += [(variable, name, f"fix {variable} or unset it") for name in _split(env.get(variable))]
     if not named:
         return
-    cached = _read_cached_group(dict(env))
+    cached = read_cached_group(dict(env))
     if cached is not None and all(name in cached for _, name, _ in named):
         return
     installed = [p.name for p in installed_plugins()]
@@ -467,6 +389,33 @@ def require_selected_seams(config: Config, host: PluginHost) -> list[str]:
             raise PluginError(explain_unregistered(key, name, config, host))
         chosen.append(f"{key}={name}")
     return chosen
+
+
+#: The config :func:`check_config_plugins` last passed (by identity): a command checks its config
+#: before anything is created, and the node it then opens need not load the plugins twice to ask again.
+_LAST_CHECKED: list[Config] = []
+
+
+def check_config_plugins(config: Config, environ: Mapping[str, str] | None = None, *,
+                         reports_plugins: bool = False) -> None:
+    """Every plugin mistake a config can hold, before anything is created or run: a ``[plugin.X]``
+    table or plugin variable naming no installed plugin (:func:`check_plugin_names`), and a key or
+    value a plugin refuses (:func:`check_plugin_config`). ``reports_plugins`` (doctor, plugins): a
+    plugin that cannot load is left to the caller to report. A config naming no plugin beyond its
+    profile's costs nothing here."""
+    if _LAST_CHECKED and _LAST_CHECKED[0] is config:
+        return
+    if config.plugin_settings or config.disabled_plugins or any(
+            (environ if environ is not None else os.environ).get(v) for v in ("QL_PLUGINS", "QL_DISABLE_PLUGINS")):
+        check_plugin_names(config, environ)
+    if needs_plugin_check(config):
+        try:
+            check_plugin_config(config, environ)
+        except PluginError:
+            if not reports_plugins:
+                raise
+            return
+    _LAST_CHECKED[:] = [config]
 
 
 def needs_plugin_check(config: Config) -> bool:
@@ -561,10 +510,10 @@ _COMMANDS_SEEN: dict[tuple[object, ...], PluginCommands] = {}
 
 
 def _collect_commands(env: dict[str, str]) -> PluginCommands:
-    cached = _read_cached_group(env)
+    cached = read_cached_group(env)
     if cached is None:
-        _write_cached_group(env)
-        cached = _read_cached_group(env)
+        write_cached_group(env, {p.name: p.value for p in installed_plugins()})
+        cached = read_cached_group(env)
     group = cached if cached is not None else {p.name: p.value for p in installed_plugins()}
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(QlHookSpecs)

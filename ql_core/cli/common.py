@@ -85,16 +85,9 @@ def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False)
     # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
     # A config that names no plugin has nothing to check here, and a reader then imports no pluggy.
     if _names_plugins(config):
-        from ql_core.errors import PluginError
-        from ql_core.plugins import check_plugin_config, check_plugin_names, needs_plugin_check
+        from ql_core.plugins import check_config_plugins
 
-        check_plugin_names(config, os.environ)
-        if needs_plugin_check(config):  # [plugin.local] standbye = true: refused here, not only by ql run
-            try:
-                check_plugin_config(config, os.environ)
-            except PluginError:
-                if not reports_plugins:
-                    raise
+        check_config_plugins(config, os.environ, reports_plugins=reports_plugins)
     _LOADED[:] = [config]
     return config
 

@@ -159,3 +159,23 @@ def test_cluster_profiles_show_the_cluster_limits_and_settings() -> None:
     edge = load_config(data_dir="/tmp/ql-unused")
     assert "history_retention_s" in edge.profile.limits_in_force()
     assert "run_lease_s" not in edge.profile.limits_in_force()
+
+
+@pytest.mark.parametrize("toml, says", [
+    (b'[plugin.lcoal]\nrun_as = "nobody"\n', "did you mean 'local'"),
+    (b"[plugin.local]\nstandbye = true\n", "did you mean 'standby'"),
+])
+def test_the_embedding_api_refuses_the_same_mistakes_before_creating_anything(tmp_path: Path, toml: bytes,
+                                                                            says: str) -> None:
+    """``Runtime.open`` checks the plugin tables as every command does: an embedding host with a
+    misspelled table gets the same one-line ConfigError, and no data dir is created."""
+    from ql_core.config import load_config
+    from ql_core.errors import ConfigError
+    from ql_core.runtime import Runtime
+
+    (tmp_path / "ql.toml").write_bytes(toml)
+    data = tmp_path / "data"
+    config = load_config(data_dir=data, environ={"QL_CONFIG": str(tmp_path / "ql.toml")}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match=says):
+        Runtime.open(config, environ={})
+    assert not data.exists()
