@@ -53,7 +53,7 @@ GROUPS = {
 }
 
 _records: dict[str, dict[str, Any]] = {}
-_meta: dict[str, Any] = {"items": {}}
+_meta: dict[str, Any] = {}
 
 
 @functools.cache
@@ -116,25 +116,33 @@ def _dimensions(item: pytest.Item) -> dict[str, str] | None:
     return dims
 
 
+#: The user property that carries a test's platform dimensions from where it runs (this process, or
+#: a pytest-xdist worker) to where the results are collected (this process, or the xdist controller):
+#: reports cross that boundary with their user properties, items do not.
+DIMS_PROPERTY = "ql_platform"
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     for item in items:
         dims = _dimensions(item)
         if dims is not None:
-            _meta["items"][item.nodeid] = dims
+            item.user_properties.append((DIMS_PROPERTY, json.dumps(dims, sort_keys=True)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    dims = _meta["items"].get(report.nodeid)
-    if dims is None:
+    props = dict(report.user_properties)
+    if DIMS_PROPERTY not in props:
         return
+    dims = json.loads(props[DIMS_PROPERTY])
     rec = _records.setdefault(report.nodeid, {**dims, "outcome": "passed", "extra": {}})
     if report.skipped:
         rec["outcome"] = "skipped"
     elif report.failed:
         rec["outcome"] = "failed"
     for key, value in report.user_properties:
-        rec["extra"][key] = value
+        if key != DIMS_PROPERTY:
+            rec["extra"][key] = value
 
 
 def _full_run(config: pytest.Config) -> bool:
@@ -164,8 +172,8 @@ def _features() -> dict[str, str]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _records:
-        return
+    if not _records or hasattr(session.config, "workerinput"):
+        return  # nothing recorded, or an xdist worker: the controller collects every worker's reports
     OUT_DIR.mkdir(exist_ok=True)
     results = {"features": _features(), "tests": [
         {"nodeid": k, **v} for k, v in sorted(_records.items())
