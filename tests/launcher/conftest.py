@@ -45,7 +45,7 @@ from tests.processes import proc_stat
 # cross compiler), run by qemu-user like busybox-aarch64.
 SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled", "compiled-standby",
           "compiled-aarch64")
-DEADLINE_S = 20.0  # failure detection only; timing claims live in bench/
+DEADLINE_S = 60.0  # failure detection only (a loaded machine can take 20 s); timing claims live in bench/
 AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
 _EM_AARCH64 = 183  # ELF e_machine of AArch64
 

@@ -54,6 +54,7 @@ def test_a_host_of_short_lived_threads_ends_with_what_it_started_with(data_dir: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # as long as the host's own bound: 10,000 tasks on a loaded 2-core
 def test_ten_thousand_tasks_from_a_thousand_threads_leak_nothing(data_dir: Path) -> None:
     """The issue's scale: 1,000 short-lived threads × 10 tasks, half never waited for, 256 fds."""
     _check(_run_host(data_dir, 1000, 10), 10_000)
