@@ -18,6 +18,13 @@ from tests.cluster.worker_support import QL, Harness, wait_for
 pytestmark = pytest.mark.postgres
 
 
+@pytest.fixture(autouse=True)
+def roomy_leases(harness: Harness) -> None:
+    """Leases long enough that a loaded machine does not make a worker fence itself before its task
+    printed its first line (these tests follow a task; they are not about renewal under load)."""
+    harness.limits.update(run_lease_s=10.0, fence_margin_s=2.0, session_lease_s=12.0, heartbeat_interval_s=1.0)
+
+
 class Client:
     """A `ql` command on the control profile, its stdout collected by a thread as it arrives."""
 
@@ -162,3 +169,34 @@ def test_ql_run_with_retries_streams_the_attempt_that_runs_again(harness: Harnes
     assert rc == 0, err
     assert out == b"first attempt\nsecond attempt\n"
     assert "was lost; the run runs again as attempt" in err, err
+
+
+def test_a_worker_restarted_while_followed_stops_the_old_task_and_the_followers_say_lost(harness: Harness) -> None:
+    """The example's story: the worker is SIGKILLed and started again at once (same data dir). The
+    restarted worker stops the task its previous process left running; the run ends `lost`, and
+    `ql run` and `ql logs -f` on the control node say so and exit 75 — not 0 without a word."""
+    harness.start_control()
+    worker = harness.start_worker("a")
+    client = Client(harness, ["run", "--", "sh", "-c", 'echo "started"; sleep 60'])
+    follower = None
+    try:
+        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
+                 diagnose=harness.logs)
+        run_id = run_id_of(harness)
+        follower = Client(harness, ["logs", "-f", run_id])
+        wait_for(lambda: bytes(follower.out) == b"started\n", what="the follower's first line",
+                 diagnose=harness.logs)
+        worker.signal(signal.SIGKILL)
+        worker.wait()
+        harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"))
+        rc, out, err = client.finish()
+        frc, fout, ferr = follower.finish()
+    finally:
+        client.close()
+        if follower is not None:
+            follower.close()
+    assert harness.status(run_id) == "lost"
+    assert (rc, out) == (75, b"started\n"), err
+    assert f"ql: run {run_id} ended lost" in err
+    assert (frc, fout) == (75, b"started\n"), ferr
+    assert f"ql: run {run_id} lost" in ferr
