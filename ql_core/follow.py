@@ -343,7 +343,7 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
                     chunk_bytes: int = MAX_CHUNK_BYTES, poll_s: float = ARTIFACT_POLL_S,
                     heartbeat_s: float | None = None, unfinalized_s: float = 120.0,
                     state_s: float = ARTIFACT_STATE_S,
-                    on_new_attempt: Callable[[str, str], None] | None = None) -> Iterator[LogChunk]:
+                    on_new_attempt: Callable[[str | None, str], None] | None = None) -> Iterator[LogChunk]:
     """Yield a run's shipped log (its current attempt's artifact) from byte ``offset``.
 
     The byte offsets are the worker's local file's: resume with ``offset=last.end``. Without
@@ -357,8 +357,10 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
 
     ``on_new_attempt(old, new)``: when the run is running again as a new attempt (a lost attempt
     of a run with retries), follow the new one from its byte 0 — after calling this, so the caller
-    can say so; the chunks' offsets then start again at 0. Without it the follower stays on the
-    attempt it started with. Raises ``NotFoundError`` for an unknown run.
+    can say so; the chunks' offsets then start again at 0. It is also called with ``old=None`` when
+    the follower learns the attempt it starts with (at once, or when a worker claims a queued run),
+    so the caller always knows which attempt the offsets are of. Without it the follower stays on
+    the attempt it started with. Raises ``NotFoundError`` for an unknown run.
     """
     from .errors import NotFoundError
     from .ports.artifact_store import ArtifactChangeWaiter
@@ -370,6 +372,8 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
         raise NotFoundError(f"run {run_id[:80]!r} not found in the cluster's control database")
     waiter = store if follow and isinstance(store, ArtifactChangeWaiter) else None
     attempt_id = ref.attempt_id
+    if attempt_id is not None and on_new_attempt is not None:
+        on_new_attempt(None, attempt_id)
     last_progress = last_yield = time.monotonic()
     fresh = True  # something may have been committed: read (at the start, after a wake-up or a poll)
     next_look = 0.0  # the next look at the run's state
@@ -391,6 +395,8 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
                 return  # forgotten by history retention while we followed
             if attempt_id is None:
                 attempt_id = ref.attempt_id  # it was queued: follow its first attempt
+                if attempt_id is not None and on_new_attempt is not None:
+                    on_new_attempt(None, attempt_id)
             elif on_new_attempt is not None and ref.attempt_id is not None and ref.attempt_id != attempt_id:
                 on_new_attempt(attempt_id, ref.attempt_id)
                 attempt_id, offset, fresh = ref.attempt_id, 0, True

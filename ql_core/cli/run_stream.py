@@ -40,6 +40,8 @@ class ShippedStreamer:
         self._unfinalized_s = min(RUN_UNFINALIZED_S, float(rt.config.profile.log_follow_unfinalized_s))
         self._follow = follow_artifact
         self._offset = 0
+        #: The attempt our offset is of (None until the follower names it).
+        self._attempt: str | None = None
         self._chunks: Any = None
         self._retry_at = 0.0
         self._gave_up = False
@@ -47,6 +49,12 @@ class ShippedStreamer:
         self.stopped = False
 
     def _stream(self) -> Any:
+        """The follower, from our offset — of the attempt we streamed: one started again after the
+        database was away finds the run maybe running a newer attempt, followed from its start."""
+        if self._attempt is not None:
+            ref = self._store.run_log(self._run_id)
+            if ref is not None and ref.attempt_id not in (None, self._attempt):
+                self._new_attempt(self._attempt, ref.attempt_id)
         return self._follow(self._store, self._run_id, offset=self._offset, follow=True, heartbeat_s=PUMP_S,
                             unfinalized_s=self._unfinalized_s, on_new_attempt=self._new_attempt)
 
@@ -63,8 +71,9 @@ class ShippedStreamer:
             if time.monotonic() < self._retry_at:
                 time.sleep(max(0.0, min(PUMP_S, self._retry_at - time.monotonic())))
                 return
-            self._chunks = self._stream()
         try:
+            if self._chunks is None:
+                self._chunks = self._stream()
             for chunk in self._chunks:
                 if chunk.data:
                     self._offset = chunk.end
@@ -108,9 +117,12 @@ class ShippedStreamer:
         if self.stopped:
             silence_stdout()  # the rest of our output (and Python's final flush) goes nowhere
 
-    def _new_attempt(self, old: str, new: str) -> None:
+    def _new_attempt(self, old: str | None, new: str) -> None:
         from ql_core.cli.notes import note
 
+        self._attempt = new
+        if old is None:
+            return
         self._offset = 0
         note(False, "new_attempt", f"ql: attempt {old} of run {self._run_id} was lost; the run runs again as "
                                    f"attempt {new}: its output follows from its start")

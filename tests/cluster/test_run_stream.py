@@ -10,9 +10,13 @@ import os
 import signal
 import subprocess
 import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.cluster.proxy import Proxy
 from tests.cluster.worker_support import QL, Harness, wait_for
 
 pytestmark = pytest.mark.postgres
@@ -28,9 +32,9 @@ def roomy_leases(harness: Harness) -> None:
 class Client:
     """A `ql` command on the control profile, its stdout collected by a thread as it arrives."""
 
-    def __init__(self, harness: Harness, args: list[str]) -> None:
+    def __init__(self, harness: Harness, args: list[str], *, config: Path | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-        env.update({"QL_CONFIG": str(harness.control_config()), "HOME": str(harness.root)})
+        env.update({"QL_CONFIG": str(config or harness.control_config()), "HOME": str(harness.root)})
         self.proc = subprocess.Popen(QL + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL)
         self.out = bytearray()
@@ -200,3 +204,30 @@ def test_a_worker_restarted_while_followed_stops_the_old_task_and_the_followers_
     assert f"ql: run {run_id} ended lost" in err
     assert (frc, fout) == (75, b"started\n"), ferr
     assert f"ql: run {run_id} lost" in ferr
+
+
+def test_ql_run_streams_on_after_the_control_database_was_away(harness: Harness) -> None:
+    """`ql run`'s connection to the control database is cut off (a partition, then every connection
+    dropped): the stream resumes at the byte it had reached — no gap, no repeated line."""
+    parts = urlsplit(harness.dsn)
+    proxy = Proxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    try:
+        harness.start_control()
+        harness.start_worker("a")
+        config = harness.write_config(harness.root / "control-proxied.toml", profile="cluster-control",
+                                      data_dir=harness.root / "control-data",
+                                      database_url=harness.proxied_url(proxy.port))
+        script = 'i=1; while [ $i -le 60 ]; do echo "line $i"; i=$((i+1)); sleep 0.1; done'
+        client = Client(harness, ["run", "--", "sh", "-c", script], config=config)
+        try:
+            wait_for(lambda: b"line 1\n" in bytes(client.out), what="the first line", diagnose=harness.logs)
+            proxy.partition()
+            time.sleep(2.0)
+            proxy.heal()
+            rc, out, err = client.finish()
+        finally:
+            client.close()
+    finally:
+        proxy.close()
+    assert rc == 0, err
+    assert out == b"".join(b"line %d\n" % i for i in range(1, 61))
