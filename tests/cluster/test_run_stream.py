@@ -231,3 +231,22 @@ def test_ql_run_streams_on_after_the_control_database_was_away(harness: Harness)
         proxy.close()
     assert rc == 0, err
     assert out == b"".join(b"line %d\n" % i for i in range(1, 61))
+
+
+def test_ctrl_c_on_a_streaming_ql_run_cancels_the_run_on_its_worker(harness: Harness) -> None:
+    """SIGINT while `ql run` sleeps on the store's notification: the cancel intent is committed, the
+    worker stops the task, `ql run` says so and exits 130, as locally."""
+    harness.start_control()
+    harness.start_worker("a")
+    client = Client(harness, ["run", "--", "sh", "-c", 'echo "started"; sleep 60'])
+    try:
+        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
+                 diagnose=harness.logs)
+        run_id = run_id_of(harness)
+        client.proc.send_signal(signal.SIGINT)
+        rc, out, err = client.finish()
+    finally:
+        client.close()
+    assert harness.status(run_id) == "cancelled"
+    assert (rc, out) == (130, b"started\n"), err
+    assert f"ql: cancelling run {run_id}" in err and f"ql: run {run_id} ended cancelled" in err, err
