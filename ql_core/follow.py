@@ -331,33 +331,54 @@ def follow_run_log(node: Node, run_id: str, *, offset: int = 0, follow: bool = F
         store.close()
 
 
-#: How often a follower of a shipped log looks again when it has read everything committed.
+#: How often a follower of a shipped log looks again when its store cannot notify it of a change
+#: (and how often it looks for the first attempt of a queued run: a claim sends no notification).
 ARTIFACT_POLL_S = 0.25
+#: How often a follower whose store notifies it (``ArtifactChangeWaiter``) still looks at the run's
+#: state: a run can end without any change to its artifact (``lost``: its worker is gone).
+ARTIFACT_STATE_S = 1.0
 
 
 def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follow: bool = False,
                     chunk_bytes: int = MAX_CHUNK_BYTES, poll_s: float = ARTIFACT_POLL_S,
-                    heartbeat_s: float | None = None, unfinalized_s: float = 120.0) -> Iterator[LogChunk]:
+                    heartbeat_s: float | None = None, unfinalized_s: float = 120.0,
+                    state_s: float = ARTIFACT_STATE_S,
+                    on_new_attempt: Callable[[str | None, str], None] | None = None) -> Iterator[LogChunk]:
     """Yield a run's shipped log (its current attempt's artifact) from byte ``offset``.
 
     The byte offsets are the worker's local file's: resume with ``offset=last.end``. Without
-    ``follow`` it yields what is committed now. With ``follow`` it polls (every ``poll_s``, one
-    small query) until the run is terminal and the artifact is finalized and drained — or, when the
-    run ended but its worker has not finalized the log, until nothing new was committed for
-    ``unfinalized_s`` (the worker is gone; a later ``--offset`` picks up what it ships when it
-    restarts). Memory: one chunk at a time. Raises ``NotFoundError`` for an unknown run.
+    ``follow`` it yields what is committed now. With ``follow`` it goes on until the run is terminal
+    and the artifact is finalized and drained — or, when the run ended but its worker has not
+    finalized the log, until nothing new was committed for ``unfinalized_s`` (the worker is gone; a
+    later ``--offset`` picks up what it ships when it restarts). Between reads it sleeps until the
+    store says the artifact changed (:class:`~ql_core.ports.artifact_store.ArtifactChangeWaiter`:
+    for PostgreSQL, ``LISTEN ql_artifact``), looking at the run's state at least every ``state_s``;
+    a store that cannot notify is polled every ``poll_s``. Memory: one chunk at a time.
+
+    ``on_new_attempt(old, new)``: when the run is running again as a new attempt (a lost attempt
+    of a run with retries), follow the new one from its byte 0 — after calling this, so the caller
+    can say so; the chunks' offsets then start again at 0. It is also called with ``old=None`` when
+    the follower learns the attempt it starts with (at once, or when a worker claims a queued run),
+    so the caller always knows which attempt the offsets are of. Without it the follower stays on
+    the attempt it started with. Raises ``NotFoundError`` for an unknown run.
     """
     from .errors import NotFoundError
+    from .ports.artifact_store import ArtifactChangeWaiter
 
     if offset < 0:
         raise ValueError("offset must be >= 0")
     ref = store.run_log(run_id)
     if ref is None:
         raise NotFoundError(f"run {run_id[:80]!r} not found in the cluster's control database")
+    waiter = store if follow and isinstance(store, ArtifactChangeWaiter) else None
     attempt_id = ref.attempt_id
+    if attempt_id is not None and on_new_attempt is not None:
+        on_new_attempt(None, attempt_id)
     last_progress = last_yield = time.monotonic()
+    fresh = True  # something may have been committed: read (at the start, after a wake-up or a poll)
+    next_look = 0.0  # the next look at the run's state
     while True:
-        if attempt_id is not None:
+        if attempt_id is not None and fresh:
             data = store.read(attempt_id, offset, chunk_bytes)
             if data:
                 yield LogChunk(offset, data)
@@ -366,27 +387,51 @@ def follow_artifact(store: ArtifactStore, run_id: str, *, offset: int = 0, follo
                 continue
         if not follow:
             return
-        ref = store.run_log(run_id)
-        if ref is None:
-            return  # forgotten by history retention while we followed
-        if attempt_id is None:
-            attempt_id = ref.attempt_id  # it was queued: follow its first attempt
-        state = store.state(attempt_id) if attempt_id is not None else None
-        if state is not None and state.committed_bytes > offset:
-            continue  # committed between the read and this look: read it first
-        if ref.terminal:
-            if attempt_id is None or (state is not None and state.finalized):
-                return
-            if state is None and not ref.attempt_started:
-                return  # ended before its task ever started: no log will come
-            if time.monotonic() - last_progress >= unfinalized_s:
-                return
+        now = time.monotonic()
+        if fresh or now >= next_look or attempt_id is None or ref.terminal:
+            next_look = now + state_s
+            ref = store.run_log(run_id)
+            if ref is None:
+                return  # forgotten by history retention while we followed
+            if attempt_id is None:
+                attempt_id = ref.attempt_id  # it was queued: follow its first attempt
+                if attempt_id is not None and on_new_attempt is not None:
+                    on_new_attempt(None, attempt_id)
+            elif on_new_attempt is not None and ref.attempt_id is not None and ref.attempt_id != attempt_id:
+                on_new_attempt(attempt_id, ref.attempt_id)
+                attempt_id, offset, fresh = ref.attempt_id, 0, True
+                last_progress = time.monotonic()
+                continue
+            state = store.state(attempt_id) if attempt_id is not None else None
+            if state is not None and state.committed_bytes > offset:
+                fresh = True
+                continue  # committed between the read and this look (or no wake-up came): read it
+            if ref.terminal:
+                if attempt_id is None or (state is not None and state.finalized):
+                    return
+                if state is None and not ref.attempt_started:
+                    return  # ended before its task ever started: no log will come
+                if time.monotonic() - last_progress >= unfinalized_s:
+                    return
+        fresh = False
         now = time.monotonic()
         if heartbeat_s is not None and now - last_yield >= heartbeat_s:
             yield LogChunk(offset, b"")
             last_yield = time.monotonic()
             continue
-        time.sleep(poll_s if heartbeat_s is None else max(0.0, min(poll_s, heartbeat_s - (now - last_yield))))
+        if waiter is None or attempt_id is None:
+            timeout = poll_s  # no wake-up to wait for (none comes for a claim either)
+        else:
+            timeout = max(0.0, next_look - now)
+        if ref.terminal:  # only waiting out unfinalized_s
+            timeout = min(timeout, max(0.0, unfinalized_s - (now - last_progress)))
+        if heartbeat_s is not None:
+            timeout = min(timeout, max(0.0, heartbeat_s - (now - last_yield)))
+        if waiter is not None:
+            fresh = waiter.wait_for_change(attempt_id, timeout)
+        else:
+            time.sleep(timeout)
+            fresh = True
 
 
 def _settle(node: Node, run_id: str, attempt_id: str) -> bool:

@@ -133,22 +133,34 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
 
 
 def watch(node: Node, run_id: str, *, on_tick: Callable[[], None] | None = None) -> RunView:
-    """Wait for a run this process is not the parent of: look, settle, sleep, until it is terminal."""
+    """Wait for a run this process is not the parent of: look, settle, sleep, until it is terminal.
+
+    A run store that is busy or away for a while (a control database restarting, a dropped
+    connection) does not end the wait: the look is tried again (one warning per outage)."""
     from .ports.journal import ConflictError, StoreBusyError
     from .reconciler import settle
 
+    away = False
     while True:
         node.check_data_dir()
         if on_tick is not None:
             on_tick()
-        view = node.view(run_id)
-        if view.terminal:
-            return view
         try:
-            settle(node, view)
-        except (StoreBusyError, ConflictError) as exc:  # another writer holds the store: next time
-            logger.warning("run {}: the run store is busy ({}); retrying", run_id, type(exc).__name__)
-        view = node.view(run_id)
+            view = node.view(run_id)
+            if not view.terminal:
+                try:
+                    settle(node, view)
+                except (StoreBusyError, ConflictError) as exc:  # another writer holds the store: next time
+                    logger.warning("run {}: the run store is busy ({}); retrying", run_id, type(exc).__name__)
+                view = node.view(run_id)
+        except StoreBusyError as exc:
+            if not away:
+                logger.warning("run {}: the run store is busy or unreachable ({}); still waiting", run_id,
+                               type(exc).__name__)
+            away = True
+            time.sleep(REATTACH_POLL_S)
+            continue
+        away = False
         if view.terminal:
             if on_tick is not None:
                 on_tick()

@@ -1,35 +1,77 @@
 #!/bin/sh
 # Start a control node and two workers on this machine, against the local PostgreSQL.
-#   examples/cluster/up.sh            (stop them with examples/cluster/down.sh)
-# Creates the database ql_example and the worker role ql_example_worker if they are missing
-# (QL_ADMIN_URL: a database to connect to for that), a task-spec key, the schema, and the grant.
+#   examples/cluster/up.sh              start what is not running (safe to run again at any time)
+#   examples/cluster/up.sh worker-a     start only that one (control, worker-a, worker-b)
+#   examples/cluster/restart.sh worker-a    stop one and start it again
+#   examples/cluster/down.sh            stop everything up.sh started
+# Creates the database and the worker role if they are missing (QL_ADMIN_URL: a database to connect
+# to for that), a task-spec key, the schema, and the grant. A role whose pid file names a live
+# `ql` process of this example is left alone: never a second `ql control`, never a log truncated
+# (each role's log is appended to), never a pid file overwritten while its process lives.
+# QL_EXAMPLE_DB / QL_EXAMPLE_ROLE: another database / worker role name (default ql_example /
+# ql_example_worker), e.g. for a throwaway copy.
 set -eu
 cd "$(dirname "$0")"
+here=$PWD
 admin=${QL_ADMIN_URL:-postgresql://postgres@127.0.0.1:5432/postgres}
-python3 - "$admin" <<'PY'
-import sys, psycopg
-with psycopg.connect(sys.argv[1], autocommit=True) as conn:
-    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'ql_example'").fetchone():
-        conn.execute('CREATE DATABASE "ql_example"')
-    # The workers' least-privilege role (an example password: use your own, and a ~/.pgpass file).
-    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'ql_example_worker'").fetchone():
-        conn.execute("CREATE ROLE ql_example_worker LOGIN PASSWORD 'example-only-password'")
-PY
-mkdir -p -m 700 .run
-# One task-spec key, shared by the control node (seals) and the workers (open); 0600, never replaced.
-[ -f .run/spec.key ] || ql db new-spec-key "$PWD/.run/spec.key"
-# Each node's config: the checked-in file with absolute paths, plus the key's path.
-for role in control worker-a worker-b; do
-  { sed "s|^data_dir = \"\\.run/|data_dir = \"$PWD/.run/|" "$role.toml"
-    printf 'spec_key_file = "%s"\n' "$PWD/.run/spec.key"; } >".run/$role.toml"
+db=${QL_EXAMPLE_DB:-ql_example}
+wrole=${QL_EXAMPLE_ROLE:-ql_example_worker}
+roles=${*:-control worker-a worker-b}
+for role in $roles; do
+  case $role in control|worker-a|worker-b) ;; *) echo "up.sh: unknown role '$role' (control, worker-a, worker-b)" >&2; exit 2 ;; esac
 done
-# The schema, then the grant (both as the admin: the control node's database_url). Workers connect
-# as ql_example_worker, which may only call the fenced worker functions.
-ql --config .run/control.toml db upgrade
-ql --config .run/control.toml db grant-worker ql_example_worker
+mkdir -p -m 700 .run
+# One up.sh (or down.sh) at a time: two at once could both find a role stopped and both start it.
+exec 9>>.run/lock
+if command -v flock >/dev/null 2>&1; then   # util-linux; without it, run one at a time yourself
+  flock -w 60 9 || { echo "up.sh: another up.sh or down.sh holds $here/.run/lock" >&2; exit 1; }
+fi
+
+# args_of PID: its command line, one line (Linux: /proc; elsewhere ps, at full width).
+args_of() {
+  if [ -r "/proc/$1/cmdline" ]; then tr '\0' ' ' <"/proc/$1/cmdline"; else ps -ww -o args= -p "$1"; fi 2>/dev/null
+}
+# running ROLE: its pid file names a live process running this example's `ql` for that role.
+running() {
+  pid=$(cat ".run/$1.pid" 2>/dev/null) || return 1
+  case $pid in ''|*[!0-9]*) return 1 ;; esac
+  args_of "$pid" | grep -q -F -- "--config $here/.run/$1.toml"
+}
+
+python3 - "$admin" "$db" "$wrole" <<'PY'
+import sys, psycopg
+from psycopg import sql
+admin, db, role = sys.argv[1:]
+with psycopg.connect(admin, autocommit=True) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+    # The workers' least-privilege role (an example password: use your own, and a ~/.pgpass file).
+    if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'example-only-password'").format(sql.Identifier(role)))
+PY
+# One task-spec key, shared by the control node (seals) and the workers (open); 0600, never replaced.
+[ -f .run/spec.key ] || ql db new-spec-key "$here/.run/spec.key"
+# Each node's config: the checked-in file with absolute paths, the database and role names, plus the
+# key's path. Written to a temporary file and renamed: a running node never reads half a file.
 for role in control worker-a worker-b; do
+  { sed -e "s|^data_dir = \"\\.run/|data_dir = \"$here/.run/|" \
+        -e "s|/ql_example\"|/$db\"|" -e "s|//ql_example_worker:|//$wrole:|" "$role.toml"
+    printf 'spec_key_file = "%s"\n' "$here/.run/spec.key"; } >".run/$role.toml.tmp"
+  mv -f ".run/$role.toml.tmp" ".run/$role.toml"
+done
+# The schema, then the grant (both as the admin: the control node's database_url; both idempotent).
+# Workers connect as the worker role, which may only call the fenced worker functions.
+ql --config .run/control.toml db upgrade
+ql --config .run/control.toml db grant-worker "$wrole"
+for role in $roles; do
+  if running "$role"; then
+    echo "$role already running (pid $(cat ".run/$role.pid"))"
+    continue
+  fi
   case $role in control) cmd=control ;; *) cmd=worker ;; esac
-  QL_LOG_LEVEL=info setsid nohup ql --config ".run/$role.toml" "$cmd" </dev/null >".run/$role.log" 2>&1 &
-  echo $! >".run/$role.pid"
+  # Its own session and process group (setsid), so down.sh stops exactly it; the log is appended to.
+  QL_LOG_LEVEL=info setsid ql --config "$here/.run/$role.toml" "$cmd" </dev/null >>".run/$role.log" 2>&1 9>&- &
+  echo $! >".run/$role.pid.tmp"
+  mv -f ".run/$role.pid.tmp" ".run/$role.pid"
   echo "started $role (pid $!, log examples/cluster/.run/$role.log)"
 done

@@ -82,8 +82,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 0
     if out.json_mode:
         out.emit({"run_id": sub.run_id, "attempt_id": sub.attempt_id, "status": state})
-    streamer = (_LogStreamer(rt.node, sub.log_artifact_id)
-                if not out.json_mode and sub.log_artifact_id is not None else None)
+    shipped = streamer = None
+    if not out.json_mode and sub.task is None and rt.config.artifact_store:
+        from ql_core.cli.run_stream import ShippedStreamer
+
+        shipped = streamer = ShippedStreamer(rt, sub.run_id)  # a worker runs it: from the shipped chunks
+    elif not out.json_mode and sub.log_artifact_id is not None:
+        streamer = _LogStreamer(rt.node, sub.log_artifact_id)
 
     def on_tick() -> None:
         if streamer is not None:
@@ -99,9 +104,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
             rt.cancel(sub.run_id, "user")
 
     try:
+        while shipped is not None and not shipped.done:
+            on_tick()  # streams until the run ended and its log is drained; then the wait is a look
         view = rt.wait(sub, on_tick=on_tick)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if shipped is not None:
+            shipped.close()
     if streamer is not None:
         streamer.pump(drain=True)
     status = exit_status_for(view.status, view.exit_code)

@@ -48,6 +48,7 @@ __all__ = [
     "ArtifactStoreUnavailable",
     "ArtifactFencedError",
     "ArtifactStore",
+    "ArtifactChangeWaiter",
 ]
 
 #: The largest chunk a store accepts (and the largest slice a shipper reads at once).
@@ -198,4 +199,20 @@ class ArtifactStore(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class ArtifactChangeWaiter(Protocol):
+    """A store that can say when an artifact changed (a chunk committed, the artifact finalized), so
+    a follower sleeps until then instead of polling. Optional: a follower of a store without it
+    polls (``ql_core.follow.ARTIFACT_POLL_S``)."""
+
+    def wait_for_change(self, attempt_id: str | None, timeout_s: float) -> bool:
+        """Block until the artifact of ``attempt_id`` (None: any artifact) changed, or ``timeout_s``
+        passed; True when a change woke it. A wake-up is only a hint: the caller reads again.
+
+        The first call only starts listening and returns True at once, so the caller reads once
+        more: a change committed between its last read and the listen is never missed. A store
+        that cannot listen (the connection failed) sleeps ``timeout_s`` and returns False."""
         ...

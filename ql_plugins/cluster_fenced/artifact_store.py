@@ -26,6 +26,7 @@ exception class and the SQLSTATE only, as :class:`~.control_db.ControlDB`'s).
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import TYPE_CHECKING, Any
 
 from ql_core.ports.artifact_store import (
@@ -97,7 +98,8 @@ def _proof(proof: object, attempt_id: str) -> LeaseFence:
 
 
 class PostgresArtifactStore:
-    """One connection to the control database (not shared between threads)."""
+    """One connection to the control database (not shared between threads), and a second one, opened
+    by the first :meth:`wait_for_change`, that only listens (``LISTEN ql_artifact``)."""
 
     name = STORE_NAME
 
@@ -105,6 +107,9 @@ class PostgresArtifactStore:
         self._db = ControlDB.connect(dsn, lazy=True, connect_timeout_s=connect_timeout_s,
                                      statement_timeout_ms=int(max(1.0, call_timeout_s) * 1000),
                                      call_timeout_s=call_timeout_s)
+        self._dsn = dsn
+        self._connect_timeout_s = connect_timeout_s
+        self._listener: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _rows(self, operation: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -124,7 +129,55 @@ class PostgresArtifactStore:
         return rows[0]
 
     def close(self) -> None:
+        self._close_listener()
         self._db.close()
+
+    # -- wake-ups (ArtifactChangeWaiter) -------------------------------------------------------------
+    def wait_for_change(self, attempt_id: str | None, timeout_s: float) -> bool:
+        """Sleep until ``NOTIFY ql_artifact`` names ``attempt_id`` (a chunk committed, the artifact
+        finalized: the trigger of revision 0006), or ``timeout_s`` passed. The first call (and the
+        first after a lost connection) only starts listening and returns True at once."""
+        timeout_s = max(0.0, float(timeout_s))
+        conn = self._listener
+        if conn is None or conn.closed or conn.broken:
+            self._close_listener()
+            try:
+                self._listener = self._listen()
+            except Exception:  # noqa: BLE001 - a wake-up only: the caller polls instead
+                time.sleep(timeout_s)
+                return False
+            return True
+        deadline = time.monotonic() + timeout_s
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for note in conn.notifies(timeout=left, stop_after=1):
+                    if attempt_id is None or note.payload == attempt_id:
+                        return True
+        except Exception:  # noqa: BLE001 - the connection broke: listen again at the next call
+            self._close_listener()
+        return False
+
+    def _listen(self) -> Any:
+        from .pg_connections import conninfo_of, psycopg_module
+
+        psycopg = psycopg_module()
+        conn = psycopg.connect(conninfo_of(self._dsn), autocommit=True, connect_timeout=self._connect_timeout_s,
+                               application_name="ql-log-follow", keepalives=1, keepalives_idle=10,
+                               keepalives_interval=5, keepalives_count=3)
+        try:
+            conn.execute("LISTEN ql_artifact")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _close_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
 
     # -- writers (fenced) ---------------------------------------------------------------------------
     def open(self, attempt_id: str, proof: object, *, max_bytes: int) -> ArtifactState:
