@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["POSTGRES_DSN_ENV", "find_pg_ctl", "throwaway_postgres", "Unavailable"]
+__all__ = ["POSTGRES_DSN_ENV", "find_pg_ctl", "server_user", "throwaway_postgres", "Unavailable"]
 
 POSTGRES_DSN_ENV = "QL_TEST_POSTGRES_DSN"
 _SERVER_USER = "postgres"  # the cluster's superuser (initdb --username)
@@ -41,7 +41,7 @@ def find_pg_ctl() -> str | None:
     return candidates[-1] if candidates else None
 
 
-def _run_as() -> pwd.struct_passwd | None:
+def server_user() -> pwd.struct_passwd | None:
     """The unprivileged user the server runs as when we are root (None: run as ourselves)."""
     if os.geteuid() != 0:
         return None
@@ -84,7 +84,7 @@ def throwaway_postgres() -> Iterator[str]:
     except ImportError:
         raise Unavailable("pytest-postgresql is not installed (pip install -e '.[dev]') and "
                           f"{POSTGRES_DSN_ENV} is not set") from None
-    user = _run_as()
+    user = server_user()
     base = Path(tempfile.mkdtemp(prefix="ql-test-pg-"))
     try:
         executable = pg_ctl

@@ -82,16 +82,11 @@ def short_engine(url: str):  # type: ignore[no-untyped-def]
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from ql_core.errors import DatabaseError
-
-    connect_args: dict[str, object] = {}
     if url.startswith("postgresql"):
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql-runner[cluster]'") from None
-        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
-    return create_engine(url, poolclass=NullPool, connect_args=connect_args)
+        from ql_core.db.engine import postgres_engine
+
+        return postgres_engine(url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+    return create_engine(url, poolclass=NullPool)
 
 
 def _create_private(url: str) -> None:

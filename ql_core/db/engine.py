@@ -10,7 +10,7 @@ so two writers never deadlock on a lock upgrade. Read-only work opts out with
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import DatabaseError
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlmodel import Session
 
-__all__ = ["create_db_engine", "session_scope", "is_busy_error"]
+__all__ = ["create_db_engine", "postgres_engine", "session_scope", "is_busy_error"]
 
 
 def _sqlite_engine(url: str, busy_timeout_ms: int) -> Engine:
@@ -50,14 +50,25 @@ def _sqlite_engine(url: str, busy_timeout_ms: int) -> Engine:
     return engine
 
 
-def _postgres_engine(url: str) -> Engine:
+def postgres_engine(url: str, *, connect_args: dict[str, Any] | None = None, **options: Any) -> Engine:
+    """A SQLAlchemy engine on PostgreSQL (psycopg 3). A URL naming several hosts — libpq's failover
+    form, ``postgresql+psycopg://u@db1:5432,db2:5432/ql?target_session_attrs=read-write`` — goes to
+    libpq as written, as every other ql connection does (SQLAlchemy's URL parser takes one host)."""
     try:
-        import psycopg  # noqa: F401
+        import psycopg
     except ImportError:
         raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql-runner[cluster]'") from None
     from sqlalchemy import create_engine
 
-    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    rest = url.partition("://")[2]
+    if "," not in rest.split("/", 1)[0]:
+        return create_engine(url, connect_args=connect_args or {}, **options)
+    conninfo, extra = "postgresql://" + rest, dict(connect_args or {})
+    return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(conninfo, **extra), **options)
+
+
+def _postgres_engine(url: str) -> Engine:
+    return postgres_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
 
 
 def create_db_engine(url: str, *, busy_timeout_ms: int = 5000) -> Engine:

@@ -111,11 +111,11 @@ def migrate_url(url: str) -> str:
     from sqlalchemy.pool import NullPool
 
     if url.startswith("postgresql"):
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise DatabaseError("PostgreSQL needs the psycopg driver: pip install 'ql-runner[cluster]'") from None
-    engine = create_engine(url, poolclass=NullPool)
+        from .engine import postgres_engine
+
+        engine = postgres_engine(url, poolclass=NullPool)
+    else:
+        engine = create_engine(url, poolclass=NullPool)
     try:
         return upgrade(engine)
     finally:
