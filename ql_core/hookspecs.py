@@ -154,6 +154,17 @@ class QlHookSpecs:
         """
 
     @hookspec
+    def ql_limit_names(self) -> list[str]:
+        """Called when a config's ``[limits]`` holds keys core does not own (``Config.extra_limits``).
+
+        Return the names of the ``[limits]`` keys your plugin still reads there: numbers that were
+        core profile limits once and moved to your ``[plugin.<name>]`` table (an older config keeps
+        working; read them from ``config.extra_limits``, let your table win, range-check both in
+        ``ql_check_config``). A key no installed plugin claims is refused as a typo. Must be cheap
+        and side-effect free. Returns a list (empty: none).
+        """
+
+    @hookspec
     def ql_doctor_checks(self, config: Config) -> list[tuple[str, bool, str]]:
         """Called by ``ql doctor`` for each loaded plugin, after core's own checks.
 

@@ -76,8 +76,10 @@ class PostgresJournal(SqlJournalKernel):
 
     @classmethod
     def from_context(cls, context: RuntimeContext, settings: Any = None) -> PostgresJournal:
+        from .settings import profile_of
+
         return cls(context.config.database_url, create=not context.existing_only, settings=settings,
-                   profile=context.config.profile)
+                   profile=profile_of(context.config))
 
     def close(self) -> None:
         self._db.close()

@@ -104,9 +104,11 @@ class WorkerJournal:
         # A worker.db that is missing or empty after a worker ran here (its lock file exists) would
         # lose the outbox: refused. Before that (killed during its very first start) nothing was
         # claimed yet, so a fresh store is safe.
+        from .settings import profile_of
+
         ran_here = (Path(context.data_dir) / "worker.lock").exists()
         return cls(context.data_dir, control_url=context.config.database_url, settings=settings,
-                   profile=context.config.profile, create=not context.existing_only,
+                   profile=profile_of(context.config), create=not context.existing_only,
                    refuse_fresh=context.data_dir_in_use and ran_here)
 
     def close(self) -> None:
