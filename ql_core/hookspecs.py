@@ -200,7 +200,9 @@ class QlHookSpecs:
         ``register(name, module_or_factory)`` adds ``ql <name>``: a module (or any object) with
         ``HELP`` (one line), ``configure(parser)`` (its argparse options) and ``run(args, out) ->
         int`` (the exit status; ``out`` is :class:`ql_core.cli.output.Output`), optionally
-        ``EPILOG`` and ``EXIT_CODES`` (``[(code, meaning), ...]`` for its ``--help``); or a callable
+        ``EPILOG``, ``EXIT_CODES`` (``[(code, meaning), ...]`` for its ``--help``) and
+        ``STOPS_ON_SIGNALS = True`` (a long-running command: a SIGTERM from ql's first instruction
+        on sets its stop, ``ql_core.cli.common.early_stop()``); or a callable
         without arguments returning one, called only when that command is built (keep the plugin
         module import-light). ``register("db <action>", ...)`` adds an action to ``ql db``: its
         module has ``HELP``, ``TARGET`` (the argument's name, e.g. ``"ROLE"``) and

@@ -127,6 +127,10 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
         raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
                                  "is not closed yet (nothing was submitted)")
     check_submission(command, shell=shell, env=env, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
+    from .ports.journal import RefusesSubmissions
+
+    if isinstance(node.journal, RefusesSubmissions):  # a wrong-role use: refused before anything starts
+        raise UsageError(node.journal.submission_refused())
     argv = tuple(command)
     if node.executor is None:
         return enqueue(node, argv, shell=shell, name=name, timeout_s=timeout_s, cwd=cwd, env=env,

@@ -163,6 +163,12 @@ class WorkerJournal:
             logger.warning("outbox row of attempt {} deferred: {}", attempt_id, type(exc).__name__)
 
     # -- create: only claimed attempts ---------------------------------------------------------------
+    def submission_refused(self) -> str:
+        """``ql run`` (or ``Runtime.submit``) on a worker: a usage error naming the role and the fix."""
+        return ("this node is a cluster worker (profile cluster-worker): it runs only what it claims from the "
+                "control plane; submit on a control node instead (a config with profile = \"cluster-control\", "
+                "e.g. ql --config control.toml run ...)")
+
     def create(self, new: NewRun) -> list[RunEventInfo]:
         if self.leases.get(new.attempt_id) is None:
             raise StoreError("a cluster worker runs only what it claims from the control plane; submit with "

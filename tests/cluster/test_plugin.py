@@ -140,6 +140,35 @@ def test_ql_control_and_an_idle_ql_worker_stop_promptly_on_sigterm_and_sigint(ha
     assert row["status"] == "stopped"  # deregistered after its drain
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Has the process installed a handler for ``signum`` (``SigCgt`` in /proc/PID/status)?"""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.2, 0.8])
+def test_a_worker_sigtermed_in_its_first_moments_stops_cleanly(harness: Harness, after_s: float) -> None:
+    """The worker's stop handler is its first instruction: a TERM as soon as the process can catch one
+    (the interpreter's own start-up aside), or while it imports, opens its store or registers, stops
+    it with exit 0 — never death by the signal (143 / -15)."""
+    import time
+
+    worker = harness.start_worker("early")
+    wait_for(lambda: _catches(worker.pid, signal.SIGTERM) or not worker.alive(), every=0.001,
+             what="the worker to install its SIGTERM handler", diagnose=harness.logs)
+    time.sleep(after_s)  # a point in its start-up, not a wait for anything
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, harness.logs()
+    row = harness.sql.execute("SELECT status FROM ql_worker WHERE id = 'early'").fetchone()
+    assert row is None or row["status"] == "stopped", row  # never registered, or deregistered
+
+
 def test_the_worker_store_never_forgets_a_run_whose_outbox_is_not_answered(tmp_path: Path) -> None:
     from ql_core.ids import new_id
     from ql_core.ports.journal import EventSpec, HistoryRetention, Transition
