@@ -339,6 +339,9 @@ class TaskSpec:
     shell: bool = False
     cwd: str | None = field(default=None, repr=False)
     env: Mapping[str, str] | None = field(default=None, repr=False)
+    #: Added to the environment the task gets where it runs (``env``, else that host's): a queued
+    #: run's ``ql run --env`` (the worker merges it with its own environment).
+    env_add: Mapping[str, str] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

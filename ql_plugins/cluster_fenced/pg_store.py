@@ -181,7 +181,7 @@ class PostgresJournal(SqlJournalKernel):
         from .results import SubmitAnswer
         from .sealing import encode_spec
 
-        plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env)
+        plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env, run.spec.env_add)
         sealed = self._key_ring().seal(run.run_id, plain, run.max_attempts)
         del plain
         try:

@@ -158,6 +158,24 @@ def test_a_worker_runs_only_what_it_claims(harness: Harness, tmp_path: Path) -> 
     assert not marker.exists() and harness.local_rows("a", "SELECT id FROM ql_run") == []
 
 
+def test_ql_run_env_reaches_a_cluster_task_sealed_and_on_top_of_the_workers_environment(harness: Harness) -> None:
+    """`ql run --env K=V --env K` on the control node: the task on the worker sees both, and still
+    the worker's own environment (PATH); the values are in no event, log line or output."""
+    harness.start_worker("a")
+    secret, copied = "s3cr3t-by-env-option", "copied-from-the-submitter"
+    script = ('test "$QL_T_SECRET" = s3cr3t-by-env-option && test "$QL_T_COPIED" = copied-from-the-submitter '
+              '&& test -n "$PATH" && test -n "$QL_CONFIG"')  # the worker's own variables are still there
+    out = harness.ql("--json", "run", "--detach", "--env", f"QL_T_SECRET={secret}", "--env", "QL_T_COPIED",
+                     "--", "sh", "-c", script, env={"QL_T_COPIED": copied})
+    assert out.returncode == 0, out.stderr
+    run_id = json.loads(out.stdout)["run_id"]
+    row = harness.wait_status(run_id)
+    assert (row["status"], row["exit_code"]) == ("succeeded", 0), harness.logs()
+    texts = [out.stdout, out.stderr, json.dumps(harness.events(run_id), default=str)]
+    texts += [p.log.read_text() for p in harness.procs]
+    assert not any(secret in t or copied in t for t in texts)
+
+
 def test_tokens_and_task_specs_stay_private(harness: Harness) -> None:
     harness.start_worker("a")
     secret = "s3cr3t-value-for-the-env"
