@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ql_core import metrics
 from ql_core.clock import now_ms
 
-from .control_db import ControlDB
+from .control_db import ControlDB, TransientError
 
 if TYPE_CHECKING:
     from .outbox import DbClock
@@ -71,8 +71,8 @@ class ControlSession:
         self._slowest = 0.0
         self._latency_lock = threading.Lock()
 
-    def _connect(self) -> ControlDB:
-        return ControlDB.connect(self.control_url, lazy=True,
+    def _connect(self, *, lazy: bool = True) -> ControlDB:
+        return ControlDB.connect(self.control_url, lazy=lazy,
                                  connect_timeout_s=max(2, int(self.call_timeout_s + 0.999)),
                                  statement_timeout_ms=int(max(1.0, self.call_timeout_s) * 1000),
                                  call_timeout_s=self.call_timeout_s)
@@ -88,6 +88,15 @@ class ControlSession:
         result = fn(self.db())
         self.clock.observe(sent_wall, now_ms(), getattr(result, "db_now_ms", None))
         return result, sent_mono
+
+    def connect_lease(self) -> None:
+        """Open the lease keeper's connection now, before anything is claimed, so that no renewal
+        waits for a connect; a database that does not answer leaves it to the first lease call."""
+        if self._lease_db is None:
+            try:
+                self._lease_db = self._connect(lazy=False)
+            except TransientError:
+                self._lease_db = None
 
     def lease_call(self, fn: Callable[[ControlDB], Any]) -> tuple[Any, float]:
         """:meth:`call` on the lease keeper's own connection, its latency measured."""

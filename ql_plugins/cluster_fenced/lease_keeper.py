@@ -49,6 +49,8 @@ class LeaseKeeper:
         self._warned_at = -_SLOW_WARN_EVERY_S
 
     def start(self) -> None:
+        """Connect (here, before the control loop claims: no renewal pays for a connect), then run."""
+        self.session.connect_lease()
         self._thread = threading.Thread(target=self.run, name="ql-worker-leases", daemon=True)
         self._thread.start()
 
