@@ -154,6 +154,17 @@ class QlHookSpecs:
         """
 
     @hookspec
+    def ql_limit_names(self) -> list[str]:
+        """Called when a config's ``[limits]`` holds keys core does not own (``Config.extra_limits``).
+
+        Return the names of the ``[limits]`` keys your plugin still reads there: numbers that were
+        core profile limits once and moved to your ``[plugin.<name>]`` table (an older config keeps
+        working; read them from ``config.extra_limits``, let your table win, range-check both in
+        ``ql_check_config``). A key no installed plugin claims is refused as a typo. Must be cheap
+        and side-effect free. Returns a list (empty: none).
+        """
+
+    @hookspec
     def ql_doctor_checks(self, config: Config) -> list[tuple[str, bool, str]]:
         """Called by ``ql doctor`` for each loaded plugin, after core's own checks.
 
@@ -189,7 +200,9 @@ class QlHookSpecs:
         ``register(name, module_or_factory)`` adds ``ql <name>``: a module (or any object) with
         ``HELP`` (one line), ``configure(parser)`` (its argparse options) and ``run(args, out) ->
         int`` (the exit status; ``out`` is :class:`ql_core.cli.output.Output`), optionally
-        ``EPILOG`` and ``EXIT_CODES`` (``[(code, meaning), ...]`` for its ``--help``); or a callable
+        ``EPILOG``, ``EXIT_CODES`` (``[(code, meaning), ...]`` for its ``--help``) and
+        ``STOPS_ON_SIGNALS = True`` (a long-running command: a SIGTERM from ql's first instruction
+        on sets its stop, ``ql_core.cli.common.early_stop()``); or a callable
         without arguments returning one, called only when that command is built (keep the plugin
         module import-light). ``register("db <action>", ...)`` adds an action to ``ql db``: its
         module has ``HELP``, ``TARGET`` (the argument's name, e.g. ``"ROLE"``) and

@@ -38,6 +38,7 @@ __all__ = [
     "require_selected_seams",
     "check_plugin_config",
     "needs_plugin_check",
+    "check_extra_limits",
     "PluginCommand",
     "PluginCommands",
     "plugin_commands",
@@ -408,21 +409,57 @@ def check_config_plugins(config: Config, environ: Mapping[str, str] | None = Non
     if config.plugin_settings or config.disabled_plugins or any(
             (environ if environ is not None else os.environ).get(v) for v in ("QL_PLUGINS", "QL_DISABLE_PLUGINS")):
         check_plugin_names(config, environ)
+    host = None
     if needs_plugin_check(config):
         try:
-            check_plugin_config(config, environ)
+            host = check_plugin_config(config, environ)
         except PluginError:
             if not reports_plugins:
                 raise
             return
+    check_extra_limits(config, environ, host)
     _LAST_CHECKED[:] = [config]
+
+
+def _claimed_limits(host: PluginHost) -> set[str]:
+    return {str(n) for names in host.pm.hook.ql_limit_names() for n in (names or ())}
+
+
+def check_extra_limits(config: Config, environ: Mapping[str, str] | None = None,
+                       host: PluginHost | None = None) -> None:
+    """Refuse a ``[limits]`` key core does not own (``config.extra_limits``) that no plugin claims
+    through ``ql_limit_names`` (a moved number an older config still sets there): a typo. The
+    plugins of the config (``host``) are asked first; only a key they leave is put to every
+    installed plugin (a shared config may set a cluster number on an edge node)."""
+    if not config.extra_limits:
+        return
+    claimed = _claimed_limits(host) if host is not None else set()
+    left = set(config.extra_limits) - claimed
+    if left:
+        try:
+            wide = load_plugin_host((), environ, optional=[p.name for p in installed_plugins()])
+            claimed |= _claimed_limits(wide)
+        except QlError:
+            pass  # a plugin that cannot load claims nothing; the key is then named below
+        left -= claimed
+    if left:
+        import difflib
+
+        from .profiles import LIMIT_RANGES
+
+        bad = sorted(left)[0]
+        close = difflib.get_close_matches(bad, [*LIMIT_RANGES, *claimed], n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown key limits.{bad} in {config.source}; {guess}allowed: "
+                          f"{', '.join(sorted(LIMIT_RANGES))} (a plugin's numbers go in its [plugin.<name>] table)")
 
 
 def needs_plugin_check(config: Config) -> bool:
     """True when the config gives a plugin something to check: a ``[plugin.<name>]`` table, or a
     plugin beyond the profile's own (``plugins = ["watchfiles"]``). The profile's defaults alone are
     checked when they start; a config without either costs no extra plugin load."""
-    return bool(config.plugin_settings) or bool(set(config.plugins) - set(config.profile.default_plugins))
+    return (bool(config.plugin_settings) or bool(config.extra_limits)
+            or bool(set(config.plugins) - set(config.profile.default_plugins)))
 
 
 def check_plugin_config(config: Config, environ: Mapping[str, str] | None = None, *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "CLUSTER_LIMITS", "profile_named"]
+__all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "SHIPPED_LOG_LIMITS", "profile_named"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,46 +66,13 @@ class Profile:
     #: count of runs. A round that stops at the budget with work left asks for the next round after a
     #: pause as long as the budget (retention may use at most half the time while a backlog drains).
     retention_budget_ms: int = 500
-    # -- cluster numbers (the cluster-fenced plugin, DESIGN.md §9); used by cluster profiles only --
-    #: Seconds between a worker's heartbeats (renewals of its session lease).
-    heartbeat_interval_s: float = 10.0
-    #: The worker session lease: a worker not heard of for this long may not claim.
-    session_lease_s: float = 45.0
-    #: The run lease of one attempt (the only authority to run it), renewed at half life.
-    run_lease_s: float = 30.0
-    #: A worker fences itself this long before its own estimate of its run lease's expiry.
-    fence_margin_s: float = 5.0
-    #: Runs claimed per call (the database never hands out more than 8, nor more than free slots).
-    claim_batch: int = 8
-    #: Seconds between a worker's claims while the queue is empty.
-    claim_interval_s: float = 1.0
-    #: Rows per step of one sweeper call (``ql control``; the database caps it at 64).
-    sweep_page: int = 16
-    #: Sweeper calls per round at most (a round stops early when a call found nothing to do).
-    sweep_pages_per_round: int = 4
-    #: Seconds between sweeper rounds.
-    sweep_interval_s: float = 1.0
-    #: How long ended run leases are kept (exact completion replays are recognised while they are).
-    lease_retention_s: float = 3600.0
-    #: Cap of one control-database call: a worker that has no answer by then treats it as lost.
-    control_call_timeout_s: float = 5.0
-    #: Cap of the worker outbox's retry backoff.
-    outbox_backoff_cap_s: float = 30.0
-    # -- cluster logs (the artifact store; docs/logs.md "Cluster logs") --
+    # -- cluster logs (docs/logs.md "Cluster logs"; the cluster's own numbers are the cluster-fenced
+    # plugin's, in [plugin.cluster-fenced]) --
     #: The artifact store workers ship logs to and ``ql logs`` reads from (None: local files only).
     default_artifact_store: str | None = None
-    #: A worker ships a running attempt's new log bytes at least this often (seconds) ...
-    ship_interval_s: float = 1.0
-    #: ... or as soon as this many new bytes are waiting (chunks are at most 1 MiB).
-    ship_batch_bytes: int = 256 * 1024
-    #: After the store acknowledged a finalized log, the worker keeps its local copy this long.
-    shipped_log_keep_s: float = 3600.0
     #: ``ql logs -f`` of a run that ended but whose worker has not finalized its shipped log stops
     #: after this long without new bytes (the worker is gone; it finishes shipping when it returns).
     log_follow_unfinalized_s: float = 120.0
-    #: Chunks deleted per retention call of ``ql control`` (shipped logs of runs older than
-    #: ``log_retention_s``).
-    artifact_sweep_page: int = 256
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """Return a copy with validated numeric overrides applied."""
@@ -117,18 +84,14 @@ class Profile:
         return tuple(f.name for f in fields(cls) if f.name in LIMIT_RANGES)
 
     def limits_in_force(self) -> tuple[str, ...]:
-        """The limits this profile uses (what ``ql doctor`` shows): the cluster numbers
-        (:data:`CLUSTER_LIMITS`) only on the cluster profiles, which use a PostgreSQL database."""
-        cluster = self.database == "postgresql"
-        return tuple(n for n in self.limit_names() if cluster or n not in CLUSTER_LIMITS)
+        """The limits this profile uses (what ``ql doctor`` shows): those of shipped logs
+        (:data:`SHIPPED_LOG_LIMITS`) only on the profiles that have an artifact store."""
+        shipped = self.default_artifact_store is not None
+        return tuple(n for n in self.limit_names() if shipped or n not in SHIPPED_LOG_LIMITS)
 
 
 #: name -> (type, minimum, maximum). Every overridable number, with its hard cap.
 LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
-    "ship_interval_s": (float, 0.05, 60.0),
-    "ship_batch_bytes": (int, 4096, 1024 * 1024),
-    "shipped_log_keep_s": (float, 0.0, 3650 * 24 * 3600.0),
-    "artifact_sweep_page": (int, 1, 4096),
     "log_follow_unfinalized_s": (float, 0.0, 24 * 3600.0),
     "scan_interval_s": (float, 0.05, 3600.0),
     "page_size": (int, 1, 256),
@@ -148,28 +111,10 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "history_retention_s": (float, 60.0, 3650 * 24 * 3600.0),
     "history_max_runs": (int, 10, 10_000_000),
     "retention_budget_ms": (int, 10, 60_000),
-    # cluster (cluster-fenced); the database enforces 1 s..1 h for both leases and 8 / 64 for the pages
-    "heartbeat_interval_s": (float, 0.1, 600.0),
-    "session_lease_s": (float, 1.0, 3600.0),
-    "run_lease_s": (float, 1.0, 3600.0),
-    "fence_margin_s": (float, 0.05, 600.0),
-    "claim_batch": (int, 1, 8),
-    "claim_interval_s": (float, 0.01, 60.0),
-    "sweep_page": (int, 1, 64),
-    "sweep_pages_per_round": (int, 1, 64),
-    "sweep_interval_s": (float, 0.05, 600.0),
-    "lease_retention_s": (float, 0.0, 30 * 24 * 3600.0),
-    "control_call_timeout_s": (float, 0.2, 300.0),
-    "outbox_backoff_cap_s": (float, 0.1, 3600.0),
 }
 
-#: The numbers only the cluster profiles use (the cluster-fenced plugin and its log shipping).
-CLUSTER_LIMITS = frozenset({
-    "heartbeat_interval_s", "session_lease_s", "run_lease_s", "fence_margin_s", "claim_batch", "claim_interval_s",
-    "sweep_page", "sweep_pages_per_round", "sweep_interval_s", "lease_retention_s", "control_call_timeout_s",
-    "outbox_backoff_cap_s", "ship_interval_s", "ship_batch_bytes", "shipped_log_keep_s", "log_follow_unfinalized_s",
-    "artifact_sweep_page",
-})
+#: The core numbers only the profiles with shipped logs use (``ql logs -f`` of a worker's run).
+SHIPPED_LOG_LIMITS = frozenset({"log_follow_unfinalized_s"})
 
 _MIN = 60.0
 _H = 3600.0

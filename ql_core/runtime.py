@@ -124,8 +124,8 @@ class Runtime:
 
     # -- submit: persist before spawn ----------------------------------------------
     def submit(self, command: Sequence[str], *, shell: bool = False, name: str | None = None,
-               timeout_s: float | None = None, cwd: str | None = None,
-               env: dict[str, str] | None = None, log_max_bytes: int | None = None,
+               timeout_s: float | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
+               env_add: dict[str, str] | None = None, log_max_bytes: int | None = None,
                max_attempts: int = 1, awaited: bool = False) -> Submission:
         """Persist the run, then spawn it. Nothing is spawned unless the create commit succeeded.
 
@@ -134,12 +134,12 @@ class Runtime:
         status it reaped (acknowledged completion, the cheapest safe path; :meth:`run` uses it).
         A host that stops waiting calls :meth:`detach` so the task publishes its receipt itself.
 
-        ``log_max_bytes`` overrides the profile's per-attempt log quota for this run. On a node that
-        runs no tasks but whose run store queues them (cluster-control), the run is queued for a
-        worker instead (``max_attempts`` > 1 only for tasks safe to run again after a lost attempt).
-        """
+        ``log_max_bytes`` overrides the profile's log quota. On a node that runs no tasks but whose store
+        queues them (cluster-control) the run is queued (``max_attempts`` > 1: tasks safe to run twice);
+        ``env_add`` (``ql run --env``) adds to the task's environment where it runs (a worker's own)."""
         return submitting.submit(self.node, command, shell=shell, name=name, timeout_s=timeout_s, cwd=cwd, env=env,
-                                 log_max_bytes=log_max_bytes, max_attempts=max_attempts, awaited=awaited)
+                                 env_add=env_add, log_max_bytes=log_max_bytes, max_attempts=max_attempts,
+                                 awaited=awaited)
 
     def run(self, command: Sequence[str], *, on_tick: Callable[[], None] | None = None,
             **options: Any) -> RunView:

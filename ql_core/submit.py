@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -79,10 +80,36 @@ class RunIds:
     token: str = field(repr=False)  # never in a log line or a traceback
 
 
+#: What ``env_add`` may name: a portable environment variable name (POSIX: letters, digits, ``_``).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+#: At most this many variables in ``env_add``.
+MAX_ENV_ADD = 256
+
+
+def check_env_add(env_add: dict[str, str] | None) -> None:
+    """``env_add``: a dict of at most :data:`MAX_ENV_ADD` portable names to str values (never echoed:
+    the errors name the rule, not the variable)."""
+    if env_add is None:
+        return
+    if not isinstance(env_add, dict):
+        raise TypeError(f"env_add must be a dict of str to str, not a {type(env_add).__name__}")
+    if len(env_add) > MAX_ENV_ADD:
+        raise UsageError(f"env_add holds {len(env_add)} variables, more than {MAX_ENV_ADD}; pass large "
+                         f"settings in a file instead")
+    for key, value in env_add.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError("env_add must map str to str; pass str(value)")
+        if not _ENV_NAME.fullmatch(key):
+            raise UsageError("an env_add name is not a portable variable name: use letters, digits and _ , "
+                             "not starting with a digit (e.g. BUILD_ID)")
+
+
 def check_submission(command: Sequence[str], *, shell: bool, env: dict[str, str] | None,
-                     timeout_s: float | None, log_max_bytes: int | None) -> None:
+                     timeout_s: float | None, log_max_bytes: int | None,
+                     env_add: dict[str, str] | None = None) -> None:
     """The checks of a submission, before anything is written: ``TypeError`` for an argument of the
     wrong type, ``UsageError`` for a wrong value — each naming the API parameter and the fix."""
+    check_env_add(env_add)
     if isinstance(command, (str, bytes)):
         raise TypeError(f"command must be a list of arguments, not a {type(command).__name__}: pass "
                         f"[\"prog\", \"arg\", ...], or [\"sh\", \"-c\", \"...\"] (or shell=True with a one-item "
@@ -102,7 +129,8 @@ def check_submission(command: Sequence[str], *, shell: bool, env: dict[str, str]
             if not isinstance(value, str):
                 raise TypeError(f"env must map str to str: a value is of type {type(value).__name__}; "
                                 f"pass str(value)")
-    if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()):
+    if any("\0" in part for part in command) or any("\0" in f"{k}{v}" for k, v in (env or {}).items()) \
+            or any("\0" in v for v in (env_add or {}).values()):
         raise UsageError("a command argument or environment value contains a NUL byte; remove it")
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
         raise TypeError(f"timeout_s must be a number of seconds (or None), not a {type(timeout_s).__name__}")
@@ -119,18 +147,26 @@ def check_submission(command: Sequence[str], *, shell: bool, env: dict[str, str]
 
 def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str | None = None,
            timeout_s: float | None = None, cwd: str | None = None, env: dict[str, str] | None = None,
-           log_max_bytes: int | None = None, max_attempts: int = 1, awaited: bool = False) -> Submission:
+           log_max_bytes: int | None = None, max_attempts: int = 1, awaited: bool = False,
+           env_add: dict[str, str] | None = None) -> Submission:
     """Persist the run, then spawn it (``Runtime.submit`` documents every argument)."""
     if node.closed:
         from .errors import RuntimeClosedError
 
         raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
                                  "is not closed yet (nothing was submitted)")
-    check_submission(command, shell=shell, env=env, timeout_s=timeout_s, log_max_bytes=log_max_bytes)
+    check_submission(command, shell=shell, env=env, timeout_s=timeout_s, log_max_bytes=log_max_bytes,
+                     env_add=env_add)
+    from .ports.journal import RefusesSubmissions
+
+    if isinstance(node.journal, RefusesSubmissions):  # a wrong-role use: refused before anything starts
+        raise UsageError(node.journal.submission_refused())
     argv = tuple(command)
     if node.executor is None:
         return enqueue(node, argv, shell=shell, name=name, timeout_s=timeout_s, cwd=cwd, env=env,
-                       max_attempts=max_attempts)
+                       max_attempts=max_attempts, env_add=env_add)
+    if env_add:  # run here: added to the environment the task would get (``env``, else this host's)
+        env = {**(env if env is not None else os.environ), **env_add}
     if max_attempts != 1:
         raise UsageError("retries (max_attempts > 1) exist only for runs queued to cluster workers")
     executor, _receipts = node.runner()
@@ -141,8 +177,10 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
 
 
 def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | None, timeout_s: float | None,
-            cwd: str | None, env: dict[str, str] | None, max_attempts: int) -> Submission:
-    """Queue the run for a worker (the run store must be able to: cluster-fenced)."""
+            cwd: str | None, env: dict[str, str] | None, max_attempts: int,
+            env_add: dict[str, str] | None = None) -> Submission:
+    """Queue the run for a worker (the run store must be able to: cluster-fenced). ``env_add`` goes
+    with the spec: the worker adds it to the environment the task gets there."""
     from .ports.journal import QueuedRun, QueueingBackend, TaskSpec
     from .retrying import retrying
 
@@ -152,7 +190,8 @@ def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | No
         raise UsageError("max_attempts must be between 1 and 100")
     journal: Any = node.journal
     run = QueuedRun(run_id=new_id(), name=name, created_at_ms=now_ms(),
-                    spec=TaskSpec(command=command, shell=shell, cwd=cwd, env=dict(env) if env else None),
+                    spec=TaskSpec(command=command, shell=shell, cwd=cwd, env=dict(env) if env else None,
+                                  env_add=dict(env_add) if env_add else None),
                     timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None,
                     max_attempts=max_attempts)
     for event in retrying(lambda: journal.enqueue(run), retries=node.profile.completion_retries):

@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true", help="submit and return at once")
     parser.add_argument("--shell", action="store_true", help="run one string with /bin/sh -c")
     parser.add_argument("--cwd", metavar="DIR", help="working directory of the task")
+    parser.add_argument("--env", action="append", metavar="K=V|K",
+                        help="add K=V to the task's environment (K alone: copy K from ours); repeatable")
     parser.add_argument("--retries", type=int, default=0, metavar="N",
                         help="cluster only: run again up to N times after a lost attempt (for tasks safe to "
                              "run twice)")
@@ -58,6 +60,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--shell runs exactly one string: ql run --shell -- 'CMD ARG | CMD2'")
     if args.timeout is not None and not (0 < args.timeout <= 366 * 24 * 3600):
         raise UsageError("--timeout must be a positive number of seconds (at most a year)")
+    from ql_core.cli.env_options import parse_env_options
+
+    env_add = parse_env_options(args.env, os.environ)
     rt = runtime_from_args(args)
     interrupts = {"n": 0, "cancelled": False}
 
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.retries < 0:
         raise UsageError("--retries must be >= 0")
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
-                    max_attempts=args.retries + 1, awaited=not args.detach)
+                    max_attempts=args.retries + 1, awaited=not args.detach, env_add=env_add)
     # From here on the run exists: a reader that leaves our stdout must not change our exit status.
     out.tolerate_broken_pipe = True
     if _stdin_holds_data():

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["install_early_stop", "early_stop", "stop_on_signals", "config_from_args", "runtime_from_args",
+__all__ = ["install_early_stop", "early_stop", "release_early_stop", "stop_on_signals", "config_from_args", "runtime_from_args",
            "reader_from_args", "reader_for_run", "settle_shown", "printable", "loaded_sqlite_path"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
 _early_stop = None
+#: The signal the early handler caught first (re-delivered by :func:`release_early_stop`).
+_early_signal: list[int] = []
 
 
 def install_early_stop() -> None:
@@ -32,7 +34,9 @@ def install_early_stop() -> None:
     global _early_stop
     event = threading.Event()
 
-    def on_signal(_signum: int, _frame: object) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
+        if not _early_signal:
+            _early_signal.append(signum)
         event.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -43,6 +47,22 @@ def install_early_stop() -> None:
 def early_stop():  # type: ignore[no-untyped-def]
     """The stop event armed by :func:`install_early_stop` (None when nothing armed one)."""
     return _early_stop
+
+
+def release_early_stop() -> None:
+    """Undo :func:`install_early_stop` for a command that turned out not to stop on signals (a
+    plugin's short command): the default handlers come back, and a signal caught meanwhile is
+    delivered again, so it does what it would have done (TERM ends us, Ctrl-C interrupts)."""
+    import signal
+
+    global _early_stop
+    if _early_stop is None:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _early_stop = None
+    if _early_signal:
+        signal.raise_signal(_early_signal.pop())
 
 
 @contextlib.contextmanager

@@ -89,7 +89,9 @@ _MAX_MESSAGE = 2000
 
 #: Global options that take a value (``--data-dir DIR``), for finding the command before parsing.
 _VALUED = ("--data-dir", "--config", "--profile")
-#: Commands that run until SIGTERM: their stop handler is installed before anything else.
+#: Commands that run until SIGTERM: their stop handler is installed before anything else. A
+#: plugin's command gets it too until its module is known; it keeps it only if the module says
+#: ``STOPS_ON_SIGNALS = True`` (``ql worker``, ``ql control``), else the default handlers come back.
 _EARLY_STOP_COMMANDS = ("supervise",)
 def _peek_command(argv: Sequence[str]) -> str | None:
     """The subcommand, found without argparse (and without importing any command module)."""
@@ -345,7 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ql`` command; returns (and exits with) its status."""
     _ensure_std_fds()
     args_in = list(sys.argv[1:] if argv is None else argv)
-    if _peek_command(args_in) in _EARLY_STOP_COMMANDS:
+    first = _peek_command(args_in)
+    early = first in _EARLY_STOP_COMMANDS or (first is not None and first not in COMMANDS)
+    if early:
         # First thing: a SIGTERM while we import and open the database must stop us cleanly.
         from ql_core.cli.common import install_early_stop
 
@@ -358,6 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         peeked = _peek_command(args_in)
         args = build_parser(peeked).parse_args(args_in)
         command = args.command
+        if early and command not in _EARLY_STOP_COMMANDS and not getattr(args._module, "STOPS_ON_SIGNALS", False):
+            from ql_core.cli.common import release_early_stop
+
+            release_early_stop()
         from ql_core.cli.output import Output
 
         out = Output(json_mode=bool(args.json))

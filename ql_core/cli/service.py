@@ -17,10 +17,14 @@ def add_metrics_listen(parser: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace, *, role: str, capability: type, method: str, profile_hint: str) -> int:
     """Install the stop handlers first (an early TERM must not kill us mid-start), open the runtime,
-    check its journal backend offers ``capability`` and run ``method(node, stop)`` (the runtime's node)."""
-    from ql_core.cli.common import stop_on_signals
+    check its journal backend offers ``capability`` and run ``method(node, stop)`` (the runtime's node).
 
-    with stop_on_signals(threading.Event()) as stop:
+    From the command line main() armed them before parsing (the command's module says
+    ``STOPS_ON_SIGNALS = True``): a TERM caught since then is the stop already set."""
+    from ql_core.cli.common import early_stop, stop_on_signals
+
+    armed = early_stop()
+    with stop_on_signals(armed if armed is not None else threading.Event()) as stop:
         from ql_core import metrics
         from ql_core.cli.common import runtime_from_args
         from ql_core.errors import UsageError

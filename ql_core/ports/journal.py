@@ -90,6 +90,7 @@ __all__ = [
     "TaskSpec",
     "QueuedRun",
     "QueueingBackend",
+    "RefusesSubmissions",
     "HistoryRetention",
     "BatchTransitions",
     "RunningCreate",
@@ -338,6 +339,9 @@ class TaskSpec:
     shell: bool = False
     cwd: str | None = field(default=None, repr=False)
     env: Mapping[str, str] | None = field(default=None, repr=False)
+    #: Added to the environment the task gets where it runs (``env``, else that host's): a queued
+    #: run's ``ql run --env`` (the worker merges it with its own environment).
+    env_add: Mapping[str, str] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +369,16 @@ class QueueingBackend(Protocol):
     def request_cancel(self, run_id: str, reason: str) -> str:
         """Commit a cancel intent where the workers learn it (on lease renewal); a queued run ends at
         once. Returns ``requested``, ``already_requested``, ``already_terminal`` or ``not_found``."""
+        ...
+
+
+@runtime_checkable
+class RefusesSubmissions(Protocol):
+    """A run store on which a run may not be submitted at all (a cluster worker's: it runs only what
+    it claims). ``submit`` asks before anything is spawned or written and raises a usage error."""
+
+    def submission_refused(self) -> str:
+        """One line: why this node takes no submissions, naming its role and where to submit instead."""
         ...
 
 

@@ -271,4 +271,6 @@ def make_artifact_store(context: RuntimeContext) -> PostgresArtifactStore:
     if not url.startswith("postgresql"):
         raise ConfigError('artifact_store = "postgres" needs database_url = "postgresql+psycopg://..." '
                           "(the control database)")
-    return PostgresArtifactStore(url, call_timeout_s=float(context.config.profile.control_call_timeout_s))
+    from .settings import profile_of
+
+    return PostgresArtifactStore(url, call_timeout_s=float(profile_of(context.config).control_call_timeout_s))

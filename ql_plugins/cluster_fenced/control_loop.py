@@ -1,9 +1,10 @@
 """The **control loop** and the **queue listener** of ``ql worker``.
 
-The control loop (the thread that called :meth:`~.worker.Worker.run`) is the only one that calls
-the control database: register, heartbeat, claim, start, running, renew, outbox submissions,
-release. The queue listener (``LISTEN ql_queue`` and ``ql_intent`` on its own connection) only
-wakes the loop early: it polls anyway.
+The control loop (the thread that called :meth:`~.worker.Worker.run`) makes the worker's control
+calls but the lease ones: register, claim, start, running, outbox submissions, release. Heartbeats
+and renewals are the lease keeper's (:mod:`.lease_keeper`: its own thread and connection), so they
+never wait behind these. The queue listener (``LISTEN ql_queue`` and ``ql_intent`` on its own
+connection) only wakes the loop (or the keeper, for an intent) early: both poll anyway.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from ql_core.log import logger
 
 from .control_db import ControlDBError, TransientError
 from .fence_guard import IDLE_S
-from .results import LeaseAnswer
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
@@ -28,7 +28,7 @@ __all__ = ["ControlLoop"]
 
 
 class ControlLoop:
-    """One round after another: events, heartbeat, renewals, starts, outbox, claims, purge."""
+    """One round after another: spawned reports, starts, outbox, claims, purge."""
 
     def __init__(self, session: ControlSession, *, guard: FenceGuard, runner: Runner, outbox: OutboxSender) -> None:
         self.session = session
@@ -42,8 +42,6 @@ class ControlLoop:
     def tick(self, *, claiming: bool) -> None:
         try:
             self.guard.report_spawned()
-            self._heartbeat()
-            self.guard.renew()
             self.runner.start_pending()
             self.outbox.submit_due()
             if claiming:
@@ -58,12 +56,10 @@ class ControlLoop:
             self.session.stop.wait(1.0)
 
     def sleep(self) -> None:
-        """Until the next thing due (a heartbeat, a renewal, a start, an outbox try, a claim), or woken."""
+        """Until the next thing due (a start, an outbox try, a claim, the purge), or woken."""
         now = time.monotonic()
-        due = [self.session.heartbeat_due, self.outbox.purge_due]
+        due = [self.outbox.purge_due]
         for held in self.held.select():
-            if not held.previous and held.stop_reason is None:
-                due.append(held.renew_due)
             if held.state == "claimed":
                 due.append(held.start_retry)
         due += list(self.held.outbox_next.values())
@@ -115,28 +111,6 @@ class ControlLoop:
             return True
         return False
 
-    def _heartbeat(self) -> None:
-        session = self.session
-        if session.worker is None or time.monotonic() < session.heartbeat_due:
-            return
-        worker, profile = session.worker, session.profile
-        try:
-            res, sent = session.call(lambda db: db.heartbeat(worker, ttl_ms=int(profile.session_lease_s * 1000)))
-        except TransientError:
-            session.heartbeat_due = time.monotonic() + 1.0
-            return
-        if res.answer is LeaseAnswer.OK:
-            session.heartbeat_due = sent + profile.heartbeat_interval_s
-            if session.claim_paused:
-                logger.info("worker session confirmed: claiming again")
-            session.claim_paused = False
-            return
-        # Another process registered this worker id: every lease of ours is fenced.
-        logger.error("worker id {} was registered by another process: fencing every attempt", session.worker_id)
-        session.taken_over = True
-        for held in self.held.select():
-            self.guard.self_fence(held, by_database=True)
-
     # -- the queue listener (its own thread) -----------------------------------------------------------------
     def listen(self) -> None:
         from .pg_connections import conninfo_of
@@ -161,6 +135,7 @@ class ControlLoop:
                                     held = self.held.get(note.payload)
                                     if held is not None:
                                         held.renew_due = 0.0  # learn the intent from a renew, now
+                                self.guard.renew_wake.set()
                             else:
                                 self.runner.queue_woken = True
                             self.session.wake.set()

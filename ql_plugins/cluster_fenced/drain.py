@@ -141,6 +141,8 @@ class Drain:
         self.tick = tick
         self.held: HeldAttempts = guard.held
         self.shipper: LogShipper | None = None
+        #: Called right before deregistering (the worker stops its lease keeper there).
+        self.before_deregister: Callable[[], None] = lambda: None
 
     def drain(self) -> int:
         """Stop claiming; finish (or hand back) what runs, bounded; submit the outbox; deregister."""
@@ -169,8 +171,8 @@ class Drain:
                 hard_stop = time.monotonic() + float(profile.cancel_grace_s) + session.call_timeout_s * 2 + 2.0
             self.tick()
             if not announced:
-                # After the first round's renewals, not before: the announcement is for operators
-                # and must never delay a lease renewal past its deadline.
+                # After the first round, not before: the announcement is for operators and must
+                # never delay a start or an outbox submission (renewals have their own thread).
                 announced = True
                 self._announce_drain()
             open_ = self.held.select(lambda h: not (h.previous and h.ended))
@@ -184,6 +186,7 @@ class Drain:
             if not self.shipper.flush(min(10.0, max(1.0, settings.drain_timeout_s))):
                 logger.info("some logs are not finalized yet; the next start of this worker ships them")
         worker = session.worker
+        self.before_deregister()
         if worker is not None and not session.taken_over:
             with contextlib.suppress(ControlDBError):
                 session.call(lambda db: db.deregister(worker))

@@ -1,8 +1,10 @@
 """Lease renewal and the fence: how a held attempt keeps its lease, and how it is stopped without one.
 
-- :meth:`FenceGuard.renew`, :meth:`~FenceGuard.report_running` and :meth:`~FenceGuard.lease_ok` run
-  on the control loop: each answer that extends the lease moves the attempt's own deadline and its
-  next renewal (:func:`renew_due_at`), and brings the control plane's cancel/timeout intent;
+- :meth:`FenceGuard.renew` runs on the lease keeper (:mod:`.lease_keeper`: its own thread and
+  connection), :meth:`~FenceGuard.report_running` on the control loop; each answer that extends the
+  lease (:meth:`~FenceGuard.lease_ok`) moves the attempt's own deadline and its next renewal
+  (:func:`renew_due_at`, keeping two measured lease-call latencies of headroom), and brings the
+  control plane's cancel/timeout intent;
 - :meth:`FenceGuard.run` is the **fence guard** thread: it never touches the network. Past an
   attempt's own lease deadline on the monotonic clock (renew *sent* + TTL − ``fence_margin_s``,
   always before the database can expire the lease) it fences the attempt itself: stops its process
@@ -59,6 +61,8 @@ class FenceGuard:
         self.session = session
         #: Wakes the guard thread (a deadline moved, a kill is due).
         self.wake = threading.Event()
+        #: Wakes the lease keeper (a renewal is due now: an intent was notified, a lease was granted).
+        self.renew_wake = threading.Event()
         self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     @property
@@ -69,26 +73,42 @@ class FenceGuard:
     def lease_ok(self, held: Held, res: Any, sent: float) -> None:
         """An answer that extended (or confirmed) the lease: move the own deadline, learn the intents."""
         now = time.monotonic()
-        if res.lease_expires_at_ms is not None and res.db_now_ms is not None:
-            # The database's expiry, seen from here: never later than sent + (expiry − db now).
-            remaining = (res.lease_expires_at_ms - res.db_now_ms) / 1000
-            held.own_deadline = max(held.own_deadline, sent + remaining - self.session.margin_s)
-        held.last_ok = now
-        deadline = res.intents.deadline_at_ms
-        if deadline is not None and res.db_now_ms is not None:
-            held.deadline_mono = now + (deadline - res.db_now_ms) / 1000
-        held.renew_due = self._next_renew(held, sent)
         reason = res.intents.cancel_reason
-        if reason is not None and held.intent is None:
-            held.intent = reason
-            with self.held.lock:
-                spawned = held.sub is not None
-            if spawned:
-                self.apply_intent(held, reason)
+        with self.held.lock:  # the lease keeper and the control loop (``running``) both answer here
+            if res.lease_expires_at_ms is not None and res.db_now_ms is not None:
+                # The database's expiry, seen from here: never later than sent + (expiry − db now).
+                remaining = (res.lease_expires_at_ms - res.db_now_ms) / 1000
+                held.own_deadline = max(held.own_deadline, sent + remaining - self.session.margin_s)
+            held.last_ok = max(held.last_ok, now)
+            deadline = res.intents.deadline_at_ms
+            if deadline is not None and res.db_now_ms is not None:
+                held.deadline_mono = now + (deadline - res.db_now_ms) / 1000
+            held.renew_due = self.next_renew(held, sent)
+            fresh_intent = reason is not None and held.intent is None
+            if fresh_intent:
+                held.intent = reason
+            spawned = held.sub is not None
+        if fresh_intent and spawned:
+            self.apply_intent(held, reason)  # type: ignore[arg-type]
         self.wake.set()
+        self.renew_wake.set()
 
-    def _next_renew(self, held: Held, sent: float) -> float:
+    def renewals_due(self) -> list[float]:
+        """When each held attempt's next renewal is due (monotonic), for the lease keeper's sleep."""
+        return [h.renew_due for h in self.held.select(self._renewable)]
+
+    @staticmethod
+    def _renewable(held: Held) -> bool:
+        return not held.previous and held.stop_reason is None and held.state != "claimed"
+
+    def next_renew(self, held: Held, sent: float) -> float:
+        """The next renewal after a lease answer to a call sent at ``sent``: :func:`renew_due_at`,
+        but at least two of the slowest measured lease calls before the own deadline (a slow
+        machine renews earlier rather than late), and never sooner than a tenth of a lease after
+        the call (at most 1 s), so a slow database is not asked in a loop."""
         due = renew_due_at(sent, held.own_deadline, self.session.ttl_s)
+        headroom = 2 * self.session.lease_latency_max_s()
+        due = max(min(due, held.own_deadline - headroom), sent + min(1.0, self.session.ttl_s / 10))
         if held.deadline_mono is not None and held.intent is None:
             # Past the deadline the sweeper commits the timeout intent: learn it promptly.
             now = time.monotonic()
@@ -141,13 +161,12 @@ class FenceGuard:
         # No answer: the next renewals keep the lease; the completion works from 'starting' too.
 
     def renew(self) -> None:
-        """Renew every lease whose renewal is due."""
+        """Renew every lease whose renewal is due (the lease keeper's thread and connection)."""
         now = time.monotonic()
-        due = self.held.select(lambda h: not h.previous and h.stop_reason is None and h.state != "claimed"
-                               and h.renew_due <= now)
+        due = self.held.select(lambda h: self._renewable(h) and h.renew_due <= now)
         for held in due:
             try:
-                res, sent = self.session.call(lambda db: db.renew(held.fence, ttl_ms=self.session.ttl_ms))
+                res, sent = self.session.lease_call(lambda db: db.renew(held.fence, ttl_ms=self.session.ttl_ms))
             except TransientError:
                 held.renew_due = time.monotonic() + min(1.0, self.session.ttl_s / 10)
                 continue

@@ -76,8 +76,10 @@ class PostgresJournal(SqlJournalKernel):
 
     @classmethod
     def from_context(cls, context: RuntimeContext, settings: Any = None) -> PostgresJournal:
+        from .settings import profile_of
+
         return cls(context.config.database_url, create=not context.existing_only, settings=settings,
-                   profile=context.config.profile)
+                   profile=profile_of(context.config))
 
     def close(self) -> None:
         self._db.close()
@@ -179,7 +181,7 @@ class PostgresJournal(SqlJournalKernel):
         from .results import SubmitAnswer
         from .sealing import encode_spec
 
-        plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env)
+        plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env, run.spec.env_add)
         sealed = self._key_ring().seal(run.run_id, plain, run.max_attempts)
         del plain
         try:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ql_core.ports import ArtifactStore, JournalBackend, RuntimeContext
 
 __all__ = ["ql_register_journal_backends", "ql_register_artifact_stores", "ql_register_commands", "ql_check_config",
-           "ql_effective_settings", "make_journal", "make_artifact_store"]
+           "ql_limit_names", "ql_effective_settings", "make_journal", "make_artifact_store"]
 
 NAME = "cluster-fenced"
 
@@ -35,14 +35,14 @@ def make_journal(context: RuntimeContext) -> JournalBackend:
     """The run store for this node's profile (see the module docstring)."""
     from ql_core.errors import ConfigError
 
-    from .settings import check_profile, parse_settings
+    from .settings import parse_settings, profile_of
 
     config = context.config
     settings = parse_settings(context.plugin_config(NAME), node_id=context.node_id)
     if not config.database_url.startswith("postgresql"):
         raise ConfigError(f'journal = "{NAME}" needs database_url = "postgresql+psycopg://user@host/db" '
                           f"(the control database); for SQLite use journal = \"edge-sqlite\"")
-    check_profile(config.profile)
+    profile_of(config)  # the cluster numbers, range- and relation-checked before anything connects
     if config.profile.name == "cluster-worker":
         from .worker_store import WorkerJournal
 
@@ -71,27 +71,39 @@ def ql_register_artifact_stores(register: RegisterArtifactStore) -> None:
 
 @hookimpl
 def ql_check_config(config: Config) -> None:
-    """Every command refuses a ``[plugin.cluster-fenced]`` key or value the journal would refuse."""
+    """Every command refuses a ``[plugin.cluster-fenced]`` key or value the journal would refuse
+    (the cluster numbers too, wherever the config sets them)."""
     table = config.plugin_settings.get(NAME)
-    if table is not None:
-        from .settings import parse_settings
+    if table is not None or any(k in config.extra_limits for k in ql_limit_names()):
+        from .settings import parse_settings, profile_of
 
-        parse_settings(table, node_id="check")
+        parse_settings(table or {}, node_id="check")
+        profile_of(config)
+
+
+@hookimpl
+def ql_limit_names() -> list[str]:
+    """The cluster numbers an older config still sets in ``[limits]`` (``[plugin.cluster-fenced]`` wins)."""
+    from .settings import NUMBER_RANGES
+
+    return list(NUMBER_RANGES)
 
 
 @hookimpl
 def ql_effective_settings(config: Config) -> dict[str, object] | None:
-    """``[plugin.cluster-fenced]`` in force (a worker id not set is this node's id: shown so)."""
+    """``[plugin.cluster-fenced]`` in force, the cluster numbers included (a worker id not set is
+    this node's id: shown so)."""
     if config.profile.database != "postgresql" and NAME not in config.plugin_settings:
         return None
     from dataclasses import asdict
 
-    from .settings import parse_settings
+    from .settings import parse_settings, profile_of
 
     table = config.plugin_settings.get(NAME, {})
     shown = asdict(parse_settings(table, node_id="node"))
     if "worker_id" not in table:
         shown["worker_id"] = "(this node's id)"
+    shown.update(profile_of(config).numbers())
     return {k: ("" if v is None else v) for k, v in shown.items()}
 
 

@@ -10,6 +10,7 @@ locally. A runner never calls the control database.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -71,9 +72,13 @@ def task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, s
         return None
     if cwd is not None and not isinstance(cwd, str):
         return None
-    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                              for k, v in env.items())):
-        return None
+    env_add = spec.get("env_add")
+    for mapping in (env, env_add):
+        if mapping is not None and not (isinstance(mapping, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in mapping.items())):
+            return None
+    if env_add:  # `ql run --env`: added to the task's environment here (its own, else this worker's)
+        env = {**(env or os.environ), **env_add}
     return tuple(command), shell, cwd, (dict(env) if env else None)
 
 

@@ -168,9 +168,14 @@ def new_key_file(path: str | os.PathLike[str]) -> str:
     return key_id_of(key)
 
 
-def encode_spec(command: Any, shell: bool, cwd: str | None, env: Mapping[str, str] | None) -> bytes:
-    return json.dumps({"command": list(command), "shell": bool(shell), "cwd": cwd, "env": dict(env or {})},
-                      separators=(",", ":"), ensure_ascii=False).encode()
+def encode_spec(command: Any, shell: bool, cwd: str | None, env: Mapping[str, str] | None,
+                env_add: Mapping[str, str] | None = None) -> bytes:
+    """The spec's plain JSON: ``env`` the task's whole environment ({}: the worker's own), ``env_add``
+    (only when given: ``ql run --env``) what the worker adds to it."""
+    spec: dict[str, Any] = {"command": list(command), "shell": bool(shell), "cwd": cwd, "env": dict(env or {})}
+    if env_add:
+        spec["env_add"] = dict(env_add)
+    return json.dumps(spec, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class SpecKeyRing:

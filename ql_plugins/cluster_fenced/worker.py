@@ -7,9 +7,11 @@ the ``Worker``:
 - :mod:`.held_attempts` — the attempts this worker holds, under one lock;
 - :mod:`.control_session` — the one control connection, the session, its flags and the process's
   stop/done/wake signals;
-- :mod:`.control_loop` — the **control loop** (the thread that called :meth:`Worker.run`; the only
-  one that calls the control database: heartbeat, claim, start, running, renew, outbox, release)
-  and the **queue listener** (``LISTEN ql_queue``: a notification only wakes the loop early);
+- :mod:`.control_loop` — the **control loop** (the thread that called :meth:`Worker.run`: register,
+  claim, start, running, outbox, release) and the **queue listener** (``LISTEN ql_queue``: a
+  notification only wakes the loop early);
+- :mod:`.lease_keeper` — the **lease keeper** thread: heartbeats and renewals on their own control
+  connection, so a busy control loop (or machine) never delays them;
 - :mod:`.runner` — claims and starts, and one **runner** thread per attempt (spawns it through the
   node's own two steps, then waits for it locally; never calls the control database);
 - :mod:`.fence_guard` — lease renewal, and the **fence guard** thread (never touches the network:
@@ -42,6 +44,7 @@ from .control_session import ControlSession
 from .drain import Drain, Restart
 from .fence_guard import FenceGuard
 from .held_attempts import HeldAttempts
+from .lease_keeper import LeaseKeeper
 from .outbox_sender import OutboxSender
 from .runner import Runner, spawn_claimed
 
@@ -69,8 +72,10 @@ class Worker:
         self.outbox = OutboxSender(held, session)
         self.runner = Runner(node, journal, session, self.guard)
         self.loop = ControlLoop(session, guard=self.guard, runner=self.runner, outbox=self.outbox)
+        self.keeper = LeaseKeeper(session, self.guard)
         self.restart = Restart(node, journal, session, guard=self.guard, outbox=self.outbox)
         self.drain = Drain(session, guard=self.guard, runner=self.runner, tick=lambda: self.loop.tick(claiming=False))
+        self.drain.before_deregister = self.keeper.stop  # no heartbeat may follow the deregistration
         self.shipper: LogShipper | None = None
         self._lock_fd: int | None = None
         self._threads: list[threading.Thread] = []
@@ -89,6 +94,7 @@ class Worker:
             self.restart.recover_previous()
             if not self.loop.register():
                 return 0  # stopped before the control plane ever answered
+            self.keeper.start()
             self.restart.fence_previous()
             if self.shipper is not None:
                 self.shipper.start()
@@ -111,6 +117,12 @@ class Worker:
             session.done.set()
             session.wake.set()
             self.guard.wake.set()
+            self.keeper.stop()
+            stats = session.lease_latency_summary()
+            if stats["calls"]:
+                logger.info("leases: {} renewals; the last {} lease calls took p50 {}ms p99 {}ms max {}ms",
+                            session.counts.get("renewed", 0), stats["calls"], stats["p50_ms"], stats["p99_ms"],
+                            stats["max_ms"])
             if supervisor is not None:
                 supervisor.stop()
             if self.shipper is not None:

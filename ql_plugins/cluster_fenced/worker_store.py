@@ -104,9 +104,11 @@ class WorkerJournal:
         # A worker.db that is missing or empty after a worker ran here (its lock file exists) would
         # lose the outbox: refused. Before that (killed during its very first start) nothing was
         # claimed yet, so a fresh store is safe.
+        from .settings import profile_of
+
         ran_here = (Path(context.data_dir) / "worker.lock").exists()
         return cls(context.data_dir, control_url=context.config.database_url, settings=settings,
-                   profile=context.config.profile, create=not context.existing_only,
+                   profile=profile_of(context.config), create=not context.existing_only,
                    refuse_fresh=context.data_dir_in_use and ran_here)
 
     def close(self) -> None:
@@ -161,6 +163,12 @@ class WorkerJournal:
             logger.warning("outbox row of attempt {} deferred: {}", attempt_id, type(exc).__name__)
 
     # -- create: only claimed attempts ---------------------------------------------------------------
+    def submission_refused(self) -> str:
+        """``ql run`` (or ``Runtime.submit``) on a worker: a usage error naming the role and the fix."""
+        return ("this node is a cluster worker (profile cluster-worker): it runs only what it claims from the "
+                "control plane; submit on a control node instead (a config with profile = \"cluster-control\", "
+                "e.g. ql --config control.toml run ...)")
+
     def create(self, new: NewRun) -> list[RunEventInfo]:
         if self.leases.get(new.attempt_id) is None:
             raise StoreError("a cluster worker runs only what it claims from the control plane; submit with "

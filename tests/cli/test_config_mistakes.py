@@ -150,15 +150,32 @@ def test_doctor_masks_secret_settings_of_a_plugin_that_does_not_describe_them(en
     assert "hunter2" not in text and "api_token=\"***\"" in text
 
 
-def test_cluster_profiles_show_the_cluster_limits_and_settings() -> None:
+def test_cluster_numbers_are_the_plugins_not_core_limits() -> None:
     from ql_core.config import load_config
 
     worker = load_config(profile="cluster-worker", data_dir="/tmp/ql-unused",
                          environ={"QL_DATABASE_URL": "postgresql+psycopg://u@h/db"})
-    assert "run_lease_s" in worker.profile.limits_in_force() and "claim_batch" in worker.profile.limits_in_force()
+    limits = worker.profile.limits_in_force()
+    assert "log_follow_unfinalized_s" in limits and "run_lease_s" not in limits and "claim_batch" not in limits
     edge = load_config(data_dir="/tmp/ql-unused")
     assert "history_retention_s" in edge.profile.limits_in_force()
-    assert "run_lease_s" not in edge.profile.limits_in_force()
+    assert "log_follow_unfinalized_s" not in edge.profile.limits_in_force()
+
+
+def test_doctor_shows_the_cluster_numbers_under_the_plugins_settings(env, tmp_path: Path) -> None:
+    """On a cluster profile the cluster numbers are [plugin.cluster-fenced] settings (an older
+    config's [limits] key still counts; the plugin table wins), not core limits."""
+    (tmp_path / "ql.toml").write_text('profile = "cluster-control"\ndatabase_url = "postgresql+psycopg://u@h/db"\n'
+                                      '[limits]\nrun_lease_s = 20\nclaim_batch = 3\n'
+                                      '[plugin.cluster-fenced]\nrun_lease_s = 40\n')
+    code, records, text = _doctor(env, tmp_path)
+    config = records[0]["config"]
+    assert "run_lease_s" not in config["limits"] and "claim_batch" not in config["limits"], config["limits"]
+    shown = config["plugin_settings"]["cluster-fenced"]
+    assert shown["run_lease_s"] == 40 and shown["claim_batch"] == 3 and shown["session_lease_s"] == 45, shown
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("plugin.cluster-fenced")]
+    assert "run_lease_s=40" in line and "claim_batch=3" in line, text
+    assert "run_lease_s" not in text.split("plugin.", 1)[0], text  # not among the core limits
 
 
 @pytest.mark.parametrize("toml, says", [

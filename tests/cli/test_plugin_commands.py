@@ -78,3 +78,65 @@ def test_a_broken_plugin_is_named_when_its_command_is_asked_for(ql_env, tmp_path
     assert out.returncode == 2
     (line,) = out.stderr.splitlines()
     assert "ql_broken" in line and "no such thing" in line and "QL_DISABLE_PLUGINS=ql_broken" in line
+
+
+NAP = '''"""A plugin command that does not stop on signals (no STOPS_ON_SIGNALS): a TERM ends it as always."""
+import os
+import time
+import types
+
+from ql_core.hookspecs import hookimpl
+
+
+def _run(args, out):
+    open(os.environ["NAP_MARKER"], "w").close()
+    time.sleep(120)
+    return 0
+
+
+nap = types.SimpleNamespace(HELP="sleep (a test plugin's command)", configure=lambda parser: None, run=_run)
+
+
+@hookimpl
+def ql_register_commands(register):
+    register("nap", nap)
+'''
+
+
+def test_a_plugin_command_that_does_not_stop_on_signals_gets_the_default_handlers_back(ql_env, tmp_path: Path
+                                                                                      ) -> None:
+    """ql arms its early stop handler for every plugin command (it cannot know yet which one runs
+    until SIGTERM); a command without ``STOPS_ON_SIGNALS`` gets the default handlers back before it
+    runs, so a TERM ends it as it would any program."""
+    import signal
+    import subprocess
+
+    from ql_core.testing.executor import wait_until
+    from tests.conftest import QL
+
+    marker = tmp_path / "napping"
+    env = dict(ql_env, PYTHONPATH=_site(tmp_path / "site", "ql_nap", NAP), NAP_MARKER=str(marker))
+    proc = subprocess.Popen([*QL, "nap"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(marker.exists, "the plugin command to run", 60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_signal_caught_before_the_command_was_known_is_delivered_again_on_release() -> None:
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "from ql_core.cli.common import early_stop, install_early_stop, release_early_stop\n"
+            "install_early_stop()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('caught', early_stop().is_set(), flush=True)\n"
+            "release_early_stop()\n"
+            "print('not reached', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -15 and out.stdout == "caught True\n", out

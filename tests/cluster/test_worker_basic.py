@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -145,10 +146,34 @@ def test_lease_numbers_that_cannot_work_are_refused(harness: Harness) -> None:
     assert out.returncode == 2 and "fence_margin_s" in out.stderr, out.stderr
 
 
-def test_a_worker_runs_only_what_it_claims(harness: Harness) -> None:
+def test_a_worker_runs_only_what_it_claims(harness: Harness, tmp_path: Path) -> None:
+    """`ql run` on a worker is a wrong-role use: exit 2, one line naming the role and the fix, and
+    nothing started or recorded (no standby task, no local run)."""
     config = harness.write_config(harness.root / "w.toml", profile="cluster-worker", data_dir=harness.worker_dir("a"))
-    out = harness.ql("run", "--", "true", env={"QL_CONFIG": str(config)}, timeout=30)
-    assert out.returncode != 0 and "runs only what it claims" in out.stderr
+    marker = tmp_path / "ran"
+    out = harness.ql("run", "--", "touch", str(marker), env={"QL_CONFIG": str(config)}, timeout=30)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "cluster worker" in lines[0] and "runs only what it claims" in lines[0] and "control node" in lines[0]
+    assert not marker.exists() and harness.local_rows("a", "SELECT id FROM ql_run") == []
+
+
+def test_ql_run_env_reaches_a_cluster_task_sealed_and_on_top_of_the_workers_environment(harness: Harness) -> None:
+    """`ql run --env K=V --env K` on the control node: the task on the worker sees both, and still
+    the worker's own environment (PATH); the values are in no event, log line or output."""
+    harness.start_worker("a")
+    secret, copied = "s3cr3t-by-env-option", "copied-from-the-submitter"
+    script = ('test "$QL_T_SECRET" = s3cr3t-by-env-option && test "$QL_T_COPIED" = copied-from-the-submitter '
+              '&& test -n "$PATH" && test -n "$QL_CONFIG"')  # the worker's own variables are still there
+    out = harness.ql("--json", "run", "--detach", "--env", f"QL_T_SECRET={secret}", "--env", "QL_T_COPIED",
+                     "--", "sh", "-c", script, env={"QL_T_COPIED": copied})
+    assert out.returncode == 0, out.stderr
+    run_id = json.loads(out.stdout)["run_id"]
+    row = harness.wait_status(run_id)
+    assert (row["status"], row["exit_code"]) == ("succeeded", 0), harness.logs()
+    texts = [out.stdout, out.stderr, json.dumps(harness.events(run_id), default=str)]
+    texts += [p.log.read_text() for p in harness.procs]
+    assert not any(secret in t or copied in t for t in texts)
 
 
 def test_tokens_and_task_specs_stay_private(harness: Harness) -> None:

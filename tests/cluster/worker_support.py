@@ -25,13 +25,15 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ql_core.testing.executor import wait_until
+from ql_plugins.cluster_fenced.settings import NUMBER_RANGES
 from tests.conftest import QL, run_ql
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 DEADLINE_S = 90.0
 
-#: The cluster numbers of the tests: leases of a few seconds, fast sweeps and heartbeats.
+#: The numbers of the tests: leases of a few seconds, fast sweeps and heartbeats (the cluster's
+#: numbers go to [plugin.cluster-fenced], the core's to [limits]).
 FAST_LIMITS: dict[str, Any] = {
     "run_lease_s": 3.0,
     "fence_margin_s": 0.6,
@@ -120,8 +122,10 @@ class Harness:
                  f'database_url = "{database_url or self.dsn}"']
         merged = dict(self.limits, **(limits or {}))
         lines.append("[limits]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in merged.items()]
-        plugin = {"spec_key_file": str(self.key_file), **(plugin or {})}
+        lines += [f"{k} = {toml_value(v)}" for k, v in merged.items() if k not in NUMBER_RANGES]
+        # The cluster numbers are the plugin's own settings (an older config's [limits] also works).
+        plugin = {"spec_key_file": str(self.key_file), **{k: v for k, v in merged.items() if k in NUMBER_RANGES},
+                  **(plugin or {})}
         lines.append("[plugin.cluster-fenced]")
         lines += [f"{k} = {toml_value(v)}" for k, v in plugin.items() if v is not None]
         path.write_text("\n".join(lines) + "\n")

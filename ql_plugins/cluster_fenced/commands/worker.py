@@ -8,9 +8,13 @@ from ql_core.cli.output import Output
 
 from . import FAIL, USAGE
 
-__all__ = ["HELP", "EXIT_CODES", "configure", "run"]
+__all__ = ["HELP", "EXIT_CODES", "STOPS_ON_SIGNALS", "configure", "run"]
 
 HELP = "cluster worker (profile cluster-worker): claim and run queued runs until SIGTERM, then drain"
+
+#: SIGTERM/SIGINT stop it (a drain), from ql's first instruction on: main() arms the handler before
+#: it imports anything, and ``serve`` takes over the signal caught meanwhile.
+STOPS_ON_SIGNALS = True
 
 #: As ``ql worker --help`` lists them (and docs/cli.md).
 EXIT_CODES = [("0", "stopped by SIGTERM/SIGINT and drained"), FAIL, USAGE]
