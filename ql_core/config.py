@@ -45,12 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .config_paths import DEFAULT_CONFIG_NAME, check_path_text as _check_path_text, data_dir_of
+from .config_paths import default_config_path as _default_config_path
 from .errors import ConfigError, DataDirError, UnsafePathError
 from .profiles import LIMIT_RANGES, PROFILES, Profile
 
 __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
 
-DEFAULT_CONFIG_NAME = "ql.toml"
 _TOP_LEVEL_KEYS = {"profile", "data_dir", "plugins", "disable_plugins", "database_url", "executor",
                    "receipt_store", "journal", "artifact_store", "web_token_file", "limits", "plugin"}
 #: The seams selected by name (config key -> what it names, for messages).
@@ -60,12 +61,6 @@ SEAM_KEYS = {"executor": "executor", "receipt_store": "receipt store", "journal"
 _MAX_PLUGIN_DEPTH = 8
 #: A config file larger than this is not a config file.
 MAX_CONFIG_BYTES = 1024 * 1024
-#: Longest path component most file systems accept (NAME_MAX).
-_NAME_MAX = 255
-#: Room kept under PATH_MAX for the longest path ql creates inside the data dir
-#: (``receipts/.orphan-quarantine/<xx>/<name>`` and friends).
-_PATH_MAX = 4096
-_LAYOUT_ROOM = 320
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,39 +107,6 @@ class Config:
         """The selected seam names not disabled: each loads the installed plugin of the same name."""
         names = (self.executor, self.receipt_store, self.journal, self.artifact_store)
         return tuple(n for n in dict.fromkeys(names) if n and n not in self.disabled_plugins)
-
-
-def _default_data_dir() -> Path:
-    """``$XDG_STATE_HOME/ql``, else ``~/.local/state/ql`` (the platform's convention, not a QL_ setting)."""
-    state = os.environ.get("XDG_STATE_HOME")
-    if state and os.path.isabs(state):
-        return Path(state) / "ql"
-    home = os.path.expanduser("~")
-    if home == "~" or not os.path.isdir(home):
-        shown = os.environ.get("HOME", home)
-        raise ConfigError(f"no data dir is configured and the home directory (HOME={shown}) does not exist, so "
-                          f"the default ~/.local/state/ql cannot be used; pass --data-dir, set QL_DATA_DIR, or "
-                          f"set data_dir in ql.toml")
-    return Path(home) / ".local" / "state" / "ql"
-
-
-def _default_config_path(base: Path) -> Path | None:
-    """``<cwd>/ql.toml`` if anything at all is there (None: nothing is).
-
-    Anything means anything: a dangling symlink, a symlink loop, a directory or a FIFO is found here
-    and refused when read, so a broken config is an error and never a silent fall back to the
-    built-in defaults (which would run tasks as root in the wrong data dir).
-    """
-    path = base / DEFAULT_CONFIG_NAME
-    try:
-        os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        raise ConfigError(f"cannot tell whether {path} exists ({exc.strerror}); ql will not guess and run with "
-                          f"built-in defaults: run ql from a directory you may read, or pass --config / set "
-                          f"QL_CONFIG") from None
-    return path
 
 
 def _describe_unreadable(path: Path, exc: OSError | None, default: bool) -> str:
@@ -222,23 +184,6 @@ def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a config; "
                           f"flatten it") from None
-
-
-def _check_path_text(key: str, value: str) -> str:
-    if "\0" in value:
-        raise ConfigError(f"{key} contains a NUL byte, which no path can hold; fix it")
-    return value
-
-
-def _check_path_length(directory: Path) -> None:
-    raw = os.fsencode(directory)
-    for part in raw.split(b"/"):
-        if len(part) > _NAME_MAX:
-            raise ConfigError(f"data dir {str(directory)[:80]}... has a path component of {len(part)} bytes; file "
-                              f"systems allow at most {_NAME_MAX}: choose a shorter --data-dir")
-    if len(raw) + _LAYOUT_ROOM > _PATH_MAX:
-        raise ConfigError(f"data dir {str(directory)[:80]}... is {len(raw)} bytes long; ql needs it under "
-                          f"{_PATH_MAX - _LAYOUT_ROOM} bytes to fit its own files: choose a shorter --data-dir")
 
 
 def _check_limit(key: str, value: object) -> float | int:
@@ -367,20 +312,9 @@ def load_config(
 
     from_file = not (data_dir or env.get("QL_DATA_DIR"))
     raw_dir = data_dir or env.get("QL_DATA_DIR") or settings.get("data_dir")
-    if raw_dir:
-        directory = Path(os.path.expanduser(_check_path_text("data_dir", os.fspath(raw_dir))))
-        if not directory.is_absolute():
-            # In the file: relative to the file, like every other tool's config. On the command
-            # line or in the environment: relative to the working directory, like any path there.
-            anchor = path.parent if (from_file and path) else (base if base is not None else Path.cwd())
-            directory = anchor / directory
-    else:
-        directory = _default_data_dir()
-    directory = Path(os.path.abspath(directory))
-    _check_path_length(directory)
-    from .paths import refuse_virtual_data_dir
-
-    refuse_virtual_data_dir(directory)  # here, so every command refuses QL_DATA_DIR=/dev/null alike
+    # In the file: relative to the file, like every other tool's config. On the command line or in
+    # the environment: relative to the working directory, like any path there.
+    directory = data_dir_of(raw_dir, path.parent if (from_file and path) else base)
 
     token_file = None
     if "web_token_file" in settings:

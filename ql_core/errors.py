@@ -164,12 +164,12 @@ def unknown_setting(table: str, keys: Iterable[str], allowed: Iterable[str]) -> 
 
     Plugins validate their own tables with it, so a typo (``standbye``) reads alike for every plugin.
     """
-    import difflib
-
     accepted = sorted(allowed)
     unknown = sorted(set(keys) - set(accepted))
     if not unknown:
         return None
+    import difflib  # only for a key to explain: every executor start checks its table
+
     key = unknown[0]
     close = difflib.get_close_matches(key, accepted, n=1)
     guess = f"; did you mean {close[0]!r}?" if close else ""

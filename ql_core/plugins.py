@@ -112,19 +112,25 @@ class Registry(Generic[T]):
             have = ", ".join(self.names()) or "none"
             raise PluginError(f"{self.kind} {name!r} not found; registered: {have}; "
                               f"is the plugin that provides it installed and enabled?") from None
-        from .ports.artifact_store import ArtifactStoreError
-        from .ports.journal import StoreError
-        from .ports.receipt_store import ReceiptStoreError
-
         try:
             return factory(context)
-        except (QlError, StoreError, ReceiptStoreError, ArtifactStoreError):
-            # A one-line error written for users: its [plugin.<name>] table is wrong, or the store it
-            # opens is unusable (permissions, a symlink, a damaged database) — not a broken package.
-            raise
         except Exception as exc:
+            if _written_for_users(exc):
+                # A one-line error written for users: its [plugin.<name>] table is wrong, or the store
+                # it opens is unusable (permissions, a symlink, a damaged database) — not a broken package.
+                raise
             raise PluginError(f"{self.kind} {name!r} from plugin {self._owner[name]!r} failed to start: "
                               f"{type(exc).__name__}: {exc}; reinstall that plugin's package") from exc
+
+
+def _written_for_users(exc: Exception) -> bool:
+    """Is ``exc`` ql's or a store's own error (its message names the fix)? The ports are imported only
+    now that a factory failed: building the seams of every start does not pay for them."""
+    from .ports.artifact_store import ArtifactStoreError
+    from .ports.journal import StoreError
+    from .ports.receipt_store import ReceiptStoreError
+
+    return isinstance(exc, (QlError, StoreError, ReceiptStoreError, ArtifactStoreError))
 
 
 @dataclass

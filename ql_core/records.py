@@ -4,14 +4,15 @@ Immutable named tuples, one per table row or read view, with the column
 names of the declared schema (:mod:`ql_core.db.models`), so a store builds
 one with ``Record(*row)``. (Tuples, not dataclasses: defining them costs a
 fifth, and every ``ql status`` pays for it.) They carry no behaviour beyond
-small derived properties; decisions live in :mod:`ql_core.outcome` and the
+small derived properties (and :func:`run_view`, a run row and its attempt rows as the view);
+decisions live in :mod:`ql_core.outcome` and the
 services. Nothing here holds a command, argv, environment, token or output: an
 attempt carries only its token's hash.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from .states import RUN_TERMINAL
 
@@ -26,6 +27,8 @@ __all__ = [
     "NewDispatch",
     "AttemptView",
     "RunView",
+    "run_view",
+    "log_facts_of",
 ]
 
 
@@ -212,3 +215,22 @@ class RunView(NamedTuple):
                 "reason": self.reason, "created_at_ms": self.created_at_ms, "finished_at_ms": self.finished_at_ms,
                 "deadline_at_ms": self.deadline_at_ms, "cancel_reason": self.cancel_reason,
                 "attempts": [a.as_dict() for a in self.attempts]}
+
+
+def run_view(run: RunRecord, attempts: list[AttemptRecord]) -> RunView:
+    """The public view of a run row and its attempt rows (oldest attempt first)."""
+    return RunView(
+        run_id=run.id, name=run.name, status=run.status, exit_code=run.exit_code, reason=run.reason,
+        created_at_ms=run.created_at_ms, finished_at_ms=run.finished_at_ms, deadline_at_ms=run.deadline_at_ms,
+        cancel_reason=run.cancel_reason,
+        attempts=tuple(AttemptView(attempt_id=a.id, attempt_no=a.attempt_no, status=a.status,
+                                   exit_code=a.exit_code, reason=a.reason, executor=a.executor,
+                                   created_at_ms=a.created_at_ms, started_at_ms=a.started_at_ms,
+                                   finished_at_ms=a.finished_at_ms, log_artifact_id=a.log_artifact_id)
+                       for a in attempts))
+
+
+def log_facts_of(row: Sequence[Any]) -> LogFacts:
+    """A log artifact row (``LOG_COLUMNS`` order) as :class:`~ql_core.records.LogFacts`."""
+    lid, run_id, attempt_id, max_bytes, size, truncated, created, deleted = row
+    return LogFacts(lid, run_id, attempt_id, max_bytes, size, bool(truncated), created, deleted)

@@ -14,13 +14,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, reader_for_run
+    from ql_core.cli.common import printable
+    from ql_core.cli.quick_read import quick_reader_for_run
 
-    rt, run_id = reader_for_run(args)
-    try:
-        events = [e.as_dict() for e in rt.events(run_id)]
-    finally:
-        rt.close()
+    events = None
+    quick = quick_reader_for_run(args)
+    if quick is not None:  # reading events settles nothing: the quick path answers a known run
+        reader, run_id = quick
+        try:
+            found = reader.events(run_id)
+        except Exception:  # noqa: BLE001 - the full path reports it
+            found = None
+        finally:
+            reader.close()
+        events = None if found is None else [e.as_dict() for e in found]
+    if events is None:
+        from ql_core.cli.common import reader_for_run
+
+        rt, run_id = reader_for_run(args)
+        try:
+            events = [e.as_dict() for e in rt.events(run_id)]
+        finally:
+            rt.close()
     for e in events:
         extra = " ".join(f"{k}={printable(str(e[k]))}" for k in ("status", "exit_code", "reason")
                          if e.get(k) is not None)

@@ -46,6 +46,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.status is not None and args.status not in RUN_STATES:
         raise UsageError(f"--status {printable(args.status[:40])!r} is not a run state; choose one of: "
                          f"{', '.join(RUN_STATES)}")
+    rows = _quick_rows(args, limit)
+    if rows is not None:
+        return _show(rows, out)
     try:
         rt = reader_from_args(args)
     except NotFoundError as exc:
@@ -58,6 +61,28 @@ def run(args: argparse.Namespace, out: Output) -> int:
         rows = settle_rows(rt, rt.list_runs(status=args.status, limit=limit), budget=rt.profile.page_size)
     finally:
         rt.close()
+    return _show(rows, out)
+
+
+def _quick_rows(args: argparse.Namespace, limit: int) -> list[tuple[RunView, bool]] | None:
+    """The rows on the quick path when every run shown is terminal (nothing to settle); else None."""
+    from ql_core.cli.quick_read import quick_reader
+
+    reader = quick_reader(args)
+    if reader is None:
+        return None
+    try:
+        views = reader.list_runs(status=args.status, limit=limit)
+    except Exception:  # noqa: BLE001 - the full path reports it
+        return None
+    finally:
+        reader.close()
+    return [(view, True) for view in views] if all(view.terminal for view in views) else None
+
+
+def _show(rows: list[tuple[RunView, bool]], out: Output) -> int:
+    from ql_core.cli.common import printable
+
     if rows:
         out.text(f"{'RUN':<36}  {'STATUS':<11} {'EXIT':>4}  {'CREATED':<19}  {'DURATION':<16}  NAME")
     now = time.time() * 1000

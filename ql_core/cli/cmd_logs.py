@@ -102,6 +102,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
+    if not args.follow:  # a read without --follow settles nothing: the quick path may answer it
+        from ql_core.cli.quick_read import quick_reader_for_run
+
+        quick = quick_reader_for_run(args)
+        if quick is not None:
+            reader, run_id = quick
+            try:
+                done = _run_quick(args, out, reader, run_id)
+            finally:
+                reader.close()
+            if done is not None:
+                return done
     rt, args.run_id = reader_for_run(args)
     try:
         if rt.config.artifact_store:
@@ -112,21 +124,59 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def _run_local(args: argparse.Namespace, out: Output, rt: Any) -> int:
-    from ql_core.cli.notes import note, note_end_status
     from ql_core.follow import follow_log
-    from ql_core.logs import log_facts, log_size
+    from ql_core.logs import log_facts
 
     chunks = JsonChunks(args.run_id, args.offset) if out.json_mode else None
     _write_chunks(follow_log(rt.node, args.run_id, offset=args.offset, follow=args.follow), chunks, out)
     view = rt.status(args.run_id)
     facts = log_facts(rt.node, view.log_artifact_id) if view.log_artifact_id else None
+    return _finish_local(args, out, rt.config.data_dir, view, facts, chunks)
+
+
+def _run_quick(args: argparse.Namespace, out: Output, reader: Any, run_id: str) -> int | None:
+    """The log of a known run, without ``--follow``, on the quick path (as :func:`follow_log` reads it
+    then: from the offset to the end, never past the quota, nothing of a deleted log); None when the
+    run cannot be read here (the full path then says why)."""
+    from ql_core.logs import LOG_CHUNK_BYTES, read_log_chunk
+
+    try:
+        view = reader.status(run_id)
+        facts = reader.log_facts(view.log_artifact_id) if view is not None and view.log_artifact_id else None
+    except Exception:  # noqa: BLE001 - the full path reports it
+        return None
+    if view is None:
+        return None
+    args.run_id = run_id
+    data_dir = reader.config.data_dir
+
+    def chunks_of() -> Iterable[bytes]:
+        if view.log_artifact_id is None or not view.attempts or (facts is not None and facts.deleted):
+            return
+        offset = args.offset
+        while data := read_log_chunk(data_dir, view.log_artifact_id, offset, LOG_CHUNK_BYTES,
+                                     max_bytes=facts.max_bytes if facts is not None else None):
+            yield data
+            offset += len(data)
+
+    chunks = JsonChunks(run_id, args.offset) if out.json_mode else None
+    _write_data(chunks_of(), chunks, out)
+    return _finish_local(args, out, data_dir, view, facts, chunks)
+
+
+def _finish_local(args: argparse.Namespace, out: Output, data_dir: Any, view: Any, facts: Any,
+                  chunks: JsonChunks | None) -> int:
+    """After the log's bytes: the ``--json`` state record, or the note of a truncated or deleted log."""
+    from ql_core.cli.notes import note, note_end_status
+    from ql_core.logs import log_size
+
     if chunks is not None:
         if view.terminal:  # nothing will complete a character cut at the very end any more
             for record in chunks.flush():
                 out.emit(record)
         end = chunks.end
         if end == args.offset and end > 0:  # nothing read from --offset: past the log's real end?
-            size = log_size(rt.config.data_dir, view.log_artifact_id) if view.log_artifact_id else None
+            size = log_size(data_dir, view.log_artifact_id) if view.log_artifact_id else None
             size = 0 if size is None else size
             if facts is not None and facts.max_bytes is not None:
                 size = min(size, facts.max_bytes)
@@ -148,12 +198,16 @@ def _run_local(args: argparse.Namespace, out: Output, rt: Any) -> int:
 
 def _write_chunks(stream: Iterable[Any], chunks: JsonChunks | None, out: Output) -> None:
     """Each chunk as it comes: raw bytes to stdout, or (``--json``) records that never split a character."""
-    for chunk in stream:
+    _write_data((chunk.data for chunk in stream), chunks, out)
+
+
+def _write_data(stream: Iterable[bytes], chunks: JsonChunks | None, out: Output) -> None:
+    for data in stream:
         if chunks is not None:
-            for record in chunks.feed(chunk.data):
+            for record in chunks.feed(data):
                 out.emit(record)
         else:
-            sys.stdout.buffer.write(chunk.data)
+            sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
 
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from ql_core.records import RunView
     from ql_core.runtime import Runtime
 
-__all__ = ["install_early_stop", "early_stop", "release_early_stop", "stop_on_signals", "config_from_args", "runtime_from_args",
-           "reader_from_args", "reader_for_run", "settle_shown", "printable", "loaded_sqlite_path"]
+__all__ = ["install_early_stop", "early_stop", "release_early_stop", "stop_on_signals", "config_from_args",
+           "runtime_from_args", "reader_from_args", "reader_for_run", "settle_shown", "printable",
+           "loaded_sqlite_path", "names_plugins"]
 
 
 #: Set by the early SIGTERM/SIGINT handler of a long-running command (see :func:`install_early_stop`).
@@ -82,12 +83,14 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False) -> Config:
+def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False, check_plugins: bool = True) -> Config:
     """The config the command line asks for: options, then ``QL_*`` variables, then the file.
 
     Plugin names that name nothing and settings a plugin refuses are configuration errors here.
     ``reports_plugins`` (doctor, plugins): a plugin that cannot load or lacks its package is left to
-    the command, which reports it as a failed check or a problem row."""
+    the command, which reports it as a failed check or a problem row. ``check_plugins=False``: the
+    caller checks :func:`names_plugins` itself and takes a path that checks them when it is true
+    (the read commands' quick path)."""
     from ql_core.config import load_config
 
     try:
@@ -104,7 +107,7 @@ def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False)
     # Before anything is created or run: a misspelled [plugin.X] table or QL_PLUGINS entry must stop
     # every command alike, not be ignored (tasks would run as root without [plugin.local] run_as).
     # A config that names no plugin has nothing to check here, and a reader then imports no pluggy.
-    if _names_plugins(config):
+    if check_plugins and names_plugins(config):
         from ql_core.plugins import check_config_plugins
 
         check_config_plugins(config, os.environ, reports_plugins=reports_plugins)
@@ -112,7 +115,7 @@ def config_from_args(args: argparse.Namespace, *, reports_plugins: bool = False)
     return config
 
 
-def _names_plugins(config: Config) -> bool:
+def names_plugins(config: Config) -> bool:
     """Does the config or the environment name a plugin beyond the profile's own (a ``[plugin.X]``
     table, ``disable_plugins``, extra ``plugins``, ``QL_PLUGINS`` / ``QL_DISABLE_PLUGINS``)?"""
     return bool(config.plugin_settings or config.disabled_plugins

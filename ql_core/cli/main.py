@@ -119,10 +119,30 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return False
 
 
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``, as argparse's formatter asks it, without importing
+    shutil (and its bz2, lzma, zlib): argparse builds a formatter for every option it adds, so every
+    command paid ~3 ms for a width only ``--help`` uses."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+        columns = columns or 80
+    return columns
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (usage errors exit 2, no usage dump)."""
 
     json_errors = False
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        return self.formatter_class(prog=self.prog, width=_terminal_columns() - 2)
 
     def error(self, message: str) -> NoReturn:
         _report(f"{message} (see {self.prog} --help)", kind="usage", exit_code=2,

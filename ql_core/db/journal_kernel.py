@@ -48,8 +48,8 @@ from ql_core.ports.journal import (
     Transition,
     create_facts,
 )
-from ql_core.records import (AttemptRecord, AttemptView, DispatchRecord, EventRecord, JournalEntry, LogFacts, NewRun,
-                             RunRecord, RunView)
+from ql_core.records import (AttemptRecord, DispatchRecord, EventRecord, JournalEntry, LogFacts, NewRun, RunRecord,
+                             RunView, log_facts_of, run_view)
 
 from .journal_sql import ATTEMPT_COLUMNS as ATTEMPT_SELECT
 
@@ -79,25 +79,6 @@ def _update_sql(table: str, columns: tuple[str, ...], where: tuple[str, ...], pl
     """``UPDATE table SET c1 = ?, ... WHERE w1 = ? AND ...`` (built once per column set, then cached)."""
     sets = ", ".join(f"{c} = {placeholder}" for c in columns)
     return f"UPDATE {table} SET {sets} WHERE " + " AND ".join(f"{w} = {placeholder}" for w in where)
-
-
-def run_view(run: RunRecord, attempts: list[AttemptRecord]) -> RunView:
-    """The public view of a run row and its attempt rows (oldest attempt first)."""
-    return RunView(
-        run_id=run.id, name=run.name, status=run.status, exit_code=run.exit_code, reason=run.reason,
-        created_at_ms=run.created_at_ms, finished_at_ms=run.finished_at_ms, deadline_at_ms=run.deadline_at_ms,
-        cancel_reason=run.cancel_reason,
-        attempts=tuple(AttemptView(attempt_id=a.id, attempt_no=a.attempt_no, status=a.status,
-                                   exit_code=a.exit_code, reason=a.reason, executor=a.executor,
-                                   created_at_ms=a.created_at_ms, started_at_ms=a.started_at_ms,
-                                   finished_at_ms=a.finished_at_ms, log_artifact_id=a.log_artifact_id)
-                       for a in attempts))
-
-
-def log_facts_of(row: Sequence[Any]) -> LogFacts:
-    """A log artifact row (``LOG_COLUMNS`` order) as :class:`~ql_core.records.LogFacts`."""
-    lid, run_id, attempt_id, max_bytes, size, truncated, created, deleted = row
-    return LogFacts(lid, run_id, attempt_id, max_bytes, size, bool(truncated), created, deleted)
 
 
 class SqlJournalKernel:
