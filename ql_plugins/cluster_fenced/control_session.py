@@ -70,7 +70,8 @@ class ControlSession:
         """One control call; measures the database clock. Returns (result, monotonic send time)."""
         sent_mono, sent_wall = time.monotonic(), now_ms()
         result = fn(self.db())
-        self.clock.observe(sent_wall, now_ms(), getattr(result, "db_now_ms", None))
+        probe = result[0] if isinstance(result, list) and result else result  # a batch: its first answer
+        self.clock.observe(sent_wall, now_ms(), getattr(probe, "db_now_ms", None))
         return result, sent_mono
 
     def close(self) -> None:
