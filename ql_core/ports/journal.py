@@ -82,6 +82,7 @@ __all__ = [
     "RUN_COLUMNS",
     "DISPATCH_COLUMNS",
     "JournalBackend",
+    "BulkQueueing",
     "RunJournal",
     "ReceiptJournal",
     "CancelDispatch",
@@ -365,6 +366,17 @@ class QueueingBackend(Protocol):
     def request_cancel(self, run_id: str, reason: str) -> str:
         """Commit a cancel intent where the workers learn it (on lease renewal); a queued run ends at
         once. Returns ``requested``, ``already_requested``, ``already_terminal`` or ``not_found``."""
+        ...
+
+
+@runtime_checkable
+class BulkQueueing(Protocol):
+    """A queueing run store that commits many queued runs at once (``Runtime.submit_many``: a cron
+    burst). Without it core enqueues them one by one."""
+
+    def enqueue_many(self, runs: list[QueuedRun]) -> list[list[RunEventInfo]]:
+        """Commit the queued runs (each with its ``run.created``); one event list per run, in order.
+        Committed in batches, each all or nothing; replay-safe (a run that exists gets no event)."""
         ...
 
 

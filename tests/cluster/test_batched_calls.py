@@ -80,3 +80,21 @@ def test_submit_many_queues_every_run_once_and_a_replay_answers_exists(cluster: 
     w = cluster.worker(str(uuid.uuid4())[:8])
     assert len(cluster.claim(w, 8)) == 8  # workers take them like any queued run
 
+
+def test_runtime_submit_many_queues_a_burst_that_a_worker_drains_through_batched_calls(harness) -> None:  # type: ignore[no-untyped-def]
+    from ql_core.errors import UsageError
+
+    rt = harness.control
+    with pytest.raises(TypeError, match=r"tasks\[1\]"):  # checked before anything is written
+        rt.submit_many([{"command": ["true"]}, {"command": "true"}])
+    with pytest.raises(UsageError, match=r"tasks\[0\]: max_attempts"):
+        rt.submit_many([{"command": ["true"], "max_attempts": 0}])
+    assert harness.sql.execute("SELECT count(*) AS n FROM ql_run").fetchone()["n"] == 0
+    tasks = [{"command": ["sh", "-c", f"exit {i % 3}"], "name": f"burst-{i}"} for i in range(16)]
+    subs = rt.submit_many(tasks)
+    assert len({s.run_id for s in subs}) == 16 and all(s.attempt_id is None for s in subs)
+    harness.start_worker("a", slots=4)
+    rows = [harness.wait_status(s.run_id) for s in subs]
+    assert [(r["name"], r["status"], r["exit_code"]) for r in rows] == [
+        (f"burst-{i}", "succeeded" if i % 3 == 0 else "failed", i % 3) for i in range(16)]
+    assert {r["state"] for r in harness.lease_rows("a")} == {"answered"}
