@@ -369,15 +369,16 @@ def latency(workers: Workers, n: int, key_file: Path, timeout: float) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--floor-n", type=int, default=2000, help="floor updates per client")
-    parser.add_argument("--protocol-n", type=int, default=2000, help="runs per protocol measurement")
+    parser.add_argument("--floor-n", type=int, default=1000, help="floor updates per client")
+    parser.add_argument("--protocol-n", type=int, default=1000, help="runs per protocol measurement")
     parser.add_argument("--calls", choices=("batch", "single"), default="batch",
                         help="protocol clients: one transaction per claim's batch, or one call per attempt")
-    parser.add_argument("--embedded-n", type=int, default=300, help="tasks of the embedded host")
-    parser.add_argument("--e2e-n", type=int, default=300, help="runs per ql worker measurement")
-    parser.add_argument("--burst-n", type=int, default=2000, help="runs of the burst (the issue's goal: 10000)")
-    parser.add_argument("--latency-n", type=int, default=50, help="runs of the latency measurement")
+    parser.add_argument("--embedded-n", type=int, default=200, help="tasks of the embedded host")
+    parser.add_argument("--e2e-n", type=int, default=200, help="runs per ql worker measurement")
+    parser.add_argument("--burst-n", type=int, default=1000, help="runs of the burst (the issue's goal: 10000)")
+    parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
+    parser.add_argument("--protocol-only", action="store_true", help="only the floor and the protocol clients")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import psycopg
@@ -402,6 +403,8 @@ def main() -> None:
                 done = protocol(dsn, k, args.protocol_n, args.calls, timeout)
                 res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done})
                 print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
+            if args.protocol_only:
+                return report_protocol(res, args)
             res["embedded_per_s"] = embedded(args.embedded_n, tmp, timeout)
             key_file = tmp / "spec.key"  # the workers open the specs with the submitter's key
             new_key_file(key_file)
@@ -426,11 +429,15 @@ def main() -> None:
     report(res, args)
 
 
-def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+def report_protocol(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\n{'protocol clients':>16} {'floor/s':>9} {'completions/s':>14} {'vs floor':>9}   ({args.calls} calls)")
     for r in res["protocol"]:
         print(f"{r['clients']:>16} {r['floor_per_s']:>9.0f} {r['completions_per_s']:>14.0f} "
               f"{r['completions_per_s'] / r['floor_per_s']:>8.3f}x")
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+    report_protocol(res, args)
     emb = res["embedded_per_s"]
     print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
     one = res["workers"][0]["completions_per_s"]
