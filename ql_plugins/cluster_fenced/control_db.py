@@ -73,6 +73,7 @@ __all__ = [
     "with_retries",
     "MAX_BATCH",
     "SUBMIT_BATCH",
+    "WORKER_BATCH",
     "QueuedSubmit",
     "Completion",
 ]
@@ -89,6 +90,9 @@ SWEEP_HARD_CAP = 64
 MAX_BATCH = 256
 #: What a bulk submit sends per transaction (callers chunk a larger burst by it).
 SUBMIT_BATCH = MAX_BATCH
+#: What ``ql worker`` sends per batch: small enough to answer well within its call timeout (a
+#: third of the run lease at most) even with a long outbox backlog after a partition.
+WORKER_BATCH = 32
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 from ql_core.states import RUN_TERMINAL
 
-from .control_db import MAX_BATCH, ControlDBError, TransientError
+from .control_db import WORKER_BATCH, ControlDBError, TransientError
 from .held_attempts import LIVE, PROCESS
 from .outbox import FENCED, SELF_FENCED
 from .results import LeaseAnswer
@@ -125,8 +125,8 @@ class FenceGuard:
         if len(spawned) == 1:
             self.report_running(spawned[0])
             return
-        for i in range(0, len(spawned), MAX_BATCH):
-            chunk = spawned[i:i + MAX_BATCH]
+        for i in range(0, len(spawned), WORKER_BATCH):
+            chunk = spawned[i:i + WORKER_BATCH]
             calls = [(held.fence, self._started_at(held)) for held in chunk]
             crashpoint("worker.running.before_call")
             for _ in range(3):
@@ -176,8 +176,8 @@ class FenceGuard:
         due = self.held.select(lambda h: not h.previous and h.stop_reason is None and h.state != "claimed"
                                and h.renew_due <= now)
         if len(due) > 1:
-            for i in range(0, len(due), MAX_BATCH):
-                chunk = due[i:i + MAX_BATCH]
+            for i in range(0, len(due), WORKER_BATCH):
+                chunk = due[i:i + WORKER_BATCH]
                 try:
                     results, sent = self.session.call(lambda db: db.renew_many([h.fence for h in chunk],
                                                                                ttl_ms=self.session.ttl_ms))

@@ -15,7 +15,7 @@ from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 
-from .control_db import MAX_BATCH, Completion, ControlDBError, TransientError
+from .control_db import WORKER_BATCH, Completion, ControlDBError, TransientError
 from .outbox import FENCED
 from .results import EndAnswer, EndStatus
 
@@ -72,8 +72,8 @@ class OutboxSender:
                 answered += 1
         if len(completions) == 1:
             return answered + int(self._submit(completions[0]))
-        for i in range(0, len(completions), MAX_BATCH):
-            answered += self._submit_completions(completions[i:i + MAX_BATCH])
+        for i in range(0, len(completions), WORKER_BATCH):
+            answered += self._submit_completions(completions[i:i + WORKER_BATCH])
         return answered
 
     def _submit_completions(self, rows: list[LeaseRow]) -> int:

@@ -20,7 +20,7 @@ from ql_core.errors import QlError
 from ql_core.log import logger
 from ql_core.wait import wait as wait_locally
 
-from .control_db import MAX_BATCH, ControlDBError, TransientError
+from .control_db import WORKER_BATCH, ControlDBError, TransientError
 from .held_attempts import Held
 from .outbox import Payload
 from .results import LeaseAnswer
@@ -175,8 +175,8 @@ class Runner:
         if len(helds) == 1:
             self.start(helds[0])
             return
-        for i in range(0, len(helds), MAX_BATCH):
-            chunk = helds[i:i + MAX_BATCH]
+        for i in range(0, len(helds), WORKER_BATCH):
+            chunk = helds[i:i + WORKER_BATCH]
             try:
                 results, sent = self.session.call(lambda db: db.start_many([h.fence for h in chunk]))
             except TransientError:

@@ -83,6 +83,7 @@ def test_submit_many_queues_every_run_once_and_a_replay_answers_exists(cluster: 
 
 def test_runtime_submit_many_queues_a_burst_that_a_worker_drains_through_batched_calls(harness) -> None:  # type: ignore[no-untyped-def]
     from ql_core.errors import UsageError
+    from tests.cluster.worker_support import wait_for
 
     rt = harness.control
     with pytest.raises(TypeError, match=r"tasks\[1\]"):  # checked before anything is written
@@ -97,4 +98,5 @@ def test_runtime_submit_many_queues_a_burst_that_a_worker_drains_through_batched
     rows = [harness.wait_status(s.run_id) for s in subs]
     assert [(r["name"], r["status"], r["exit_code"]) for r in rows] == [
         (f"burst-{i}", "succeeded" if i % 3 == 0 else "failed", i % 3) for i in range(16)]
-    assert {r["state"] for r in harness.lease_rows("a")} == {"answered"}
+    wait_for(lambda: {r["state"] for r in harness.lease_rows("a")} == {"answered"},
+             what="every outbox row to get its final answer", diagnose=harness.logs)
