@@ -1,22 +1,31 @@
-"""Cluster throughput: claims/s and completions/s with 1, 2 and 4 workers, as ratios to the floor.
+"""Cluster throughput and scale-out on one machine, beside their floors, with issue 24's goals.
 
     QL_TEST_POSTGRES_DSN=postgresql+psycopg://postgres@127.0.0.1:5432/postgres python bench/bench_cluster.py
+    # the issue's full burst: --burst-n 10000 (the default keeps the run near 5 minutes on a loaded box)
 
-Everything runs against one fresh database (created and dropped here), in one run:
+Everything runs against one fresh database (created, migrated and dropped here), in one run:
 
-- **floor**: bare ``UPDATE … RETURNING`` + COMMIT (autocommit, one row per call, prepared), by 1, 2
-  and 4 client processes at once — the cheapest possible "take a row and commit" on this database;
-- **claim() only**: 1, 2, 4 processes claiming queued runs in batches of 8 (``FOR UPDATE SKIP
-  LOCKED`` among them), nothing else;
-- **protocol**: 1, 2, 4 processes that are workers as far as the control plane can tell — they
-  register, ``claim`` (batches of 8), ``start``, ``running`` and ``complete`` each attempt of queued
-  no-op runs through the fenced functions — but spawn nothing: the control plane's own cost;
-- **end to end**: 1, 2, 4 real ``ql worker`` processes (4 slots each) running the no-op task
-  ``true`` through the launcher, receipts, the local journal and the outbox.
+- **floor**: bare ``UPDATE … RETURNING`` + COMMIT (autocommit, one row per call, prepared), by 1, 2,
+  4 and 8 client processes at once — the cheapest possible "take a row and commit" here;
+- **protocol**: 1, 2, 4, 8 processes that are workers as far as the control plane can tell — they
+  register, heartbeat, ``claim`` (batches of 8), ``start``, ``running`` and ``complete`` every
+  attempt of queued no-op runs through the fenced functions — but spawn nothing: the control
+  plane's own cost. ``--calls batch`` (default) sends start/running/complete for a whole claim in
+  one transaction each (``ControlDB.start_many`` …, what ``ql worker`` does); ``--calls single``
+  one call per attempt;
+- **embedded host**: one ``Runtime`` on a local SQLite data dir keeping 4 ``true`` tasks in flight
+  (``submit(awaited=True)`` / ``wait``): what one machine does without a cluster;
+- **ql worker**: 1, 2, 4 real ``ql worker`` processes (4 slots each) running ``true`` through the
+  launcher, receipts, the local journal and the outbox;
+- **burst**: with the 4 workers idle, ``--burst-n`` runs submitted at once (``ControlDB.submit_many``,
+  one transaction per ``SUBMIT_BATCH``), then drained: seconds from the first submit to the last
+  completion, as a rate beside the 4-worker steady rate;
+- **latency**: with the 4 workers idle, ``--latency-n`` runs one after another: enqueue (the run's
+  ``created_at_ms``) → exec (its attempt's ``started_at_ms``, the process start), p50 and p99.
 
 Rates come from the database's own timestamps (attempt creation = claim, run update = completion),
-from the first claim to the last one / the last completion. Ratios are rate / floor rate with the
-same number of processes.
+from the first claim to the last completion. Every phase has a deadline (``--phase-timeout``): past
+it the bench stops with what it saw (runs by status), never hangs.
 """
 
 from __future__ import annotations
@@ -25,18 +34,62 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 from pg_scratch import scratch_database
 
-COUNTS = (1, 2, 4)
+PROTOCOL_COUNTS = (1, 2, 4, 8)
+WORKER_COUNTS = (1, 2, 4)
+TERMINAL = ("succeeded", "failed", "lost", "cancelled", "timed_out")
+#: How often a protocol client heartbeats its worker session (the session lease is 45 s).
+HEARTBEAT_S = 5.0
 
+
+class PhaseTimeout(SystemExit):
+    """A phase outlived its deadline: the bench stops loudly with what it saw."""
+
+
+def _status_counts(dsn: str, run_ids: list[str]) -> dict[str, int]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM ql_run WHERE id = ANY(%s) GROUP BY status",
+                            (run_ids,)).fetchall()
+    return {s: n for s, n in rows}
+
+
+def _fail(phase: str, timeout: float, seen: str) -> PhaseTimeout:
+    return PhaseTimeout(f"bench_cluster: phase {phase!r} did not finish within {timeout:g}s (--phase-timeout); "
+                        f"saw {seen}")
+
+
+def _collect(phase: str, out: mp.Queue, procs: list[mp.Process], timeout: float,
+             seen: Callable[[], str]) -> list[Any]:
+    """One result per process, all before the phase's deadline (else stop with what was seen)."""
+    deadline = time.monotonic() + timeout
+    results = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=max(0.1, min(1.0, deadline - time.monotonic()))))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                why = f"{len(dead)} client(s) died (exit {dead[0].exitcode}); " if dead else ""
+                raise _fail(phase, timeout, why + seen()) from None
+    for p in procs:
+        p.join(30)
+    return results
 
 
 # -- floor ---------------------------------------------------------------------------------------
@@ -54,21 +107,19 @@ def _floor_client(dsn: str, first: int, n: int, start_at: float, out: mp.Queue) 
         out.put((n, time.perf_counter() - t0))
 
 
-def floor_rate(dsn: str, clients: int, n: int) -> float:
+def floor_rate(dsn: str, clients: int, n: int, timeout: float) -> float:
     """Rows updated-and-committed per second, all clients together."""
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 0.5
     procs = [mp.Process(target=_floor_client, args=(dsn, c * n, n, start_at, out)) for c in range(clients)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join()
+    results = _collect(f"floor x{clients}", out, procs, timeout, lambda: "no floor client finished")
     return sum(r[0] for r in results) / max(r[1] for r in results)
 
 
 # -- the protocol alone --------------------------------------------------------------------------
-def _protocol_client(dsn: str, name: str, start_at: float, out: mp.Queue) -> None:
+def _protocol_client(dsn: str, name: str, start_at: float, calls: str, out: mp.Queue) -> None:
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB, completion_digest
 
@@ -76,72 +127,45 @@ def _protocol_client(dsn: str, name: str, start_at: float, out: mp.Queue) -> Non
     worker = db.register(name, str(uuid.uuid4()), slots=64, ql_version="bench").worker
     while time.time() < start_at:
         time.sleep(0.0005)
+    heartbeat_due = time.monotonic() + HEARTBEAT_S
     done = 0
+
+    def outcome(attempt_id: str) -> dict[str, Any]:
+        finished = int(time.time() * 1000)
+        return dict(exit_code=0, started_at_ms=None, finished_at_ms=finished, signalled=False,
+                    completion_digest=completion_digest(attempt_id, exit_code=0, started_at_ms=None,
+                                                        finished_at_ms=finished, signalled=False))
+
     while True:
-        ids = [new_id() for _ in range(8)]
-        claimed = db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=ids,
+        if time.monotonic() >= heartbeat_due:  # the session outlives any number of runs
+            assert db.heartbeat(worker).answer.value == "ok", "protocol client's session was fenced"
+            heartbeat_due = time.monotonic() + HEARTBEAT_S
+        claimed = db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=[new_id() for _ in range(8)],
                            log_ids=[new_id() for _ in range(8)]).attempts
         if not claimed:
             break
-        for c in claimed:
-            fence = c.fence(worker)
-            db.start(fence)
-            db.running(fence, started_at_ms=c.db_now_ms)
-            finished = int(time.time() * 1000)
-            db.complete(fence, exit_code=0, started_at_ms=None, finished_at_ms=finished, signalled=False,
-                        completion_digest=completion_digest(c.attempt_id, exit_code=0, started_at_ms=None,
-                                                            finished_at_ms=finished, signalled=False))
-            done += 1
+        fences = [c.fence(worker) for c in claimed]
+        if calls == "batch":
+            db.start_many(fences)
+            db.running_many([(f, c.db_now_ms) for f, c in zip(fences, claimed)])
+            answers = db.complete_many([(f, outcome(f.attempt_id)) for f in fences])
+            done += sum(1 for a in answers if a.answer.value == "applied")
+        else:
+            for c, fence in zip(claimed, fences):
+                db.start(fence)
+                db.running(fence, started_at_ms=c.db_now_ms)
+                if db.complete(fence, **outcome(fence.attempt_id)).answer.value == "applied":
+                    done += 1
     db.close()
     out.put(done)
 
 
-def _claim_client(dsn: str, name: str, start_at: float, out: mp.Queue) -> None:
+def _submit(dsn: str, n: int, key_file: Path | None = None) -> tuple[list[str], float]:
+    """Queue ``n`` runs of ``true`` (bulk: ``submit_many``), sealed with ``key_file`` (what real
+    workers open) or with a throwaway key when nothing will run them. Returns (ids, seconds)."""
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB
-
-    db = ControlDB.connect(dsn)
-    worker = db.register(name, str(uuid.uuid4()), slots=64, ql_version="bench").worker
-    while time.time() < start_at:
-        time.sleep(0.0005)
-    done = 0
-    while True:
-        ids = [new_id() for _ in range(8)]
-        claimed = db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=ids,
-                           log_ids=[new_id() for _ in range(8)], lease_ttl_ms=3_600_000).attempts
-        if not claimed:
-            break
-        done += len(claimed)
-    db.close()
-    out.put(done)
-
-
-def claims_only(dsn: str, clients: int, n: int) -> float:
-    """claim() alone (batches of 8, SKIP LOCKED among the clients): attempts claimed per second."""
-    runs = _submit(dsn, n)
-    out: mp.Queue = mp.Queue()
-    start_at = time.time() + 0.5
-    procs = [mp.Process(target=_claim_client, args=(dsn, f"bench-c{clients}-{c}", start_at, out))
-             for c in range(clients)]
-    for p in procs:
-        p.start()
-    total = sum(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
-    assert total == n, (total, n)
-    claims, _done = _rates(dsn, runs)
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:  # out of the way: a claimed run is cancelled at once
-        conn.execute("SELECT ql_request_cancel(id, 'user') FROM ql_run WHERE id = ANY(%s)", (runs,))
-    return claims
-
-
-def _submit(dsn: str, n: int, key_file: Path | None = None) -> list[str]:
-    """Queue ``n`` runs of ``true``, sealed with ``key_file`` (what real workers open) or with a
-    throwaway key when nothing will run them."""
-    from ql_core.ids import new_id
-    from ql_plugins.cluster_fenced import ControlDB
+    from ql_plugins.cluster_fenced.control_db import SUBMIT_BATCH, QueuedSubmit
     from ql_plugins.cluster_fenced.sealing import SpecKey, SpecKeyRing, encode_spec, key_id_of, load_key_file
 
     if key_file is not None:
@@ -150,13 +174,13 @@ def _submit(dsn: str, n: int, key_file: Path | None = None) -> list[str]:
         key = os.urandom(32)
         ring = SpecKeyRing(SpecKey(key_id_of(key), key))
     plain = encode_spec(["true"], False, None, None)
-    ids = []
+    ids = [new_id() for _ in range(n)]
+    t0 = time.perf_counter()
     with ControlDB.connect(dsn) as db:
-        for _ in range(n):
-            run_id = new_id()
-            db.submit(run_id, sealed=ring.seal(run_id, plain, 1))
-            ids.append(run_id)
-    return ids
+        for i in range(0, n, SUBMIT_BATCH):
+            chunk = ids[i:i + SUBMIT_BATCH]
+            db.submit_many([QueuedSubmit(run_id, ring.seal(run_id, plain, 1)) for run_id in chunk])
+    return ids, time.perf_counter() - t0
 
 
 def _rates(dsn: str, run_ids: list[str]) -> tuple[float, float]:
@@ -173,103 +197,277 @@ def _rates(dsn: str, run_ids: list[str]) -> tuple[float, float]:
     return claims / max(0.001, (last_claim - first) / 1000), done_rate
 
 
-def protocol(dsn: str, clients: int, n: int) -> tuple[float, float]:
-    runs = _submit(dsn, n)
+def protocol(dsn: str, clients: int, n: int, calls: str, timeout: float) -> float:
+    runs, _ = _submit(dsn, n)
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 0.5
-    procs = [mp.Process(target=_protocol_client, args=(dsn, f"bench-p{clients}-{c}", start_at, out))
+    procs = [mp.Process(target=_protocol_client, args=(dsn, f"bench-p{clients}-{c}", start_at, calls, out))
              for c in range(clients)]
     for p in procs:
         p.start()
-    total = sum(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
-    assert total == n, (total, n)
-    return _rates(dsn, runs)
+    total = sum(_collect(f"protocol x{clients}", out, procs, timeout, lambda: str(_status_counts(dsn, runs))))
+    if total != n:
+        raise SystemExit(f"bench_cluster: protocol x{clients} completed {total} of {n} runs; "
+                         f"saw {_status_counts(dsn, runs)}")
+    return _rates(dsn, runs)[1]
 
 
-# -- end to end: real `ql worker` processes ----------------------------------------------------------
-def end_to_end(dsn: str, workers: int, n: int, tmp: Path) -> tuple[float, float]:
+# -- one machine: the embedded host ------------------------------------------------------------------
+#: HOST N DATA_DIR IN_FLIGHT: tasks/s of one Runtime keeping IN_FLIGHT `true` tasks in flight.
+HOST = r"""
+import sys, time
+from pathlib import Path
+from ql_core.config import load_config
+from ql_core.runtime import Runtime
+n, data, k = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+data.mkdir(mode=0o700)
+rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=data.parent))
+rt.wait(rt.submit(["true"], awaited=True))  # schema and first use out of the way
+window, t0 = [], time.perf_counter()
+for _ in range(n):
+    window.append(rt.submit(["true"], awaited=True))
+    if len(window) >= k:
+        rt.wait(window.pop(0))
+for sub in window:
+    rt.wait(sub)
+print(n / (time.perf_counter() - t0))
+rt.close()
+"""
+
+
+def embedded(n: int, tmp: Path, timeout: float) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    try:
+        done = subprocess.run([sys.executable, "-c", HOST, str(n), str(tmp / "embedded"), "4"], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise _fail("embedded host", timeout, "the host still running") from None
+    if done.returncode != 0:
+        raise SystemExit(f"bench_cluster: the embedded host failed: {done.stderr.strip().splitlines()[-1:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+# -- real `ql worker` processes -----------------------------------------------------------------------
+class Workers:
+    """``count`` real ``ql worker`` processes (4 slots each), all opening specs with one key."""
+
+    def __init__(self, dsn: str, count: int, tmp: Path, key_file: Path) -> None:
+        self.dsn, self.count = dsn, count
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.names = [f"bench-e{count}-{w}" for w in range(count)]
+        for w, name in enumerate(self.names):
+            d = tmp / f"w{count}-{w}"
+            d.mkdir(mode=0o700)
+            config = tmp / f"w{count}-{w}.toml"
+            config.write_text(f'profile = "cluster-worker"\ndata_dir = "{d}"\ndatabase_url = "{dsn}"\n'
+                              f'[plugin.cluster-fenced]\nworker_id = "{name}"\nslots = 4\n'
+                              f'spec_key_file = "{key_file}"\n')
+            env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+            env["QL_CONFIG"] = str(config)
+            with open(d.parent / f"w{count}-{w}.log", "wb") as log:
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "ql_core.cli.main", "worker"], env=env,
+                                                   stdout=subprocess.DEVNULL, stderr=log))
+
+    def wait_registered(self, timeout: float) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while True:
+                n = conn.execute("SELECT count(*) FROM ql_worker WHERE id = ANY(%s) AND status = 'active'",
+                                 (self.names,)).fetchone()[0]
+                if n == self.count:
+                    return
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise _fail(f"{self.count} workers registering", timeout, f"{n} registered")
+                time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        if any(p.poll() is not None for p in self.procs):
+            raise SystemExit("bench_cluster: a ql worker exited; its stderr is in the bench's temp dir "
+                             "(run one by hand with its config to see why)")
+
+    def drain(self, runs: list[str], phase: str, timeout: float) -> None:
+        """Until every one of ``runs`` ended (else stop loudly with what was seen)."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM ql_run WHERE id = ANY(%s) AND status <> ALL(%s)",
+                               (runs, list(TERMINAL))).fetchone()[0]:
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise _fail(phase, timeout, str(_status_counts(self.dsn, runs)))
+                time.sleep(0.05)
+        counts = _status_counts(self.dsn, runs)
+        if counts.get("succeeded", 0) != len(runs):
+            raise SystemExit(f"bench_cluster: {phase}: not every run succeeded: {counts}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def end_to_end(workers: Workers, n: int, key_file: Path, timeout: float) -> float:
+    runs, _ = _submit(workers.dsn, n, key_file)
+    workers.drain(runs, f"{workers.count} ql workers", timeout)
+    return _rates(workers.dsn, runs)[1]
+
+
+def burst(workers: Workers, n: int, key_file: Path, timeout: float) -> dict[str, float]:
+    """``n`` runs submitted at once to idle workers: submit seconds, drain seconds, drain rate."""
     import psycopg
 
-    from ql_plugins.cluster_fenced.sealing import new_key_file
+    runs, submit_s = _submit(workers.dsn, n, key_file)
+    workers.drain(runs, f"burst of {n}", timeout)
+    with psycopg.connect(workers.dsn, autocommit=True) as conn:
+        first, last = conn.execute("SELECT min(created_at_ms), max(updated_at_ms) FROM ql_run WHERE id = ANY(%s)",
+                                   (runs,)).fetchone()
+    drain_s = max(0.001, (last - first) / 1000)
+    return {"submit_s": submit_s, "drain_s": drain_s, "drain_per_s": n / drain_s}
 
-    key_file = tmp / f"spec-{workers}.key"  # the workers open the specs with the submitter's key
-    new_key_file(key_file)
-    runs = _submit(dsn, n, key_file)
-    procs = []
-    for w in range(workers):
-        d = tmp / f"w{workers}-{w}"
-        d.mkdir(mode=0o700)
-        config = tmp / f"w{workers}-{w}.toml"
-        config.write_text(f'profile = "cluster-worker"\ndata_dir = "{d}"\ndatabase_url = "{dsn}"\n'
-                          f'[limits]\nclaim_interval_s = 0.05\n'
-                          f'[plugin.cluster-fenced]\nworker_id = "bench-e{workers}-{w}"\nslots = 4\n'
-                          f'spec_key_file = "{key_file}"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-        env["QL_CONFIG"] = str(config)
-        procs.append(subprocess.Popen([sys.executable, "-m", "ql_core.cli.main", "worker"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    deadline = time.monotonic() + 600
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while conn.execute("SELECT count(*) FROM ql_run WHERE id = ANY(%s) AND status NOT IN "
-                           "('succeeded', 'failed', 'lost', 'cancelled', 'timed_out')", (runs,)).fetchone()[0]:
-            if time.monotonic() > deadline:
-                raise TimeoutError("runs did not finish")
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError("a ql worker exited; run one by hand with this config to see why")
-            time.sleep(0.05)
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(60)
-    return _rates(dsn, runs)
+
+def latency(workers: Workers, n: int, key_file: Path, timeout: float) -> dict[str, float]:
+    """Enqueue → exec of ``n`` runs submitted one at a time to idle workers (ms: p50, p99)."""
+    import psycopg
+
+    lat = []
+    stages: list[tuple[int, int, int]] = []
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(workers.dsn, autocommit=True) as conn:
+        for _ in range(n):
+            (run_id,), _ = _submit(workers.dsn, 1, key_file)
+            while True:
+                row = conn.execute("SELECT a.started_at_ms - r.created_at_ms, r.status, l.claimed_at_ms - r.created_at_ms,"
+                                   " l.started_at_ms - l.claimed_at_ms, a.started_at_ms - l.started_at_ms"
+                                   " FROM ql_run r JOIN ql_run_attempt a ON a.run_id = r.id"
+                                   " JOIN ql_attempt_lease l ON l.attempt_id = a.id WHERE r.id = %s",
+                                   (run_id,)).fetchone()
+                if row is not None and row[0] is not None and row[1] in TERMINAL:
+                    lat.append(float(row[0]))
+                    stages.append(row[2:5])
+                    break
+                workers.check_alive()
+                if time.monotonic() > deadline:
+                    raise _fail("latency", timeout, f"{len(lat)} of {n} runs measured")
+                time.sleep(0.01)
+    lat.sort()
+    return {"p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+            # where the time goes (p50 of each step): enqueue -> claim -> start call -> process start
+            "claim_p50_ms": statistics.median(s[0] for s in stages),
+            "start_p50_ms": statistics.median(s[1] for s in stages),
+            "spawn_p50_ms": statistics.median(s[2] for s in stages)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--floor-n", type=int, default=4000, help="floor updates per client")
-    parser.add_argument("--protocol-n", type=int, default=2000, help="runs per protocol measurement")
-    parser.add_argument("--e2e-n", type=int, default=400, help="runs per end-to-end measurement")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--floor-n", type=int, default=1000, help="floor updates per client")
+    parser.add_argument("--protocol-n", type=int, default=1000, help="runs per protocol measurement")
+    parser.add_argument("--calls", choices=("batch", "single"), default="batch",
+                        help="protocol clients: one transaction per claim's batch, or one call per attempt")
+    parser.add_argument("--embedded-n", type=int, default=200, help="tasks of the embedded host")
+    parser.add_argument("--e2e-n", type=int, default=200, help="runs per ql worker measurement")
+    parser.add_argument("--burst-n", type=int, default=1000, help="runs of the burst (the issue's goal: 10000)")
+    parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
+    parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
+    parser.add_argument("--protocol-only", action="store_true", help="only the floor and the protocol clients")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import psycopg
 
-    with scratch_database() as (url, dsn):
+    from ql_plugins.cluster_fenced.sealing import new_key_file
+
+    t_start = time.monotonic()
+    timeout = args.phase_timeout
+    header = (f"# python bench/bench_cluster.py {' '.join(sys.argv[1:])}\n# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  "
+              f"{os.cpu_count()} CPUs  load {os.getloadavg()[0]:.2f}  python {sys.version.split()[0]}")
+    print(header, flush=True)
+    res: dict[str, Any] = {"protocol": [], "workers": []}
+    with scratch_database() as (_url, dsn):
         tmp = Path(tempfile.mkdtemp(prefix="ql-bench-cluster-"))
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("CREATE TABLE bench_floor (id integer PRIMARY KEY, n integer NOT NULL)")
                 conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
-                             (args.floor_n * max(COUNTS),))
-            rows = []
-            for k in COUNTS:
-                floor = floor_rate(dsn, k, args.floor_n)
-                c_claims = claims_only(dsn, k, args.protocol_n)
-                p_claims, p_done = protocol(dsn, k, args.protocol_n)
-                e_claims, e_done = end_to_end(dsn, k, args.e2e_n, tmp)
-                rows.append({"workers": k, "floor_per_s": floor, "claim_only_per_s": c_claims,
-                             "protocol_claims_per_s": p_claims, "protocol_completions_per_s": p_done,
-                             "e2e_claims_per_s": e_claims, "e2e_completions_per_s": e_done})
+                             (args.floor_n * max(PROTOCOL_COUNTS),))
+            for k in PROTOCOL_COUNTS:
+                floor = floor_rate(dsn, k, args.floor_n, timeout)
+                done = protocol(dsn, k, args.protocol_n, args.calls, timeout)
+                res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done})
+                print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
+            if args.protocol_only:
+                return report_protocol(res, args)
+            res["embedded_per_s"] = embedded(args.embedded_n, tmp, timeout)
+            key_file = tmp / "spec.key"  # the workers open the specs with the submitter's key
+            new_key_file(key_file)
+            for k in WORKER_COUNTS:
+                workers = Workers(dsn, k, tmp, key_file)
+                try:
+                    workers.wait_registered(timeout)
+                    rate = end_to_end(workers, args.e2e_n, key_file, timeout)
+                    res["workers"].append({"workers": k, "completions_per_s": rate})
+                    print(f"  {k} ql workers: {rate:.0f}/s", file=sys.stderr, flush=True)
+                    if k == max(WORKER_COUNTS):
+                        res["burst"] = dict(burst(workers, args.burst_n, key_file, timeout), n=args.burst_n)
+                        res["latency"] = dict(latency(workers, args.latency_n, key_file, timeout), n=args.latency_n)
+                finally:
+                    workers.stop()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    res["seconds"] = time.monotonic() - t_start
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(res))
         return
-    def cell(value: float, floor: float) -> str:
-        return f"{value:>7.0f} ({value / floor:.3f}x)"
+    report(res, args)
 
-    print(f"{'workers':>7} {'floor/s':>8} | {'claim() only':>16} | {'protocol claims/s':>17} {'completions/s':>16}"
-          f" | {'ql worker claims/s':>18} {'completions/s':>16}")
-    for r in rows:
-        f = r["floor_per_s"]
-        print(f"{r['workers']:>7} {f:>8.0f} | {cell(r['claim_only_per_s'], f):>16} | "
-              f"{cell(r['protocol_claims_per_s'], f):>17} {cell(r['protocol_completions_per_s'], f):>16} | "
-              f"{cell(r['e2e_claims_per_s'], f):>18} {cell(r['e2e_completions_per_s'], f):>16}")
-    print("floor: bare UPDATE ... RETURNING + COMMIT (one row per transaction) by as many client processes.\n"
-          "claim() only: batches of 8 under SKIP LOCKED, nothing else. protocol: claim + start + running + complete\n"
-          "per attempt through the fenced functions, nothing spawned. ql worker: real `ql worker` processes\n"
-          "(4 slots) running `true` (launcher, receipt, local journal, outbox). Ratios: rate / floor.")
+
+def report_protocol(res: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"\n{'protocol clients':>16} {'floor/s':>9} {'completions/s':>14} {'vs floor':>9}   ({args.calls} calls)")
+    for r in res["protocol"]:
+        print(f"{r['clients']:>16} {r['floor_per_s']:>9.0f} {r['completions_per_s']:>14.0f} "
+              f"{r['completions_per_s'] / r['floor_per_s']:>8.3f}x")
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+    report_protocol(res, args)
+    emb = res["embedded_per_s"]
+    print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
+    one = res["workers"][0]["completions_per_s"]
+    print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {'vs 1 worker':>12}")
+    for r in res["workers"]:
+        c = r["completions_per_s"]
+        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x")
+    b, lat = res["burst"], res["latency"]
+    four = res["workers"][-1]["completions_per_s"]
+    print(f"\nburst of {b['n']} runs to 4 idle workers: submitted in {b['submit_s']:.2f}s "
+          f"({b['n'] / b['submit_s']:.0f}/s), drained in {b['drain_s']:.1f}s ({b['drain_per_s']:.0f}/s, "
+          f"{b['drain_per_s'] / four:.2f}x the 4-worker rate)")
+    print(f"enqueue -> exec, idle workers, {lat['n']} runs: p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms "
+          f"(p50 of each step: enqueue -> claim {lat['claim_p50_ms']:.1f}, claim -> start {lat['start_p50_ms']:.1f}, "
+          f"start -> process {lat['spawn_p50_ms']:.1f} ms)")
+    print(f"(whole bench: {res['seconds']:.0f}s)")
+    p4 = next(r for r in res["protocol"] if r["clients"] == 4)
+    goals = [
+        (f"protocol, 4 clients >= 0.5 of the floor with 4 clients ({p4['completions_per_s'] / p4['floor_per_s']:.3f})",
+         p4["completions_per_s"] >= 0.5 * p4["floor_per_s"]),
+        (f"1 ql worker (4 slots) >= 0.5 of one embedded host at 4 in flight ({one / emb:.3f})", one >= 0.5 * emb),
+        (f"4 ql workers >= 1.5x 1 worker ({four / one:.2f}x)", four >= 1.5 * one),
+        (f"burst drained at >= 0.5 of the 4-worker steady rate ({b['drain_per_s'] / four:.2f}x"
+         + (f"; the goal's burst is 10000 runs, this one {b['n']})" if b["n"] < 10_000 else ")"),
+         b["drain_per_s"] >= 0.5 * four),
+        (f"enqueue -> exec p50 with idle workers <= 10 ms ({lat['p50_ms']:.1f} ms)", lat["p50_ms"] <= 10.0),
+    ]
+    print("\ngoals (issue 24 acceptance)")
+    for label, ok in goals:
+        print(f"  {'PASS' if ok else 'FAIL'}  {label}")
 
 
 if __name__ == "__main__":

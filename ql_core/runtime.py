@@ -141,6 +141,10 @@ class Runtime:
                                  env_add=env_add, log_max_bytes=log_max_bytes, max_attempts=max_attempts,
                                  awaited=awaited)
 
+    def submit_many(self, tasks: Sequence[dict[str, Any]]) -> list[Submission]:
+        """Many runs at once (a cron burst), each a dict of :meth:`submit`'s arguments (docs/api.md)."""
+        return submitting.submit_many(self.node, tasks)
+
     def run(self, command: Sequence[str], *, on_tick: Callable[[], None] | None = None,
             **options: Any) -> RunView:
         """Submit ``command`` and wait for its end: :meth:`submit` (``awaited``) plus :meth:`wait`."""
@@ -240,11 +244,7 @@ class Runtime:
         return Supervisor(self.node, interval_s=interval_s)
 
     def start_wakeups(self, supervisor: Any) -> Any:
-        """Start the configured wake-up source for ``supervisor`` (a new receipt wakes its round).
-
-        Returns the running watch (call its ``stop()`` before stopping the
-        supervisor), or None when no source is configured or the profile refuses one.
-        """
+        """Start the configured wake-up source for ``supervisor``: its watch (stop it first), or None."""
         from .follow import start_supervisor_wakeups
 
         return start_supervisor_wakeups(self.node, supervisor)

@@ -25,7 +25,7 @@ import errno
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .clock import boot_ms, now_ms
 from .crashpoints import crashpoint
@@ -39,7 +39,13 @@ if TYPE_CHECKING:
     from .node import Node
     from .ports.executor import Executor, SpawnedTask, SpawnRequest
 
-__all__ = ["Submission", "RunIds", "submit", "create", "start", "enqueue", "check_submission"]
+__all__ = ["Submission", "RunIds", "submit", "submit_many", "create", "start", "enqueue", "check_submission",
+           "MAX_SUBMIT_MANY"]
+
+#: ``Runtime.submit_many`` takes at most this many tasks per call (a larger burst is several calls).
+MAX_SUBMIT_MANY = 10_000
+#: The keys a task of ``submit_many`` may have: :func:`submit`'s arguments.
+_TASK_KEYS = frozenset({"command", "shell", "name", "timeout_s", "cwd", "env", "log_max_bytes", "max_attempts"})
 
 
 @dataclass
@@ -174,6 +180,56 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
     sub = create(node, name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes, standby=standby)
     sub.awaited = awaited
     return start(node, sub, argv, shell=shell, cwd=cwd, env=env, standby=standby)
+
+
+def submit_many(node: Node, tasks: Sequence[Mapping[str, Any]]) -> list[Submission]:
+    """``Runtime.submit_many``: every task is checked before anything is written (one wrong task
+    submits nothing), then the runs are queued in bulk where the run store can (a cluster-control
+    node: a few transactions for thousands of runs), else submitted one by one."""
+    from .ports.journal import BulkQueueing, QueuedRun, TaskSpec
+    from .retrying import retrying
+
+    if node.closed:
+        from .errors import RuntimeClosedError
+
+        raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
+                                 "is not closed yet (nothing was submitted)")
+    tasks = list(tasks)
+    if len(tasks) > MAX_SUBMIT_MANY:
+        raise UsageError(f"submit_many takes at most {MAX_SUBMIT_MANY} tasks per call; split the burst")
+    for i, task in enumerate(tasks):
+        if not isinstance(task, Mapping) or "command" not in task:
+            raise TypeError(f"tasks[{i}] must be a mapping of submit()'s arguments with a \"command\"")
+        unknown = set(task) - _TASK_KEYS
+        if unknown:
+            raise TypeError(f"tasks[{i}] has keys submit() does not take; allowed: {', '.join(sorted(_TASK_KEYS))}")
+        try:
+            check_submission(task["command"], shell=task.get("shell", False), env=task.get("env"),
+                             timeout_s=task.get("timeout_s"), log_max_bytes=task.get("log_max_bytes"))
+        except (TypeError, UsageError) as exc:
+            raise type(exc)(f"tasks[{i}]: {exc}") from None
+        attempts = task.get("max_attempts", 1)
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise TypeError(f"tasks[{i}]: max_attempts must be an int, not a {type(attempts).__name__}")
+        if not 1 <= attempts <= 100:
+            raise UsageError(f"tasks[{i}]: max_attempts must be between 1 and 100")
+    if node.executor is not None or not isinstance(node.journal, BulkQueueing):
+        return [submit(node, **task) for task in tasks]
+    journal: Any = node.journal
+    now = now_ms()
+    runs = []
+    for task in tasks:
+        env, timeout_s = task.get("env"), task.get("timeout_s")
+        runs.append(QueuedRun(run_id=new_id(), name=task.get("name"), created_at_ms=now,
+                              spec=TaskSpec(command=tuple(task["command"]), shell=task.get("shell", False),
+                                            cwd=task.get("cwd"), env=dict(env) if env else None),
+                              timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None,
+                              max_attempts=task.get("max_attempts", 1)))
+    for events in retrying(lambda: journal.enqueue_many(runs), retries=node.profile.completion_retries):
+        for event in events:
+            node.notify(event)
+    return [Submission(run_id=run.run_id, attempt_id=None, log_artifact_id=None, callback_sequence=0,
+                       started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None) for run in runs]
 
 
 def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | None, timeout_s: float | None,

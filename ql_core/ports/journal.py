@@ -82,6 +82,7 @@ __all__ = [
     "RUN_COLUMNS",
     "DISPATCH_COLUMNS",
     "JournalBackend",
+    "BulkQueueing",
     "RunJournal",
     "ReceiptJournal",
     "CancelDispatch",
@@ -379,6 +380,17 @@ class RefusesSubmissions(Protocol):
 
     def submission_refused(self) -> str:
         """One line: why this node takes no submissions, naming its role and where to submit instead."""
+        ...
+
+
+@runtime_checkable
+class BulkQueueing(Protocol):
+    """A queueing run store that commits many queued runs at once (``Runtime.submit_many``: a cron
+    burst). Without it core enqueues them one by one."""
+
+    def enqueue_many(self, runs: list[QueuedRun]) -> list[list[RunEventInfo]]:
+        """Commit the queued runs (each with its ``run.created``); one event list per run, in order.
+        Committed in batches, each all or nothing; replay-safe (a run that exists gets no event)."""
         ...
 
 

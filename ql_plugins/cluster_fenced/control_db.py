@@ -28,11 +28,11 @@ psycopg is imported lazily, when a connection is made: ``pip install 'ql-runner[
 
 from __future__ import annotations
 
-import os
-import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
+from .call_deadlines import CALL_DEADLINES
 from .results import (
     CancelAnswer,
     CancelResult,
@@ -71,6 +71,11 @@ __all__ = [
     "SWEEP_PAGE",
     "SWEEP_HARD_CAP",
     "with_retries",
+    "MAX_BATCH",
+    "SUBMIT_BATCH",
+    "WORKER_BATCH",
+    "QueuedSubmit",
+    "Completion",
 ]
 
 #: The schema revision whose functions this client calls.
@@ -80,6 +85,14 @@ MAX_CLAIM = 8
 #: ``sweep``'s default page and the hard cap the database enforces.
 SWEEP_PAGE = 16
 SWEEP_HARD_CAP = 64
+#: A batched call (``start_many``, ``complete_many``, ``submit_many`` …) takes at most this many
+#: calls: one transaction, one round trip.
+MAX_BATCH = 256
+#: What a bulk submit sends per transaction (callers chunk a larger burst by it).
+SUBMIT_BATCH = MAX_BATCH
+#: What ``ql worker`` sends per batch: small enough to answer well within its call timeout (a
+#: third of the run lease at most) even with a long outbox backlog after a partition.
+WORKER_BATCH = 32
 
 T = TypeVar("T")
 
@@ -109,6 +122,28 @@ _SQL_MAP_OUTCOME = "SELECT status, reason, moot FROM ql_map_outcome(%s, %s, %s, 
 #: SQLSTATE classes/codes worth a retry: connection exceptions, serialization failure, deadlock,
 #: lock not available, query canceled (statement_timeout), operator intervention (shutdown).
 _TRANSIENT_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53")
+
+
+@dataclass(frozen=True)
+class QueuedSubmit:
+    """One run of a bulk submit (:meth:`ControlDB.submit_many`); the arguments of :meth:`ControlDB.submit`."""
+
+    run_id: str
+    sealed: SealedSpec = field(repr=False)
+    name: str | None = None
+    timeout_ms: int | None = None
+    max_attempts: int = 1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One attempt's completion for :meth:`ControlDB.complete_many` (the arguments of :meth:`ControlDB.complete`)."""
+
+    exit_code: int
+    started_at_ms: int | None
+    finished_at_ms: int
+    signalled: bool
+    completion_digest: str
 
 
 class ControlDBError(Exception):
@@ -215,17 +250,35 @@ class ControlDB:
         self.close()
 
     def _rows(self, operation: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._call(operation, lambda conn: _fetch_one_statement(conn, sql, params))
+
+    def _many(self, operation: str, sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """Many calls of one function in ONE transaction and one round trip (pipelined): one row each.
+
+        Each call is still fenced on its own inside the function; they commit together or not at
+        all (a :class:`TransientError` may or may not have committed them all — every batched call
+        is replay-safe). Any final error rolls the whole batch back: the caller then makes the
+        calls one by one, so one bad call never holds the others back.
+        """
+        if not params_seq:
+            return []
+        if len(params_seq) > MAX_BATCH:
+            raise ValueError(f"at most {MAX_BATCH} calls per batch")
+        rows = self._call(operation, lambda conn: _fetch_batch(conn, sql, params_seq))
+        if len(rows) != len(params_seq):
+            raise ControlDBError(operation, f"expected {len(params_seq)} rows, got {len(rows)}")
+        return rows
+
+    def _call(self, operation: str, run: Callable[[Any], list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
         conn = self._connection()
         psycopg = _psycopg()
         token = None
         if self._call_timeout_s is not None:
-            token = _DEADLINES.arm(conn.fileno(), self._call_timeout_s)
+            token = CALL_DEADLINES.arm(conn.fileno(), self._call_timeout_s)
         try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params, prepare=True)
-                return cur.fetchall()
+            return run(conn)
         except psycopg.Error as exc:
-            if token is not None and _DEADLINES.disarm(token):
+            if token is not None and CALL_DEADLINES.disarm(token):
                 token = None
                 raise TransientError(operation, "no answer within the call timeout") from None
             # Never str(exc): a server message may quote an argument.
@@ -242,7 +295,7 @@ class ControlDB:
             raise ControlDBError(operation, kind, sqlstate) from None
         finally:
             if token is not None:
-                _DEADLINES.disarm(token)
+                CALL_DEADLINES.disarm(token)
 
     def _one(self, operation: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
         rows = self._rows(operation, sql, params)
@@ -264,6 +317,13 @@ class ControlDB:
         row = self._one("submit", _SQL_SUBMIT, (run_id, name, sealed.key_id, list(sealed.copies), timeout_ms,
                                                  max_attempts))
         return SubmitResult(SubmitAnswer(row[0]), row[1], row[2])
+
+    def submit_many(self, runs: Sequence[QueuedSubmit]) -> list[SubmitResult]:
+        """A bulk :meth:`submit` (a cron burst): up to :data:`MAX_BATCH` runs in ONE transaction and one
+        round trip; they are all queued or none (a replay answers ``EXISTS`` for those that were)."""
+        rows = self._many("submit_many", _SQL_SUBMIT, [(r.run_id, r.name, r.sealed.key_id, list(r.sealed.copies),
+                                                        r.timeout_ms, r.max_attempts) for r in runs])
+        return [SubmitResult(SubmitAnswer(row[0]), row[1], row[2]) for row in rows]
 
     def request_cancel(self, run_id: str, reason: str = "user") -> CancelResult:
         """Commit a cancel intent (``ql cancel``; reason user|policy|shutdown|timeout).
@@ -387,6 +447,32 @@ class ControlDB:
                                                     signalled, completion_digest))
         return CompletionResult(CompletionAnswer(row[0]), row[1], row[2], row[3], row[4])
 
+    # -- the same calls for many attempts at once: one transaction, one round trip each -------------
+    def start_many(self, fences: Sequence[LeaseFence]) -> list[LeaseResult]:
+        """:meth:`start` for each fence (each fenced on its own), in one transaction."""
+        return [self._lease_result(r) for r in self._many("start_many", _SQL_START, [f.params() for f in fences])]
+
+    def running_many(self, calls: Sequence[tuple[LeaseFence, int]]) -> list[LeaseResult]:
+        """:meth:`running` for each ``(fence, started_at_ms)``, in one transaction."""
+        return [self._lease_result(r) for r in self._many("running_many", _SQL_RUNNING,
+                                                          [(*f.params(), started) for f, started in calls])]
+
+    def renew_many(self, fences: Sequence[LeaseFence], *, ttl_ms: int = 30_000) -> list[LeaseResult]:
+        """:meth:`renew` for each fence, in one transaction."""
+        return [self._lease_result(r) for r in self._many("renew_many", _SQL_RENEW,
+                                                          [(*f.params(), ttl_ms) for f in fences])]
+
+    def complete_many(self, calls: Sequence[tuple[LeaseFence, Completion | dict[str, Any]]]) -> list[CompletionResult]:
+        """:meth:`complete` for each ``(fence, completion)``, in one transaction (each still fenced and
+        replay-safe: ``already_completed`` for one that was applied before)."""
+        params = []
+        for fence, c in calls:
+            c = c if isinstance(c, Completion) else Completion(**c)
+            params.append((*fence.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
+                           c.completion_digest))
+        return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
+                for r in self._many("complete_many", _SQL_COMPLETE, params)]
+
     def end_without_completion(self, fence: LeaseFence, *, status: EndStatus | str, reason: str | None = None,
                                signalled: bool = False) -> EndResult:
         """End the attempt without a receipt: ``LOST`` (it provably exited without one) or
@@ -396,77 +482,28 @@ class ControlDB:
         return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
 
 
+def _fetch_one_statement(conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, params, prepare=True)
+        return cur.fetchall()
+
+
+def _fetch_batch(conn: Any, sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """``BEGIN``; every call pipelined (``executemany``: one round trip); ``COMMIT``. One row per call."""
+    rows: list[tuple[Any, ...]] = []
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(sql, params_seq, returning=True)
+        while True:
+            rows.extend(cur.fetchall())
+            if not cur.nextset():
+                break
+    return rows
+
+
 #: TCP keepalives: a peer that vanished (host down, cable cut) is noticed by the kernel, not never.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
 
 
-class _CallDeadlines:
-    """One daemon thread that shuts down the socket of a control-database call past its deadline.
-
-    libpq has no client-side query timeout, and a network that silently drops packets (or a proxy
-    that stops forwarding) leaves a call waiting for ever: the server never sees the query, so its
-    ``statement_timeout`` never fires. Shutting the socket down (never closing the descriptor, which
-    libpq still owns) wakes the waiting call with a connection error at once; the client reconnects
-    on its next call. Arming and firing share one lock, so a call that was disarmed is never cut.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._armed: dict[int, tuple[float, int]] = {}
-        self._fired: set[int] = set()
-        self._next = 0
-        self._thread: threading.Thread | None = None
-
-    def arm(self, fd: int, timeout_s: float) -> int:
-        with self._cond:
-            self._next += 1
-            token = self._next
-            self._armed[token] = (time.monotonic() + max(0.0, timeout_s), fd)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="ql-call-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return token
-
-    def disarm(self, token: int) -> bool:
-        """Forget ``token``; True when its deadline fired (the call was cut)."""
-        with self._cond:
-            self._armed.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                return True
-            return False
-
-    def _loop(self) -> None:
-        import socket
-
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                due = [t for t, (deadline, _fd) in self._armed.items() if deadline <= now]
-                for token in due:
-                    _deadline, fd = self._armed.pop(token)
-                    self._fired.add(token)
-                    try:
-                        dup = os.dup(fd)
-                    except OSError:
-                        continue
-                    try:
-                        sock = socket.socket(fileno=dup)  # owns the duplicate, closes it once
-                    except OSError:
-                        os.close(dup)
-                        continue
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                    finally:
-                        sock.close()
-                wait = min((d for d, _fd in self._armed.values()), default=None)
-                self._cond.wait(None if wait is None else max(0.0, wait - time.monotonic()))
-
-
-_DEADLINES = _CallDeadlines()
 
 
 def with_retries(call: Callable[[], T], *, attempts: int = 5, base_delay_s: float = 0.05,

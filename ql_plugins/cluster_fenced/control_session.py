@@ -86,7 +86,8 @@ class ControlSession:
         """One control call; measures the database clock. Returns (result, monotonic send time)."""
         sent_mono, sent_wall = time.monotonic(), now_ms()
         result = fn(self.db())
-        self.clock.observe(sent_wall, now_ms(), getattr(result, "db_now_ms", None))
+        probe = result[0] if isinstance(result, list) and result else result  # a batch: its first answer
+        self.clock.observe(sent_wall, now_ms(), getattr(probe, "db_now_ms", None))
         return result, sent_mono
 
     def connect_lease(self) -> None:
@@ -110,7 +111,8 @@ class ControlSession:
             with self._latency_lock:
                 self._latencies.append(took)
                 self._slowest = max(self._slowest, took)
-        self.clock.observe(sent_wall, now_ms(), getattr(result, "db_now_ms", None))
+        probe = result[0] if isinstance(result, list) and result else result  # a batch: its first answer
+        self.clock.observe(sent_wall, now_ms(), getattr(probe, "db_now_ms", None))
         return result, sent_mono
 
     def lease_latency_max_s(self) -> float:

@@ -26,7 +26,7 @@ from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 from ql_core.states import RUN_TERMINAL
 
-from .control_db import TransientError
+from .control_db import WORKER_BATCH, ControlDBError, TransientError
 from .held_attempts import LIVE, PROCESS
 from .outbox import FENCED, SELF_FENCED
 from .results import LeaseAnswer
@@ -131,51 +131,104 @@ class FenceGuard:
         self.session.wake.set()
 
     def report_spawned(self) -> None:
-        """On the control loop: tell the control plane each attempt spawned since the last round."""
+        """On the control loop: tell the control plane each attempt spawned since the last round
+        (all of them in one transaction)."""
+        spawned = []
         while True:
             try:
                 attempt_id = self._spawned.get_nowait()
             except queue.Empty:
-                return
+                break
             held = self.held.get(attempt_id)
-            if held is not None:
-                self.report_running(held)
+            if held is not None and held.sub is not None and held.stop_reason is None:
+                spawned.append(held)
+        if len(spawned) == 1:
+            self.report_running(spawned[0])
+            return
+        for i in range(0, len(spawned), WORKER_BATCH):
+            chunk = spawned[i:i + WORKER_BATCH]
+            calls = [(held.fence, self._started_at(held)) for held in chunk]
+            crashpoint("worker.running.before_call")
+            for _ in range(3):
+                try:
+                    results, sent = self.session.call(lambda db: db.running_many(calls))
+                except TransientError:
+                    continue
+                except ControlDBError:
+                    for held in chunk:
+                        self.report_running(held)
+                    break
+                for held, res in zip(chunk, results):
+                    self._running_answer(held, res, sent)
+                break
+            # No answer: the next renewals keep the leases; the completion works from 'starting' too.
+
+    def _started_at(self, held: Held) -> int:
+        sub = held.sub
+        assert sub is not None
+        return self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
+
+    def _running_answer(self, held: Held, res: Any, sent: float) -> None:
+        if res.answer is LeaseAnswer.OK:
+            held.state = "running" if not held.ended else held.state
+            self.lease_ok(held, res, sent)
+        else:
+            self.self_fence(held, by_database=True)
 
     def report_running(self, held: Held) -> None:
         sub = held.sub
         if sub is None or held.stop_reason is not None:
             return
-        started = self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
+        started = self._started_at(held)
         crashpoint("worker.running.before_call")
         for _ in range(3):
             try:
                 res, sent = self.session.call(lambda db: db.running(held.fence, started_at_ms=started))
             except TransientError:
                 continue
-            if res.answer is LeaseAnswer.OK:
-                held.state = "running" if not held.ended else held.state
-                self.lease_ok(held, res, sent)
-            else:
-                self.self_fence(held, by_database=True)
+            self._running_answer(held, res, sent)
             return
         # No answer: the next renewals keep the lease; the completion works from 'starting' too.
 
     def renew(self) -> None:
-        """Renew every lease whose renewal is due (the lease keeper's thread and connection)."""
+        """Renew every lease whose renewal is due (the lease keeper's thread and connection; several
+        in one transaction)."""
         now = time.monotonic()
         due = self.held.select(lambda h: self._renewable(h) and h.renew_due <= now)
+        if len(due) > 1:
+            for i in range(0, len(due), WORKER_BATCH):
+                chunk = due[i:i + WORKER_BATCH]
+                try:
+                    results, sent = self.session.lease_call(
+                        lambda db: db.renew_many([h.fence for h in chunk], ttl_ms=self.session.ttl_ms))
+                except TransientError:
+                    for held in chunk:
+                        held.renew_due = time.monotonic() + min(1.0, self.session.ttl_s / 10)
+                    continue
+                except ControlDBError:
+                    self._renew_each(chunk)
+                    continue
+                for held, res in zip(chunk, results):
+                    self._renew_answer(held, res, sent)
+            return
+        self._renew_each(due)
+
+    def _renew_each(self, due: list[Held]) -> None:
         for held in due:
             try:
                 res, sent = self.session.lease_call(lambda db: db.renew(held.fence, ttl_ms=self.session.ttl_ms))
             except TransientError:
                 held.renew_due = time.monotonic() + min(1.0, self.session.ttl_s / 10)
                 continue
-            if res.answer is LeaseAnswer.OK:
-                self.session.count("renewed")
-                self.lease_ok(held, res, sent)
-            else:
-                logger.warning("attempt {}: lease fenced ({})", held.attempt_id, res.reason)
-                self.self_fence(held, by_database=True)
+            self._renew_answer(held, res, sent)
+
+    def _renew_answer(self, held: Held, res: Any, sent: float) -> None:
+        if res.answer is LeaseAnswer.OK:
+            self.session.count("renewed")
+            self.lease_ok(held, res, sent)
+        else:
+            logger.warning("attempt {}: lease fenced ({})", held.attempt_id, res.reason)
+            self.self_fence(held, by_database=True)
 
     # -- fencing -------------------------------------------------------------------------------------------
     def self_fence(self, held: Held, *, by_database: bool) -> None:

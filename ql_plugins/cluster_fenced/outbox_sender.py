@@ -15,7 +15,7 @@ from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 
-from .control_db import TransientError
+from .control_db import WORKER_BATCH, Completion, ControlDBError, TransientError
 from .outbox import FENCED
 from .results import EndAnswer, EndStatus
 
@@ -57,6 +57,7 @@ class OutboxSender:
         now = time.monotonic()
         wall = now_ms()
         retry = self.held.outbox_next
+        completions = []
         for row in self.leases.by_state("outbox"):
             if retry.get(row.attempt_id, 0.0) > now:
                 continue
@@ -65,9 +66,58 @@ class OutboxSender:
                 continue
             if pre_register and row.stop_reason == FENCED:
                 continue  # submitted under the new registration: certainly answered 'fenced'
-            if self._submit(row):
+            if row.kind == "complete":
+                completions.append(row)  # together, below
+            elif self._submit(row):
                 answered += 1
+        if len(completions) == 1:
+            return answered + int(self._submit(completions[0]))
+        for i in range(0, len(completions), WORKER_BATCH):
+            answered += self._submit_completions(completions[i:i + WORKER_BATCH])
         return answered
+
+    def _submit_completions(self, rows: list[LeaseRow]) -> int:
+        """Many completions in one transaction (each fenced on its own); one by one when the batch
+        fails for good, so one row never holds the others' completions back."""
+        calls = []
+        for row in rows:
+            assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
+            calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
+                                                  bool(row.signalled), row.digest)))
+        try:
+            results, _sent = self.session.call(lambda db: db.complete_many(calls))
+        except TransientError:
+            for row in rows:
+                self._retry_later(row)
+            return 0
+        except ControlDBError:
+            answered = 0
+            for row in rows:
+                try:
+                    answered += int(self._submit(row))
+                except ControlDBError as exc:  # this row only: the others' completions go on
+                    logger.error("attempt {}: completion not accepted ({}); retried later", row.attempt_id, exc)
+                    self._retry_later(row)
+            return answered
+        crashpoint("worker.outbox.after_submit")
+        self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)])
+        for row, res in zip(rows, results):
+            self._answered(row, str(res.answer), res.fence_reason or res.status)
+        return len(rows)
+
+    def _retry_later(self, row: LeaseRow) -> None:
+        tries = row.tries + 1
+        self.leases.note_try(row.attempt_id, row=row)
+        backoff = min(float(self.session.profile.outbox_backoff_cap_s), 0.05 * (2 ** min(tries, 20)))
+        self.held.outbox_next[row.attempt_id] = time.monotonic() + backoff
+
+    def _answered(self, row: LeaseRow, answer: str, detail: str | None) -> None:
+        """A final answer, recorded: the attempt is no longer held."""
+        self.held.outbox_next.pop(row.attempt_id, None)
+        self.held.drop(row.attempt_id)
+        self.session.count(f"answer_{answer}")
+        log = logger.warning if answer == "fenced" else logger.info
+        log("attempt {}: {} answered {} ({})", row.attempt_id, row.kind, answer, detail)
 
     def _submit(self, row: LeaseRow) -> bool:
         fence = row.fence()
@@ -90,18 +140,11 @@ class OutboxSender:
                     return False
                 answer, detail = str(res.answer), res.fence_reason or res.outcome
         except TransientError:
-            tries = row.tries + 1
-            self.leases.note_try(row.attempt_id, row=row)
-            backoff = min(float(self.session.profile.outbox_backoff_cap_s), 0.05 * (2 ** min(tries, 20)))
-            self.held.outbox_next[row.attempt_id] = time.monotonic() + backoff
+            self._retry_later(row)
             return False
         crashpoint("worker.outbox.after_submit")
         self.leases.mark_answered(row.attempt_id, answer)
-        self.held.outbox_next.pop(row.attempt_id, None)
-        self.held.drop(row.attempt_id)
-        self.session.count(f"answer_{answer}")
-        log = logger.warning if answer == "fenced" else logger.info
-        log("attempt {}: {} answered {} ({})", row.attempt_id, kind, answer, detail)
+        self._answered(row, answer, detail)
         return True
 
     def purge(self) -> None:

@@ -197,6 +197,35 @@ class PostgresJournal(SqlJournalKernel):
             return []  # a replay of a submit that committed: its run.created was reported then
         return [RunEventInfo(run_id=run.run_id, seq=1, type="run.created", status="queued")]
 
+    def enqueue_many(self, runs: list[QueuedRun]) -> list[list[RunEventInfo]]:
+        """:meth:`enqueue` for many runs (``Runtime.submit_many``): ``ql_submit`` for
+        :data:`~.control_db.SUBMIT_BATCH` runs per transaction, pipelined (one round trip each)."""
+        from .control_db import SUBMIT_BATCH, ControlDBError, QueuedSubmit, TransientError
+        from .results import SubmitAnswer
+        from .sealing import encode_spec
+
+        ring, control = self._key_ring(), self._control()
+        out: list[list[RunEventInfo]] = []
+        for i in range(0, len(runs), SUBMIT_BATCH):
+            batch = []
+            for run in runs[i:i + SUBMIT_BATCH]:
+                plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env)
+                batch.append(QueuedSubmit(run.run_id, ring.seal(run.run_id, plain, run.max_attempts), name=run.name,
+                                          timeout_ms=run.timeout_ms, max_attempts=run.max_attempts))
+                del plain
+            try:
+                results = control.submit_many(batch)
+            except TransientError as exc:
+                from ql_core.ports.journal import StoreBusyError
+
+                raise StoreBusyError(f"the control database did not answer the submit ({exc.kind}); retry") from None
+            except ControlDBError as exc:
+                raise StoreError(str(exc)) from None
+            out += [[] if result.answer is SubmitAnswer.EXISTS else
+                    [RunEventInfo(run_id=q.run_id, seq=1, type="run.created", status="queued")]
+                    for q, result in zip(batch, results)]
+        return out
+
     def request_cancel(self, run_id: str, reason: str) -> str:
         """``ql_request_cancel``: the intent where the lease holder learns it (a queued run ends now)."""
         from .control_db import ControlDBError, TransientError

@@ -21,7 +21,7 @@ from ql_core.errors import QlError
 from ql_core.log import logger
 from ql_core.wait import wait as wait_locally
 
-from .control_db import TransientError
+from .control_db import WORKER_BATCH, ControlDBError, TransientError
 from .held_attempts import Held
 from .outbox import Payload
 from .results import LeaseAnswer
@@ -155,13 +155,15 @@ class Runner:
                                     for f, run_id in fences])
             except Exception as exc:  # noqa: BLE001 - the next start tracks them from ql_worker_lease
                 logger.error("claimed attempts not tracked for log shipping ({})", type(exc).__name__)
+        new = []
         for claimed, (fence, _run_id) in zip(result.attempts, fences):
             held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
                         timeout_ms=claimed.timeout_ms,
                         own_deadline=sent + ttl_s - margin_s, renew_due=sent + ttl_s / 2,
                         last_ok=time.monotonic())
             self.held.add(held)
-            self.start(held)
+            new.append(held)
+        self.start_many(new)
         self.claim_due = time.monotonic() if len(result.attempts) == n else (
             time.monotonic() + profile.claim_interval_s)
 
@@ -170,8 +172,28 @@ class Runner:
         now = time.monotonic()
         pending = self.held.select(lambda h: h.state == "claimed" and h.stop_reason is None
                                    and h.start_retry <= now and not h.previous)
-        for held in pending:
-            self.start(held)
+        self.start_many(pending)
+
+    def start_many(self, helds: list[Held]) -> None:
+        """``start`` for a whole claim in one transaction (each still fenced on its own); one by one
+        when the batch fails for good, so one bad call never holds the others back."""
+        if len(helds) == 1:
+            self.start(helds[0])
+            return
+        for i in range(0, len(helds), WORKER_BATCH):
+            chunk = helds[i:i + WORKER_BATCH]
+            try:
+                results, sent = self.session.call(lambda db: db.start_many([h.fence for h in chunk]))
+            except TransientError:
+                for held in chunk:
+                    held.start_retry = time.monotonic() + 1.0
+                continue
+            except ControlDBError:
+                for held in chunk:
+                    self.start(held)
+                continue
+            for held, res in zip(chunk, results):
+                self._started(held, res, sent)
 
     def start(self, held: Held) -> None:
         try:
@@ -179,6 +201,10 @@ class Runner:
         except TransientError:
             held.start_retry = time.monotonic() + 1.0
             return
+        self._started(held, res, sent)
+
+    def _started(self, held: Held, res: Any, sent: float) -> None:
+        """The control plane's answer to ``start``: spawn (a runner thread), hand back, or forget."""
         if res.answer is not LeaseAnswer.OK:
             # Gone before it started (cancelled while claimed, expired, another generation): never spawned.
             logger.info("attempt {} fenced before start ({})", held.attempt_id, res.reason)

@@ -191,6 +191,12 @@ class WorkerLeases:
         with self._db.write() as c:
             return c.execute(_ANSWER, (answer, now, now, attempt_id)).rowcount == 1
 
+    def mark_answered_many(self, answers: Iterable[tuple[str, str]]) -> None:
+        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one transaction."""
+        now = _now_ms()
+        with self._db.write() as c:
+            c.executemany(_ANSWER, [(answer, now, now, attempt_id) for attempt_id, answer in answers])
+
     def note_try(self, attempt_id: str, kind: str | None = None, row: LeaseRow | None = None) -> None:
         with self._db.write() as c:
             c.execute(_TRIED, (kind if kind is not None else (row.kind if row else None), _now_ms(), attempt_id))
