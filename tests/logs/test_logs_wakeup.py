@@ -149,17 +149,22 @@ def test_not_configured_means_no_source_at_all(runtime) -> None:
     assert runtime.start_wakeups(runtime.supervisor()) is None
 
 
-def test_missing_watchfiles_degrades_to_periodic_scans(make_runtime, monkeypatch) -> None:
-    """watchfiles not importable: the plugin still loads, wake-ups are off, runs still complete."""
+def test_missing_watchfiles_is_refused_at_open_and_degrades_to_periodic_scans_later(make_runtime,
+                                                                                   monkeypatch) -> None:
+    """watchfiles not importable: a runtime that names the plugin is refused at open with the install
+    hint (as every command refuses that config); one whose package disappears after it opened keeps
+    running with wake-ups off — runs still complete, found by periodic scans."""
     from ql_core.errors import PluginError
     from ql_plugins.watch_wakeup.plugin import WatchfilesSource
 
+    rt = make_runtime(plugins=("watchfiles",))  # opened while the package is there
     for name in [m for m in sys.modules if m == "watchfiles" or m.startswith("watchfiles.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "watchfiles", None)  # `import watchfiles` raises ImportError
     with pytest.raises(PluginError, match=r"pip install 'ql-runner\[watch\]'"):
         WatchfilesSource()
-    rt = make_runtime(plugins=("watchfiles",))
+    with pytest.raises(PluginError, match=r"pip install 'ql-runner\[watch\]'"):
+        make_runtime(plugins=("watchfiles",))
     supervisor = rt.supervisor(interval_s=0.2)
     assert rt.start_wakeups(supervisor) is None
     from ql_core.follow import follow_log
