@@ -74,3 +74,15 @@ def test_keep_wal_is_set_on_this_interpreter_and_checks_its_handle(tmp_path: Pat
         conn.close()
     assert (tmp_path / "x.db-wal").stat().st_size > 0  # closed without a checkpoint
     assert sqlite3.connect(db).execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+def test_the_wal_is_checkpointed_by_bytes_not_pages(tmp_path: Path) -> None:
+    from ql_plugins.edge_sqlite.connection import WAL_CHECKPOINT_BYTES
+    from ql_plugins.edge_sqlite.store import SqliteJournal
+
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        conn = store.connections.connection()
+        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_CHECKPOINT_BYTES // PAGE_SIZE
+    finally:
+        store.close()
