@@ -74,6 +74,7 @@ __all__ = [
     "Finalized",
     "enforce_log_retention",
     "delete_log_file",
+    "drop_if_empty",
 ]
 
 #: Largest chunk one read returns (bounded memory per follower).
@@ -260,6 +261,51 @@ def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
         return True
 
 
+#: ``fcntl`` commands (Linux values; used where Python does not name them).
+_F_SETLEASE, _F_SETSIG = 1024, 10
+
+
+def drop_if_empty(data_dir: Path, log_artifact_id: str) -> bool:
+    """Remove an ended attempt's log file if it is empty and no process has it open; True if removed.
+
+    A task that printed nothing leaves no file behind (issue 25). "Nobody has it open" is the
+    kernel's word, not a guess: a write lease (``F_SETLEASE``, ``F_WRLCK``) is granted only while no
+    other descriptor of the file is open anywhere — a descendant of the task that still holds its
+    stdout keeps the file (it may write later: the log must survive), as does a reader. Without
+    leases (another file system, ``fs.leases-enable = 0``) the file is kept. Readers see a missing
+    file as an empty log, which it is; the recorded size (0) is committed before.
+    """
+    import fcntl
+    import signal
+
+    with _LogDir(data_dir, log_artifact_id) as d:
+        fd = d.open(os.O_RDONLY)
+        if fd is None:
+            return False
+        try:
+            if os.fstat(fd).st_size != 0:
+                return False
+            setlease = getattr(fcntl, "F_SETLEASE", _F_SETLEASE)
+            try:
+                # A lease break (an open by another process while we hold it) signals the holder,
+                # SIGIO by default — which would end this process. SIGURG is ignored by default.
+                fcntl.fcntl(fd, getattr(fcntl, "F_SETSIG", _F_SETSIG), signal.SIGURG)
+                fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
+            except OSError:
+                return False  # held open elsewhere, or no leases here: keep it
+            try:
+                # While we hold the lease another open waits for us (the lease-break grace), so the
+                # name goes before anyone else can get a descriptor of it.
+                if os.fstat(fd).st_size != 0:
+                    return False
+                os.unlink(d.name, dir_fd=d.fd)
+            finally:
+                fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
+            return True
+        finally:
+            os.close(fd)
+
+
 # -- facts from the run store -----------------------------------------------------------
 
 
@@ -329,6 +375,8 @@ def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) 
     done = _finalize(node, log_artifact_id)
     if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
         node.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
+        if done.size_bytes == 0:
+            drop_if_empty(node.config.data_dir, log_artifact_id)  # after its size is recorded
     return done.outcome
 
 
@@ -350,6 +398,12 @@ def finalize_logs(node: Node, log_artifact_ids: list[str]) -> Counter[str]:
         counts["log_finalized"] += done.outcome in ("finalized", "truncated")
         counts["log_truncated"] += done.outcome == "truncated"
     node.journal.record_log_sizes(sizes)
+    for log_id, size in sizes.items():
+        if size == 0:
+            try:
+                drop_if_empty(node.config.data_dir, log_id)
+            except (OSError, UnsafePathError):
+                pass  # kept: an empty file is harmless
     return counts
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "ENDED_SQL",
     "ACTIVE_SQL",
     "ms_column",
+    "WITHOUT_ROWID",
     "table_dialects",
     "include_object",
 ]
@@ -52,6 +53,10 @@ ENDED_SQL = "('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')"
 #: Attempts a recovery round looks at.
 ACTIVE_SQL = "('starting', 'running')"
 _UNSIZED = "size_bytes IS NULL AND deleted_at_ms IS NULL"
+
+
+#: ``__table_args__`` of the tables SQLite keeps WITHOUT ROWID (0010: one B-tree per row written).
+WITHOUT_ROWID = {"sqlite_with_rowid": False}
 
 
 def ms_column(nullable: bool = False, index: bool = False) -> Column:  # type: ignore[type-arg]
@@ -114,7 +119,9 @@ class RunAttempt(QlTable, table=True):
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
         Index("ix_ql_attempt_live", "runtime_owner", "id",
               postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
-        Index("ix_ql_attempt_deadline", "status", "deadline_at_ms"),
+        # Due deadlines; on SQLite only attempts that have one (0010: a task without a deadline
+        # writes no entry; the due-deadline statement compares deadline_at_ms, so the planner uses it).
+        Index("ix_ql_attempt_deadline", "status", "deadline_at_ms", sqlite_where=text("deadline_at_ms IS NOT NULL")),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -150,7 +157,10 @@ class RunEvent(QlTable, table=True):
     """An ordered, low-sensitivity fact about a run: ids, type, status, exit code, reason."""
 
     __tablename__ = "ql_run_event"
-    __table_args__ = (Index("ux_ql_event_dedupe", "dedupe_key", unique=True),)
+    # On SQLite the dedupe index holds only the keys that exist (0010: no NULL entry per event), and the
+    # table is WITHOUT ROWID, clustered on (run_id, seq): one B-tree written per event, a run's side by side.
+    __table_args__ = (Index("ux_ql_event_dedupe", "dedupe_key", unique=True,
+                            sqlite_where=text("dedupe_key IS NOT NULL")), WITHOUT_ROWID)
 
     run_id: str = Field(foreign_key="ql_run.id", primary_key=True, max_length=36)
     #: 1, 2, 3, ... per run; ``(run_id, seq)`` is the key, so a second writer of the same seq fails.
@@ -169,15 +179,17 @@ class LogArtifact(QlTable, table=True):
     """The append-only log file of one attempt, relative to ``<data_dir>/logs``."""
 
     __tablename__ = "ql_log_artifact"
-    __table_args__ = (
-        # A run's logs (history purge; 0007 — before it every purged run cost two full scans).
-        Index("ix_ql_log_run", "run_id"),
+    __table_args__ = (  # WITHOUT ROWID on SQLite (0010), clustered on the key
+        # A run's logs (history purge; 0007 — before it every purged run cost two full scans). PostgreSQL
+        # only since 0010: SQLite finds a run's logs through its attempts' log_artifact_id.
+        Index("ix_ql_log_run", "run_id", info={"ql_dialects": ("postgresql",)}),
         # Logs not sized yet: the running ones and ended ones whose sizing a crash interrupted
         # (0007; the quota pass and the sizing queue — never the history).
         Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), sqlite_where=text(_UNSIZED)),
         # Logs still on disk, oldest first (0007; retention by age and by total size).
         Index("ix_ql_log_kept", "created_at_ms", "id",
               postgresql_where=text("deleted_at_ms IS NULL"), sqlite_where=text("deleted_at_ms IS NULL")),
+        WITHOUT_ROWID,
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -195,7 +207,10 @@ class CompletionReceiptJournal(QlTable, table=True):
     """Which attempt may have a receipt, where (relative), and its retention clock."""
 
     __tablename__ = "ql_receipt_journal"
-    __table_args__ = (Index("ix_ql_journal_state", "state", "attempt_id"),)
+    # The state index is PostgreSQL's only since 0010 (no statement of the SQLite store reads it);
+    # WITHOUT ROWID on SQLite (0010), clustered on the key.
+    __table_args__ = (Index("ix_ql_journal_state", "state", "attempt_id", info={"ql_dialects": ("postgresql",)}),
+                      WITHOUT_ROWID)
 
     attempt_id: str = Field(primary_key=True, max_length=36)
     run_id: str = Field(max_length=36)

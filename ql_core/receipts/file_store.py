@@ -120,11 +120,19 @@ def _require_canonical(path: str) -> None:
         raise UnsafePathError("receipt root must not contain symlinks")
 
 
+#: The shard :meth:`FileReceiptStore._create_shards` makes last (its presence: all were made).
+_LAST_SHARD = "ff"
+
+
 class FileReceiptStore:
     """Receipts as files under one canonical root (see the module docstring for the protocol)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True, shards_up_front: bool = False) -> None:
         """Open (creating if missing and ``create``, 0700) the receipt root.
+
+        ``shards_up_front`` (with ``create``): make all 256 shard directories now, with one fsync
+        of the root, unless they are there (:meth:`_create_shards`); otherwise each is made, and
+        the root fsynced, when its first receipt needs it.
 
         The root must be absolute and already canonical: a path that reaches it
         through a symlink is refused, because a later swap of that symlink
@@ -150,6 +158,8 @@ class FileReceiptStore:
                                     f"to run a task, or it was damaged)")
         _require_canonical(path)  # again, in case a component was swapped meanwhile
         self._identity = self._open_and_identify_root(created=created)
+        if create and shards_up_front and not os.path.lexists(os.path.join(path, _LAST_SHARD)):
+            self._create_shards()  # a new root (or one from before shards were made up front)
 
     def __repr__(self) -> str:
         return f"FileReceiptStore({self._root!r})"
@@ -192,6 +202,34 @@ class FileReceiptStore:
         finally:
             os.close(fd)
         return st.st_dev, st.st_ino
+
+    def _create_shards(self) -> None:
+        """A root gets its 256 shard directories (0700) at once and ONE fsync of the root, instead
+        of one fsync per shard as the first receipt of each lands (about 1,500 tasks' worth: most
+        of a young data dir's extra syncs per task, issue 25). A shard that is there already (a
+        concurrent first start, an older release) is left as it is; every later use still verifies
+        it. The last shard is made last: while it is missing, an open with ``create`` runs this."""
+        with self._root_dir() as root_fd:
+            for i in range(256):
+                name = f"{i:02x}"
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=root_fd)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise ReceiptStoreError(f"cannot create receipt directory: {exc.strerror}") from exc
+                fd = open_dir(name, root_fd, unsafe=lambda: UnsafePathError("receipt shard was replaced"),
+                              failed=lambda exc: ReceiptStoreError(f"cannot open receipt directory: {exc.strerror}"))
+                if fd is None:
+                    raise ReceiptStoreError("receipt directory vanished while in use")
+                try:
+                    os.fchmod(fd, DIR_MODE)  # exact mode whatever the umask
+                finally:
+                    os.close(fd)
+            try:
+                os.fsync(root_fd)  # the shards' entries are durable before any receipt goes in
+            except OSError as exc:
+                raise ReceiptStoreError(f"cannot sync receipt directory: {exc.strerror}") from exc
 
     def _open_root_fd(self) -> int:
         fd = open_dir(self._root, unsafe=lambda: UnsafePathError("receipt root is a symlink or not a directory"),

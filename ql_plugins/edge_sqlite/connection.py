@@ -33,7 +33,19 @@ from urllib.parse import unquote
 from ql_core.errors import ConfigError, DatabaseError
 from ql_core.ports.journal import ConflictError, StoreBusyError, StoreError
 
-__all__ = ["sqlite_path", "SqliteConnections"]
+from .keep_wal import keep_wal_on_close
+
+__all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES"]
+
+#: Page size of a new run database (bytes). Every B-tree a commit touches costs one page in the WAL
+#: (and one at the checkpoint): a task's commits touch about twenty, each changing a row of a few
+#: hundred bytes, so small pages are most of what keeps the bytes written per task low (issue 25;
+#: ``bench/bench_edge.py``, ``bench/wal_pages.py``). SQLite's default is 4096.
+PAGE_SIZE = 1024
+#: The WAL is checkpointed (automatically, by the writer that fills it) once it holds this many
+#: bytes of frames: 4 MiB, what SQLite's default of 1000 pages meant at 4 KiB pages. Counted in bytes,
+#: not pages, so small pages do not checkpoint (rewrite the hot pages, two more fsyncs) more often.
+WAL_CHECKPOINT_BYTES = 4 << 20
 
 _SCHEMA_VERSION_SQL = "SELECT version_num FROM alembic_version"
 
@@ -88,6 +100,10 @@ class SqliteConnections:
             conn = sqlite3.connect(f"file:{self.path.as_posix()}?mode=rw", uri=True, timeout=self._busy_s,
                                    isolation_level=None, check_same_thread=False)
             try:
+                if self.create and os.stat(self.path).st_size == 0:
+                    # A new database: its page size is chosen before its first page exists (and before
+                    # WAL mode, which fixes it). An existing database keeps the size it has.
+                    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
                 conn.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError:
                 conn.close()
@@ -99,6 +115,10 @@ class SqliteConnections:
                 conn = open_frozen(self.path)
             else:
                 conn.execute("PRAGMA synchronous=FULL")
+                page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                conn.execute(f"PRAGMA wal_autocheckpoint={max(1000, WAL_CHECKPOINT_BYTES // page)}")
+                # The WAL outlives this connection: no checkpoint of every page at each close (.keep_wal).
+                keep_wal_on_close(conn, str(self.path))
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA trusted_schema=OFF")

@@ -67,11 +67,15 @@ OLDEST_RUNS = "SELECT id, status FROM ql_run INDEXED BY ix_ql_run_created ORDER 
 OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run INDEXED BY ix_ql_run_ended WHERE status IN {ENDED} "
                      "AND finished_at_ms < ? ORDER BY finished_at_ms, id LIMIT ?")
 RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id = ?"
-LIVE_LOGS_OF_RUN = "SELECT id FROM ql_log_artifact INDEXED BY ix_ql_log_run WHERE run_id = ? AND deleted_at_ms IS NULL"
+# A run's logs are its attempts' logs (ix_ql_attempt_run, then the log's key): no index of the log
+# table by run is written per task (migration 0010).
+LIVE_LOGS_OF_RUN = ("SELECT l.id FROM ql_run_attempt a INDEXED BY ix_ql_attempt_run CROSS JOIN ql_log_artifact l "
+                    "ON l.id = a.log_artifact_id WHERE a.run_id = ? AND l.deleted_at_ms IS NULL")
 _ENDED_RUN = f"(SELECT id FROM ql_run WHERE id = ? AND status IN {ENDED})"
 PURGE_EVENTS = f"DELETE FROM ql_run_event WHERE run_id IN {_ENDED_RUN}"
 PURGE_DISPATCH = f"DELETE FROM ql_cancel_dispatch WHERE run_id IN {_ENDED_RUN}"
-PURGE_LOGS = f"DELETE FROM ql_log_artifact INDEXED BY ix_ql_log_run WHERE run_id IN {_ENDED_RUN}"
+PURGE_LOGS = ("DELETE FROM ql_log_artifact WHERE id IN (SELECT log_artifact_id FROM ql_run_attempt "
+              f"INDEXED BY ix_ql_attempt_run WHERE run_id IN {_ENDED_RUN})")
 PURGE_ATTEMPTS = f"DELETE FROM ql_run_attempt WHERE run_id IN {_ENDED_RUN}"
 PURGE_RUN = f"DELETE FROM ql_run WHERE id = ? AND status IN {ENDED}"
 

@@ -29,7 +29,8 @@ def _file_store(context: RuntimeContext) -> ReceiptStore:
     root = receipts_root(context.data_dir)
     if not context.existing_only:
         ensure_private_dir(root)
-    return FileReceiptStore(root, create=not context.existing_only)
+    # The shards up front: one fsync of the root instead of one per shard over the first tasks.
+    return FileReceiptStore(root, create=not context.existing_only, shards_up_front=True)
 
 
 @hookimpl

@@ -90,7 +90,7 @@ def test_a_data_dir_of_the_single_chain_upgrades_in_place(old_release: Path, tmp
     up = _ql(["--json", "--data-dir", str(data), "db", "upgrade"], new)
     assert up.returncode == 0, up.stderr
     assert f'"revision":"{SCHEMA_HEAD}"' in up.stdout.replace(" ", "")
-    assert _kept(_sqlite_rows(data / "ql.db"), before)  # only core's 0009 applied, every row kept
+    assert _kept(_sqlite_rows(data / "ql.db"), before)  # only core's 0009 and 0010 applied, every row kept
     after = _sqlite_rows(data / "ql.db")
     _alembic_upgrade(f"sqlite:///{data / 'ql.db'}", new)
     assert _sqlite_rows(data / "ql.db") == after  # Alembic itself sees every revision applied
@@ -150,7 +150,7 @@ def test_a_control_database_of_the_single_chain_upgrades_in_place(old_release: P
         up = _ql(["--config", str(config), "db", "upgrade"], new)
         assert up.returncode == 0, up.stderr
         after = _pg_rows(url.replace("postgresql+psycopg://", "postgresql://"))
-        assert _kept(after, before)  # only core's 0009 applied (nothing on PostgreSQL), every row kept
+        assert _kept(after, before)  # only core's 0009 and 0010 applied (nothing on PostgreSQL), every row kept
         _alembic_upgrade(url, new)
         assert _pg_rows(url.replace("postgresql+psycopg://", "postgresql://")) == after
         listed = _ql(["--json", "--config", str(config), "list"], new)

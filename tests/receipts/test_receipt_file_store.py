@@ -518,3 +518,19 @@ def test_prepare_for_the_launcher_is_private_and_refuses_a_symlink(store: FileRe
     with pytest.raises(UnsafePathError):
         store.prepare(other)
     assert list(outside.iterdir()) == []
+
+
+def test_shards_up_front_are_made_once_private_with_one_root_fsync(tmp_path) -> None:
+    """The file plugin's store makes every shard at its first open (one fsync of the root, not
+    one per shard as receipts first land); a second open finds them and makes nothing."""
+    import stat as st
+
+    root = tmp_path / "receipts"
+    store = FileReceiptStore(str(root), shards_up_front=True)
+    names = sorted(os.listdir(root))
+    assert names == [f"{i:02x}" for i in range(256)]
+    assert all(st.S_IMODE(os.lstat(root / n).st_mode) == 0o700 for n in names)
+    before = {n: os.lstat(root / n).st_ino for n in names}
+    FileReceiptStore(str(root), shards_up_front=True)
+    assert {n: os.lstat(root / n).st_ino for n in names} == before
+    assert store.prepare("01a22b46-155c-7d09-872b-21304a3834ff") == str(root / "ff")

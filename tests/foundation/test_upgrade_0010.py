@@ -1,0 +1,114 @@
+"""Migration 0010 (SQLite: fewer B-trees per task) upgrades a data dir of the release before it in
+place: every run, attempt, event, log row and journal row is kept as it was, the tallies stay exact
+and keep being kept, and the store goes on working on it."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+TABLES = ("ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_receipt_journal", "ql_tally")
+
+
+def _rows(db: Path) -> dict[str, list[tuple[object, ...]]]:
+    conn = sqlite3.connect(db)
+    try:
+        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
+    finally:
+        conn.close()
+
+
+def _db_at_0009(db: Path) -> None:
+    from alembic import command
+
+    from ql_core.db.engine import create_db_engine
+    from ql_core.db.migrate import alembic_config, current_revision
+
+    engine = create_db_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0009_sqlite_indexes")
+        command.upgrade(alembic_config(conn), "0008_worker_draining")
+    assert current_revision(engine) == "0008_worker_draining,0009_sqlite_indexes"
+    engine.dispose()
+
+
+def _fill(db: Path, n: int) -> None:
+    """``n`` runs as the release before 0010 wrote them: n-1 ended (sized logs, four events, a
+    journal row of the last few), one running (unsized log, a pending journal row)."""
+    conn = sqlite3.connect(db)
+    now = int(time.time() * 1000)
+    for i in range(n):
+        running = i == n - 1
+        status = "running" if running else ("failed" if i % 3 else "succeeded")
+        run, att, log = f"run-{i:03d}", f"att-{i:03d}", f"log-{i:03d}"
+        conn.execute("INSERT INTO ql_run (id, status, exit_code, version, event_seq, current_attempt_id, "
+                     "created_at_ms, updated_at_ms, finished_at_ms, max_attempts) VALUES (?, ?, ?, 3, ?, ?, ?, ?, ?, 1)",
+                     (run, status, None if running else i % 3, 2 if running else 4, att, now + i, now + i,
+                      None if running else now + i + 1))
+        conn.execute("INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
+                     "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
+                     "version) VALUES (?, ?, 1, 'local', 'node-x', ?, ?, 'h', 0, ?, ?, 2)",
+                     (att, run, status, log, now + 10_000 if i % 2 else None, now + i))
+        conn.execute("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, "
+                     "truncated, created_at_ms) VALUES (?, ?, ?, ?, 1000, 0, ?)", (log, run, att, f"xx/{log}.log", now + i))
+        if not running:  # sized after the end, as the store does (the tally triggers count it)
+            conn.execute("UPDATE ql_log_artifact SET size_bytes = ? WHERE id = ?", (100 + i, log))
+        events = [("run.created", None), ("attempt.spawned", "running")]
+        if not running:
+            events += [(f"attempt.{status}", status), (f"run.{status}", status)]
+        for seq, (kind, st) in enumerate(events, start=1):
+            conn.execute("INSERT INTO ql_run_event (run_id, seq, type, attempt_id, status, at_ms) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", (run, seq, kind, att, st, now + i))
+        if i >= n - 4:
+            conn.execute("INSERT INTO ql_receipt_journal (attempt_id, run_id, state, receipt_ref, registered_at_ms, "
+                         "updated_at_ms) VALUES (?, ?, 'pending', ?, ?, ?)", (att, run, f"xx/{att}.json", now, now))
+    conn.commit()
+    conn.close()
+
+
+def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> None:
+    from ql_core.db.migrate import SCHEMA_HEAD
+    from ql_plugins.edge_sqlite.store import SqliteJournal
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    db = data / "ql.db"
+    _db_at_0009(db)
+    _fill(db, 60)
+    before = _rows(db)
+    assert dict(before["ql_tally"]) == {"runs": 60, "log_bytes:node-x": sum(100 + i for i in range(59))}
+
+    store = SqliteJournal(f"sqlite:///{db}")  # first use: migrates to head in a child process
+    try:
+        assert store.connections.schema_revision() == SCHEMA_HEAD
+        assert _rows(db) == before  # every row kept, byte for byte
+        conn = sqlite3.connect(db)
+        try:
+            # The rebuilt tables are clustered on their keys; their indexes and triggers are back.
+            for table in ("ql_run_event", "ql_log_artifact", "ql_receipt_journal"):
+                sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+                assert sql.rstrip().endswith("WITHOUT ROWID"), table
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")}
+            assert {"ix_ql_log_unsized", "ix_ql_log_kept", "ux_ql_event_dedupe", "ql_tally_log_update",
+                    "ql_tally_log_delete", "ix_ql_attempt_deadline"} <= names
+            assert not {"ix_ql_log_run", "ix_ql_journal_state"} & names
+        finally:
+            conn.close()
+        # The store reads and writes the upgraded rows as before; the triggers keep the tallies exact.
+        assert len(store.list_views(status=None, limit=100)) == 60
+        assert [e.type for e in store.events("run-005")] == ["run.created", "attempt.spawned", "attempt.failed",
+                                                             "run.failed"]
+        assert [f.id for f in store.page_live_logs("node-x", "", 10)] == ["log-059"]
+        assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59))
+        store.record_log_sizes({"log-059": 7})
+        assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59)) + 7
+        assert store.history_candidates("node-x", finished_before_ms=int(time.time() * 1000) + 60_000,
+                                        keep_newest=0, limit=5) == {f"run-{i:03d}": [f"log-{i:03d}"] for i in range(5)}
+        assert store.purge_runs([f"run-{i:03d}" for i in range(5)]) == 5
+        after = _rows(db)
+        assert len(after["ql_run"]) == len(after["ql_log_artifact"]) == 55
+        assert len(after["ql_run_event"]) == 4 * 54 + 2
+        assert dict(after["ql_tally"]) == {"runs": 55, "log_bytes:node-x": sum(100 + i for i in range(5, 59)) + 7}
+    finally:
+        store.close()
