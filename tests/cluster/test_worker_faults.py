@@ -94,6 +94,9 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
 
     trigger_first, first_answer = CRASH_CASES[point]
     trigger = tmp_path / "go"
+    # Leases longer than a loaded machine's worker restart (2-5 s at load 17): the restarted worker's
+    # own replay must be what answers first, not the sweeper expiring a 3 s lease meanwhile.
+    harness.limits = dict(harness.limits, run_lease_s=10.0, fence_margin_s=2.0, session_lease_s=12.0)
     harness.start_control()
     command = ["sh", "-c", f'echo started; i=0; while [ ! -e "{trigger}" ] && [ "$i" -lt 2400 ]; do sleep 0.05; '
                            f'i=$((i+1)); done; exit 0']
@@ -249,6 +252,7 @@ def test_two_control_processes_sweep_at_once_without_double_action(harness: Harn
 
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB
+    from ql_plugins.cluster_fenced.results import LeaseAnswer
 
     db = ControlDB.connect(harness.dsn)
     try:
@@ -258,11 +262,13 @@ def test_two_control_processes_sweep_at_once_without_double_action(harness: Harn
         for _ in range(6):
             ids = [new_id() for _ in range(8)]
             claimed += db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=ids,
-                                log_ids=[new_id() for _ in range(8)], lease_ttl_ms=1000).attempts
+                                log_ids=[new_id() for _ in range(8)], lease_ttl_ms=5000).attempts
         for i, c in enumerate(claimed):
             if i % 3:  # two thirds started (lost or retried), one third only claimed (requeued)
                 fence = c.fence(worker)
-                db.start(fence)
+                # Each start must land inside its lease: a loaded machine once took over 1 s for these
+                # calls, and an attempt whose start is fenced is requeued, not lost.
+                assert db.start(fence).answer is LeaseAnswer.OK, "a start outlived the test's lease"
                 db.running(fence, started_at_ms=0)
     finally:
         db.close()

@@ -51,7 +51,7 @@ def _hurt(pid: int, signum: int) -> None:
     """Signal the standby's group and wait until the signal took (dead, or stopped)."""
     os.killpg(pid, signum)
     done = ("Z", "X") if signum == signal.SIGKILL else ("T", "t", "Z", "X")
-    wait_until(lambda: _state(pid) in done, f"the standby to take signal {signum}", 30)
+    wait_until(lambda: _state(pid) in done, f"the standby to take signal {signum}", 120)  # loaded: slow
 
 
 def _hook(rt: Any, monkeypatch: pytest.MonkeyPatch, step: str, hurt: Callable[[int], None]) -> list[int]:
