@@ -12,6 +12,7 @@ So the suite restores the dispositions a foreground run has, once, before any te
 
 from __future__ import annotations
 
+import os
 import signal
 
 __all__: list[str] = []
@@ -28,3 +29,10 @@ def _restore_inherited_ignored_signals() -> None:
 
 
 _restore_inherited_ignored_signals()
+
+
+# The suite starts `ql` thousands of times in child processes. With PYTHONDONTWRITEBYTECODE set (common
+# in container images and CI shells) no child may write a bytecode cache, so every one recompiles
+# ql's modules from source: about 2-3x the CPU of each start. The children of the test run write
+# and reuse caches as an installed package does (into the checkout's git-ignored __pycache__).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
