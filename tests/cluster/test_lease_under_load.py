@@ -1,9 +1,14 @@
 """A busy worker keeps its leases: 4 slots of CPU-burning tasks, two more burners beside them, the
-real default lease (``run_lease_s`` 30, ``fence_margin_s`` 5, heartbeats every 10 s), for 10 minutes.
+real default lease (``run_lease_s`` 30, ``fence_margin_s`` 5, heartbeats every 10 s).
 
 No attempt may fence itself or be fenced: every task runs to its own end and succeeds, the worker's
 log says no renewal came too late, and the worker reports the latency of its lease calls (printed
-here). ``QL_TEST_LEASE_SOAK_S`` shortens the soak while developing (e.g. 120).
+here).
+
+How long: ``QL_TEST_LEASE_SOAK_S`` seconds, 600 (10 minutes, issue 24's soak) when asked with
+``QL_TEST_LEASE_SOAK_S=600 python -m pytest tests/cluster/test_lease_under_load.py``. The suite's
+own run takes 150 s (five run leases, five renewals of each attempt): its six CPU burners would
+otherwise slow every test running beside it for 11 minutes on a two-core machine.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import pytest
 
 from tests.cluster.worker_support import TERMINAL, Harness, wait_for
 
-SOAK_S = float(os.environ.get("QL_TEST_LEASE_SOAK_S", "600"))
+SOAK_S = float(os.environ.get("QL_TEST_LEASE_SOAK_S", "150"))
 SLOTS = 4
 #: Burners on the machine besides the worker's own tasks.
 NEIGHBOURS = 2
