@@ -23,6 +23,7 @@ from pathlib import Path
 from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, RunView, log_facts_of, run_view
 
 from .journal_sql import ATTEMPT_COLUMNS, shared_statements
+from .keep_wal import keep_wal_on_close
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
 
@@ -56,6 +57,8 @@ class SqliteReads:
         try:
             conn = sqlite3.connect(f"file:{path.as_posix()}?mode=rw", uri=True, timeout=busy_timeout_ms / 1000,
                                    isolation_level=None, check_same_thread=False)
+            # A reader must not fold the writers' WAL into ql.db when it closes (reads touch nothing).
+            keep_wal_on_close(conn, str(path))
             conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             conn.execute("PRAGMA trusted_schema=OFF")
             revision = ",".join(sorted(str(r[0]) for r in conn.execute(_SCHEMA_VERSION)))

@@ -33,7 +33,7 @@ from urllib.parse import unquote
 from ql_core.errors import ConfigError, DatabaseError
 from ql_core.ports.journal import ConflictError, StoreBusyError, StoreError
 
-from .keep_wal import keep_wal_on_close
+from ql_core.db.keep_wal import keep_wal_on_close
 
 __all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES"]
 
@@ -117,7 +117,7 @@ class SqliteConnections:
                 conn.execute("PRAGMA synchronous=FULL")
                 page = int(conn.execute("PRAGMA page_size").fetchone()[0])
                 conn.execute(f"PRAGMA wal_autocheckpoint={max(1000, WAL_CHECKPOINT_BYTES // page)}")
-                # The WAL outlives this connection: no checkpoint of every page at each close (.keep_wal).
+                # The WAL outlives this connection: no checkpoint of every page at each close (ql_core.db.keep_wal).
                 keep_wal_on_close(conn, str(self.path))
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         conn.execute("PRAGMA foreign_keys=ON")

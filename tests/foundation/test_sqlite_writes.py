@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ql_plugins.edge_sqlite.connection import PAGE_SIZE
-from ql_plugins.edge_sqlite.keep_wal import keep_wal_on_close
+from ql_core.db.keep_wal import keep_wal_on_close
 
 WRITER = ("import sys\nfrom ql_core.config import load_config\nfrom ql_core.runtime import Runtime\n"
           "rt = Runtime.open(load_config(data_dir=sys.argv[1], environ={}, cwd=sys.argv[1]))\n"
