@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 SECTION = "### Tutorial: an executor in its own package, from an empty directory"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
@@ -38,6 +40,7 @@ def test_the_tutorial_names_each_file_it_asks_for() -> None:
                                      "ql_umask/executor.py", "tests/test_umask.py"}
 
 
+@pytest.mark.timeout(1200)  # a whole nested pytest run (its own bound below); > 300 s beside the slow tests
 def test_the_tutorial_plugin_passes_the_executor_contract_suite(tmp_path: Path) -> None:
     root = tmp_path / "ql-umask"
     for name, text in tutorial_files().items():
