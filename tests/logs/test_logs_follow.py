@@ -197,7 +197,9 @@ def test_follow_heartbeat_yields_empty_chunks_while_idle(runtime) -> None:
     reap(sub)
     assert b"".join(c.data for c in chunks) == b"a\nb\n"
     beats = [c for c in chunks if not c.data]
-    assert beats and all(c.offset == 2 for c in beats)
+    # Beats while idle between the lines (offset 2), and on a loaded machine maybe after the last
+    # line while the run's end is still being seen (offset 4): never past what was read.
+    assert any(c.offset == 2 for c in beats) and all(c.offset in (2, 4) for c in beats), beats
 
 
 def test_the_follower_survives_the_host_that_started_the_task(data_dir: Path, ql_env) -> None:
