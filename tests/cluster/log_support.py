@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 from ql_core.paths import log_path
-from tests.cluster.worker_support import Harness, wait_for
+from tests.cluster.worker_support import QL, Harness, wait_for
 
 
 def artifact(h: Harness, attempt_id: str) -> dict[str, Any] | None:
@@ -77,4 +80,37 @@ def rss_kib(pid: int) -> int:
 
 
 __all__ = ["artifact", "shipped", "local_log", "sha", "wait_finalized", "assert_shipped_equals_local",
-           "writer_command", "bulk_command", "rss_kib"]
+           "writer_command", "bulk_command", "rss_kib", "Client"]
+
+
+class Client:
+    """A `ql` command on the control profile, its stdout collected by a thread as it arrives."""
+
+    def __init__(self, harness: Harness, args: list[str], *, config: Path | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+        env.update({"QL_CONFIG": str(config or harness.control_config()), "HOME": str(harness.root)})
+        self.proc = subprocess.Popen(QL + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL)
+        self.out = bytearray()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while piece := self.proc.stdout.read1(65536):
+            self.out += piece
+
+    def finish(self, timeout: float = 120) -> tuple[int, bytes, str]:
+        rc = self.proc.wait(timeout)
+        self._thread.join(10)
+        assert self.proc.stderr is not None
+        return rc, bytes(self.out), self.proc.stderr.read().decode(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._thread.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -10,13 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from ql_core.paths import log_path
 from tests.cluster.log_support import (
+    Client,
     artifact,
     assert_shipped_equals_local,
     bulk_command,
@@ -175,37 +175,13 @@ def test_a_256_mib_log_ships_with_bounded_worker_memory(harness: Harness) -> Non
 
 
 # -- reading on the control node -------------------------------------------------------------------------
-class Follower:
+class Follower(Client):
     """`ql logs -f RUN` on the control profile, its stdout collected by a thread as it arrives."""
 
     def __init__(self, harness: Harness, run_id: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-        env.update({"QL_CONFIG": str(harness.control_config()), "HOME": str(harness.root)})
-        self.proc = subprocess.Popen(QL + ["logs", "-f", run_id], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        self.out = bytearray()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        super().__init__(harness, ["logs", "-f", run_id])
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while piece := self.proc.stdout.read1(65536):
-            self.out += piece
-
-    def finish(self, timeout: float = 90) -> tuple[int, bytes, str]:
-        rc = self.proc.wait(timeout)
-        self._thread.join(10)
-        assert self.proc.stderr is not None
-        return rc, bytes(self.out), self.proc.stderr.read().decode(errors="replace")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._thread.join(10)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
+    kill = Client.close
 
 
 def test_a_follower_on_the_control_node_sees_the_bytes_in_order_while_the_worker_ships(harness: Harness) -> None:

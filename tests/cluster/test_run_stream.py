@@ -6,18 +6,15 @@ and a run that ended `lost`, `cancelled` or `timed_out` gets one line on stderr 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.cluster.proxy import Proxy
-from tests.cluster.worker_support import QL, Harness, wait_for
+from tests.cluster.log_support import Client
+from tests.cluster.worker_support import Harness, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -27,39 +24,6 @@ def roomy_leases(harness: Harness) -> None:
     """Leases long enough that a loaded machine does not make a worker fence itself before its task
     printed its first line (these tests follow a task; they are not about renewal under load)."""
     harness.limits.update(run_lease_s=10.0, fence_margin_s=2.0, session_lease_s=12.0, heartbeat_interval_s=1.0)
-
-
-class Client:
-    """A `ql` command on the control profile, its stdout collected by a thread as it arrives."""
-
-    def __init__(self, harness: Harness, args: list[str], *, config: Path | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-        env.update({"QL_CONFIG": str(config or harness.control_config()), "HOME": str(harness.root)})
-        self.proc = subprocess.Popen(QL + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL)
-        self.out = bytearray()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while piece := self.proc.stdout.read1(65536):
-            self.out += piece
-
-    def finish(self, timeout: float = 120) -> tuple[int, bytes, str]:
-        rc = self.proc.wait(timeout)
-        self._thread.join(10)
-        assert self.proc.stderr is not None
-        return rc, bytes(self.out), self.proc.stderr.read().decode(errors="replace")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._thread.join(10)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 def run_id_of(harness: Harness) -> str:
