@@ -6,11 +6,13 @@ import hashlib
 import os
 import subprocess
 import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ql_core.paths import log_path
-from tests.cluster.worker_support import QL, Harness, wait_for
+from tests.cluster.worker_support import QL, Harness, Proc, wait_for
 
 
 def artifact(h: Harness, attempt_id: str) -> dict[str, Any] | None:
@@ -80,7 +82,7 @@ def rss_kib(pid: int) -> int:
 
 
 __all__ = ["artifact", "shipped", "local_log", "sha", "wait_finalized", "assert_shipped_equals_local",
-           "writer_command", "bulk_command", "rss_kib", "Client"]
+           "writer_command", "bulk_command", "rss_kib", "Client", "run_id_of", "Streamed", "streamed"]
 
 
 class Client:
@@ -114,3 +116,50 @@ class Client:
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def run_id_of(harness: Harness) -> str:
+    """The one run of this test's database (ql run prints no id in text mode)."""
+    row = wait_for(lambda: harness.sql.execute("SELECT id FROM ql_run").fetchone(), what="the run",
+                   diagnose=harness.logs)
+    return row["id"]
+
+
+@dataclass
+class Streamed:
+    """A task streaming on the control node (:func:`streamed`): its worker, the `ql` client that
+    submitted it, its run, and the `ql logs -f` following it (if asked for)."""
+
+    worker: Proc
+    client: Client
+    run_id: str
+    follower: Client | None = None
+
+    def finish(self) -> tuple[tuple[int, bytes, str], tuple[int, bytes, str]]:
+        """``(rc, stdout, stderr)`` of the client, then of the follower, once both have ended."""
+        assert self.follower is not None, "streamed(..., follow=True) makes the follower"
+        return self.client.finish(), self.follower.finish()
+
+
+@contextmanager
+def streamed(harness: Harness, *args: str, script: str = 'echo "started"; sleep 60', first: bytes = b"started\n",
+             follow: bool = False) -> Iterator[Streamed]:
+    """`ql control` and `ql worker` "a", then `ql <args> -- sh -c <script>` on the control node until its
+    stdout is ``first`` (the task is running on the worker); with ``follow``, a `ql logs -f` of the run
+    too, until it printed the same. Whichever client is still running on leaving is killed."""
+    harness.start_control()
+    worker = harness.start_worker("a")
+    client = Client(harness, [*args, "--", "sh", "-c", script])
+    follower = None
+    try:
+        wait_for(lambda: bytes(client.out) == first, what=f"{first!r} on `ql {args[0]}`'s stdout",
+                 diagnose=lambda: harness.logs() + f"\nstdout so far: {bytes(client.out)!r}")
+        run_id = run_id_of(harness)
+        if follow:
+            follower = Client(harness, ["logs", "-f", run_id])
+            wait_for(lambda: bytes(follower.out) == first, what="the follower's first line", diagnose=harness.logs)
+        yield Streamed(worker, client, run_id, follower)
+    finally:
+        client.close()
+        if follower is not None:
+            follower.close()

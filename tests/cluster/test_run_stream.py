@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.cluster.proxy import Proxy
-from tests.cluster.log_support import Client
+from tests.cluster.log_support import Client, streamed
 from tests.cluster.worker_support import Harness, wait_for
 
 pytestmark = pytest.mark.postgres
@@ -26,29 +26,14 @@ def roomy_leases(harness: Harness) -> None:
     harness.limits.update(run_lease_s=10.0, fence_margin_s=2.0, session_lease_s=12.0, heartbeat_interval_s=1.0)
 
 
-def run_id_of(harness: Harness) -> str:
-    """The one run of this test's database (ql run prints no id in text mode)."""
-    row = wait_for(lambda: harness.sql.execute("SELECT id FROM ql_run").fetchone(), what="the run",
-                   diagnose=harness.logs)
-    return row["id"]
-
-
 def test_ql_run_on_the_control_node_streams_the_task_while_it_runs_and_exits_with_its_code(harness: Harness) -> None:
-    harness.start_control()
-    harness.start_worker("a")
     trigger = harness.root / "go"
     script = (f'echo "first line"; i=0; while [ ! -e "{trigger}" ] && [ $i -lt 2400 ]; do sleep 0.05; '
               f'i=$((i+1)); done; echo "second line"; exit 3')
-    client = Client(harness, ["run", "--", "sh", "-c", script])
-    try:
-        wait_for(lambda: bytes(client.out) == b"first line\n", what="the first line on ql run's stdout",
-                 diagnose=lambda: harness.logs() + f"\nstdout so far: {bytes(client.out)!r}")
-        run_id = run_id_of(harness)
-        assert harness.status(run_id) == "running"  # it streamed while the task ran on the worker
+    with streamed(harness, "run", script=script, first=b"first line\n") as s:
+        assert harness.status(s.run_id) == "running"  # it streamed while the task ran on the worker
         trigger.touch()
-        rc, out, err = client.finish()
-    finally:
-        client.close()
+        rc, out, err = s.client.finish()
     assert rc == 3, err
     assert out == b"first line\nsecond line\n"
     assert "ended" not in err and "not finalized" not in err, err  # failed with a code: no verdict line
@@ -56,27 +41,12 @@ def test_ql_run_on_the_control_node_streams_the_task_while_it_runs_and_exits_wit
 
 @pytest.mark.parametrize("how", ["timeout", "cancel"])
 def test_a_run_that_timed_out_or_was_cancelled_says_so_and_exits_like_locally(harness: Harness, how: str) -> None:
-    harness.start_control()
-    harness.start_worker("a")
-    script = 'echo "started"; sleep 60'
     args = ["run", "--timeout", "2"] if how == "timeout" else ["run"]
-    client = Client(harness, args + ["--", "sh", "-c", script])
-    follower = None
-    try:
-        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
-                 diagnose=harness.logs)
-        run_id = run_id_of(harness)
-        follower = Client(harness, ["logs", "-f", run_id])
-        wait_for(lambda: bytes(follower.out) == b"started\n", what="the follower's first line",
-                 diagnose=harness.logs)
+    with streamed(harness, *args, follow=True) as s:
         if how == "cancel":
-            assert harness.ql("cancel", run_id).returncode == 0
-        rc, out, err = client.finish()
-        frc, fout, ferr = follower.finish()
-    finally:
-        client.close()
-        if follower is not None:
-            follower.close()
+            assert harness.ql("cancel", s.run_id).returncode == 0
+        (rc, out, err), (frc, fout, ferr) = s.finish()
+    run_id = s.run_id
     status, code = ("timed_out", 124) if how == "timeout" else ("cancelled", 130)
     assert harness.status(run_id) == status
     assert (rc, out) == (code, b"started\n"), err
@@ -90,25 +60,11 @@ def test_a_follower_of_a_run_whose_worker_died_says_it_ended_lost_and_exits_75(h
     `lost`; `ql run` and `ql logs -f` on the control node say so and exit 75 — neither waits for a
     log its dead worker will never finalize longer than their bound."""
     harness.limits["log_follow_unfinalized_s"] = 3.0
-    harness.start_control()
-    worker = harness.start_worker("a")
-    client = Client(harness, ["run", "--", "sh", "-c", 'echo "started"; sleep 60'])
-    follower = None
-    try:
-        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
-                 diagnose=harness.logs)
-        run_id = run_id_of(harness)
-        follower = Client(harness, ["logs", "-f", run_id])
-        wait_for(lambda: bytes(follower.out) == b"started\n", what="the follower's first line",
-                 diagnose=harness.logs)
-        worker.signal(signal.SIGKILL)
-        worker.wait()
-        rc, out, err = client.finish()
-        frc, fout, ferr = follower.finish()
-    finally:
-        client.close()
-        if follower is not None:
-            follower.close()
+    with streamed(harness, "run", follow=True) as s:
+        s.worker.signal(signal.SIGKILL)
+        s.worker.wait()
+        (rc, out, err), (frc, fout, ferr) = s.finish()
+    run_id = s.run_id
     assert harness.status(run_id) == "lost"
     assert (rc, out) == (75, b"started\n"), err
     assert f"ql: run {run_id} ended lost" in err
@@ -119,21 +75,14 @@ def test_a_follower_of_a_run_whose_worker_died_says_it_ended_lost_and_exits_75(h
 
 def test_ql_run_with_retries_streams_the_attempt_that_runs_again(harness: Harness) -> None:
     """A lost attempt of a run with retries: `ql run` says so and streams the new attempt from its start."""
-    harness.start_control()
-    first = harness.start_worker("a")
     marker = harness.root / "ran-once"
     script = (f'if [ -e "{marker}" ]; then echo "second attempt"; exit 0; fi; touch "{marker}"; '
               f'echo "first attempt"; sleep 60')
-    client = Client(harness, ["run", "--retries", "1", "--", "sh", "-c", script])
-    try:
-        wait_for(lambda: bytes(client.out) == b"first attempt\n", what="the first attempt's line",
-                 diagnose=harness.logs)
-        first.signal(signal.SIGKILL)
-        first.wait()
+    with streamed(harness, "run", "--retries", "1", script=script, first=b"first attempt\n") as s:
+        s.worker.signal(signal.SIGKILL)
+        s.worker.wait()
         harness.start_worker("b")
-        rc, out, err = client.finish()
-    finally:
-        client.close()
+        rc, out, err = s.client.finish()
     assert rc == 0, err
     assert out == b"first attempt\nsecond attempt\n"
     assert "was lost; the run runs again as attempt" in err, err
@@ -143,26 +92,12 @@ def test_a_worker_restarted_while_followed_stops_the_old_task_and_the_followers_
     """The example's story: the worker is SIGKILLed and started again at once (same data dir). The
     restarted worker stops the task its previous process left running; the run ends `lost`, and
     `ql run` and `ql logs -f` on the control node say so and exit 75 — not 0 without a word."""
-    harness.start_control()
-    worker = harness.start_worker("a")
-    client = Client(harness, ["run", "--", "sh", "-c", 'echo "started"; sleep 60'])
-    follower = None
-    try:
-        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
-                 diagnose=harness.logs)
-        run_id = run_id_of(harness)
-        follower = Client(harness, ["logs", "-f", run_id])
-        wait_for(lambda: bytes(follower.out) == b"started\n", what="the follower's first line",
-                 diagnose=harness.logs)
-        worker.signal(signal.SIGKILL)
-        worker.wait()
+    with streamed(harness, "run", follow=True) as s:
+        s.worker.signal(signal.SIGKILL)
+        s.worker.wait()
         harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"))
-        rc, out, err = client.finish()
-        frc, fout, ferr = follower.finish()
-    finally:
-        client.close()
-        if follower is not None:
-            follower.close()
+        (rc, out, err), (frc, fout, ferr) = s.finish()
+    run_id = s.run_id
     assert harness.status(run_id) == "lost"
     assert (rc, out) == (75, b"started\n"), err
     assert f"ql: run {run_id} ended lost" in err
@@ -200,17 +135,10 @@ def test_ql_run_streams_on_after_the_control_database_was_away(harness: Harness)
 def test_ctrl_c_on_a_streaming_ql_run_cancels_the_run_on_its_worker(harness: Harness) -> None:
     """SIGINT while `ql run` sleeps on the store's notification: the cancel intent is committed, the
     worker stops the task, `ql run` says so and exits 130, as locally."""
-    harness.start_control()
-    harness.start_worker("a")
-    client = Client(harness, ["run", "--", "sh", "-c", 'echo "started"; sleep 60'])
-    try:
-        wait_for(lambda: bytes(client.out) == b"started\n", what="the task's first line",
-                 diagnose=harness.logs)
-        run_id = run_id_of(harness)
-        client.proc.send_signal(signal.SIGINT)
-        rc, out, err = client.finish()
-    finally:
-        client.close()
+    with streamed(harness, "run") as s:
+        s.client.proc.send_signal(signal.SIGINT)
+        rc, out, err = s.client.finish()
+    run_id = s.run_id
     assert harness.status(run_id) == "cancelled"
     assert (rc, out) == (130, b"started\n"), err
     assert f"ql: cancelling run {run_id}" in err and f"ql: run {run_id} ended cancelled" in err, err
