@@ -17,26 +17,10 @@ admin=${QL_ADMIN_URL:-postgresql://postgres@127.0.0.1:5432/postgres}
 db=${QL_EXAMPLE_DB:-ql_example}
 wrole=${QL_EXAMPLE_ROLE:-ql_example_worker}
 roles=${*:-control worker-a worker-b}
-for role in $roles; do
-  case $role in control|worker-a|worker-b) ;; *) echo "up.sh: unknown role '$role' (control, worker-a, worker-b)" >&2; exit 2 ;; esac
-done
+. ./lib.sh   # check_roles, lock_run, running
+check_roles $roles
 mkdir -p -m 700 .run
-# One up.sh (or down.sh) at a time: two at once could both find a role stopped and both start it.
-exec 9>>.run/lock
-if command -v flock >/dev/null 2>&1; then   # util-linux; without it, run one at a time yourself
-  flock -w 60 9 || { echo "up.sh: another up.sh or down.sh holds $here/.run/lock" >&2; exit 1; }
-fi
-
-# args_of PID: its command line, one line (Linux: /proc; elsewhere ps, at full width).
-args_of() {
-  if [ -r "/proc/$1/cmdline" ]; then tr '\0' ' ' <"/proc/$1/cmdline"; else ps -ww -o args= -p "$1"; fi 2>/dev/null
-}
-# running ROLE: its pid file names a live process running this example's `ql` for that role.
-running() {
-  pid=$(cat ".run/$1.pid" 2>/dev/null) || return 1
-  case $pid in ''|*[!0-9]*) return 1 ;; esac
-  args_of "$pid" | grep -q -F -- "--config $here/.run/$1.toml"
-}
+lock_run
 
 python3 - "$admin" "$db" "$wrole" <<'PY'
 import sys, psycopg
