@@ -125,18 +125,23 @@ class ShipTable:
 
     def track(self, rows: list[tuple[str, str, str, int, str]]) -> None:
         """Remember claimed attempts (attempt id, run id, log id, lease generation, token): one commit."""
-        now = now_ms()
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO ql_log_ship (attempt_id, run_id, log_id, lease_generation, lease_token,"
-                    " state, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'shipping', ?, ?)",
-                    [(*r, now, now) for r in rows])
+                self.track_in(self._conn, rows)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+
+    @staticmethod
+    def track_in(c: Any, rows: list[tuple[str, str, str, int, str]]) -> None:
+        """:meth:`track` inside the transaction of another connection to the same file (the claim's)."""
+        now = now_ms()
+        c.executemany(
+            "INSERT OR IGNORE INTO ql_log_ship (attempt_id, run_id, log_id, lease_generation, lease_token,"
+            " state, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'shipping', ?, ?)",
+            [(*r, now, now) for r in rows])
 
     def get(self, attempt_id: str) -> ShipRow | None:
         rows = self._exec(f"SELECT {_COLUMNS} FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
