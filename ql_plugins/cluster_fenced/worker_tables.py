@@ -17,7 +17,7 @@ fence              ``worker_id``, ``worker_generation``, ``session``, ``lease_ge
 state              ``claimed`` (claim answered; nothing started) → ``launching`` (written
                    in the local create commit, before the spawn) → ``outbox`` (the attempt
                    ended locally: written in its local terminal commit; the payload below is
-                   fixed) → ``answered`` (a final answer came back)
+                   fixed) → ``answered`` (a final answer came back; an unsynced commit)
 stop_reason        the worker stopped the task itself: ``FENCED`` (the database said its lease
                    is gone), ``SELF_FENCED`` (its own lease deadline passed) or
                    ``WORKER_DRAINED`` (handed back on drain); ``stopped_at_ms`` its wall time
@@ -34,10 +34,11 @@ Rows with an answer are kept (token erased) for ``answered_retention_s``, then d
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ql_core.errors import DatabaseError
 
@@ -193,6 +194,27 @@ class WorkerLeases:
             if also is not None:
                 also(c)
 
+    @contextlib.contextmanager
+    def _unsynced(self) -> Iterator[Any]:
+        """A write transaction whose COMMIT skips the WAL fsync (``synchronous=NORMAL``).
+
+        Only for a final answer: a copy of what the control database already holds durably. A
+        SIGKILL never loses such a commit (it is in the WAL, in the page cache); only a power cut
+        before the next fsync'd commit of this file can, and then the row is back in ``outbox``
+        with its token, is sent again and gets a final answer again (an exact replay is
+        ``already_completed``; anything later ``fenced`` / ``already_terminal``): the control plane
+        never changes. Every commit that could depend on the answer (the purge of answered rows,
+        the local history purge) is fsync'd, and the WAL is one ordered file: its fsync carries
+        every earlier commit too, so nothing is deleted before the answer that allows it is durable.
+        """
+        conn = self._db.connection()
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._db.write() as c:
+                yield c
+        finally:
+            conn.execute("PRAGMA synchronous=FULL")
+
     def set_state(self, attempt_id: str, new: str, *, expected: str) -> bool:
         with self._db.write() as c:
             return c.execute(_SET_STATE, (new, _now_ms(), attempt_id, expected)).rowcount == 1
@@ -209,14 +231,15 @@ class WorkerLeases:
             return to_outbox_in(c, attempt_id, payload)
 
     def mark_answered(self, attempt_id: str, answer: str) -> bool:
+        """The final answer (unsynced: see :meth:`_unsynced`)."""
         now = _now_ms()
-        with self._db.write() as c:
+        with self._unsynced() as c:
             return c.execute(_ANSWER, (answer, now, now, attempt_id)).rowcount == 1
 
     def mark_answered_many(self, answers: Iterable[tuple[str, str]]) -> None:
-        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one transaction."""
+        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one unsynced transaction."""
         now = _now_ms()
-        with self._db.write() as c:
+        with self._unsynced() as c:
             c.executemany(_ANSWER, [(answer, now, now, attempt_id) for attempt_id, answer in answers])
 
     def note_try(self, attempt_id: str, kind: str | None = None, row: LeaseRow | None = None) -> None:
