@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,9 +76,19 @@ def main() -> None:
                 time.sleep(1.0)  # the last answers and log finalizes
                 done = _count(trace)
             finally:
+                # The worker itself, not strace (which would only detach and leave it running).
                 for p in workers.procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
+                    try:
+                        children = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+                    except OSError:
+                        children = []  # strace is gone (and took the worker with it)
+                    for child in children:
+                        os.kill(int(child), signal.SIGTERM)
+                for p in workers.procs:
+                    try:
+                        p.wait(60)
+                    except subprocess.TimeoutExpired:
+                        pass
                 workers.stop()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
