@@ -251,7 +251,8 @@ def embedded(n: int, tmp: Path, timeout: float) -> float:
 class Workers:
     """``count`` real ``ql worker`` processes (4 slots each), all opening specs with one key."""
 
-    def __init__(self, dsn: str, count: int, tmp: Path, key_file: Path) -> None:
+    def __init__(self, dsn: str, count: int, tmp: Path, key_file: Path, prefix: tuple[str, ...] = ()) -> None:
+        """``prefix``: a command each worker runs under (``bench/worker_fsyncs.py``: strace)."""
         self.dsn, self.count = dsn, count
         self.procs: list[subprocess.Popen[bytes]] = []
         self.names = [f"bench-e{count}-{w}" for w in range(count)]
@@ -265,7 +266,7 @@ class Workers:
             env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
             env["QL_CONFIG"] = str(config)
             with open(d.parent / f"w{count}-{w}.log", "wb") as log:
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "ql_core.cli.main", "worker"], env=env,
+                self.procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "ql_core.cli.main", "worker"], env=env,
                                                    stdout=subprocess.DEVNULL, stderr=log))
 
     def wait_registered(self, timeout: float) -> None:

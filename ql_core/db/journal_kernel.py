@@ -190,6 +190,7 @@ class SqlJournalKernel:
             for e in facts.events:
                 self._execute(c, sql.INSERT_EVENT, (e.run_id, e.seq, e.type, e.attempt_id, e.status, None, None, now))
             self._execute(c, sql.INSERT_JOURNAL, (new.attempt_id, new.run_id, new.receipt_ref, now, now))
+            self._create_also(c, new)
             crashpoint("create.before_commit")
         return facts.events
 
@@ -266,9 +267,21 @@ class SqlJournalKernel:
         if t.dispatch is not None and snap.run is not None:
             d = t.dispatch
             self._execute(c, self.sql.INSERT_DISPATCH, (snap.run.id, d.attempt_id, d.reason, d.due_at_ms, now, now))
+        if t.terminal and snap.attempt is not None:
+            self._terminal_also(c, snap.attempt.id)
         if t.crash_point:
             crashpoint(t.crash_point)
         return infos
+
+    # -- a subclass's own rows in the same commits (the defaults: none) ---------------------------
+    def _create_also(self, c: Any, new: NewRun) -> None:
+        """Inside the create transaction, after its rows: a subclass's own writes that must commit
+        with the create or not at all (the cluster worker's lease step). Default: nothing."""
+
+    def _terminal_also(self, c: Any, attempt_id: str) -> None:
+        """Inside a terminal transition's transaction, after its rows (the attempt already reads
+        terminal): a subclass's own writes that must commit with it or not at all (the cluster
+        worker's outbox row). Default: nothing."""
 
     def _compare_and_set(self, c: Any, table: str, values: Mapping[str, object], expected: Mapping[str, object],
                          what: str) -> None:

@@ -123,20 +123,41 @@ class ShipTable:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
+    def _exec_unsynced(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """One statement whose commit skips the WAL fsync (``synchronous=NORMAL``): only for rows
+        that copy what the artifact store already holds durably — an acknowledged finalize, a
+        permanent refusal, the forgetting of a deleted log. A SIGKILL never loses such a commit (it
+        is in the WAL); a power cut before the next fsync'd commit of ``worker.db`` may, and then
+        the row is back in its earlier state and is done again: the store answers ``finalized`` /
+        refuses again, and a log already deleted is forgotten again. Never a lost byte: the local
+        log is deleted only by a later fsync'd commit (``mark_log_deleted``), and the WAL's fsync
+        carries every earlier commit."""
+        with self._lock:
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._conn.execute(sql, params)
+            finally:
+                self._conn.execute("PRAGMA synchronous=FULL")
+
     def track(self, rows: list[tuple[str, str, str, int, str]]) -> None:
         """Remember claimed attempts (attempt id, run id, log id, lease generation, token): one commit."""
-        now = now_ms()
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO ql_log_ship (attempt_id, run_id, log_id, lease_generation, lease_token,"
-                    " state, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'shipping', ?, ?)",
-                    [(*r, now, now) for r in rows])
+                self.track_in(self._conn, rows)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+
+    @staticmethod
+    def track_in(c: Any, rows: list[tuple[str, str, str, int, str]]) -> None:
+        """:meth:`track` inside the transaction of another connection to the same file (the claim's)."""
+        now = now_ms()
+        c.executemany(
+            "INSERT OR IGNORE INTO ql_log_ship (attempt_id, run_id, log_id, lease_generation, lease_token,"
+            " state, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, 'shipping', ?, ?)",
+            [(*r, now, now) for r in rows])
 
     def get(self, attempt_id: str) -> ShipRow | None:
         rows = self._exec(f"SELECT {_COLUMNS} FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
@@ -149,16 +170,18 @@ class ShipTable:
 
     def finalized(self, attempt_id: str, total_bytes: int) -> None:
         now = now_ms()
-        self._exec("UPDATE ql_log_ship SET state = 'final', total_bytes = ?, finalized_at_ms = ?, lease_token = NULL,"
-                   " updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'", (total_bytes, now, now, attempt_id))
+        self._exec_unsynced("UPDATE ql_log_ship SET state = 'final', total_bytes = ?, finalized_at_ms = ?,"
+                            " lease_token = NULL, updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'",
+                            (total_bytes, now, now, attempt_id))
 
     def abandon(self, attempt_id: str, reason: str) -> None:
         now = now_ms()
-        self._exec("UPDATE ql_log_ship SET state = 'abandoned', reason = ?, lease_token = NULL, updated_at_ms = ?"
-                   " WHERE attempt_id = ? AND state = 'shipping'", (reason[:64], now, attempt_id))
+        self._exec_unsynced("UPDATE ql_log_ship SET state = 'abandoned', reason = ?, lease_token = NULL,"
+                            " updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'",
+                            (reason[:64], now, attempt_id))
 
     def forget(self, attempt_id: str) -> None:
-        self._exec("DELETE FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
+        self._exec_unsynced("DELETE FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
 
     def due_deletions(self, finalized_before_ms: int, limit: int = SHIP_PAGE) -> list[ShipRow]:
         return [ShipRow(*r) for r in self._exec(

@@ -1,9 +1,9 @@
 """Claims and starts, and the **runner** thread of each attempt.
 
-The claim and the ``start`` call run on the control loop. Then one runner thread per attempt writes
-``launching`` locally, mirrors the attempt into the local store and spawns it through the node's own
-two steps (``ql_core.submit.create`` with the claim's ids, then ``start``: log artifact, receipt
-location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
+The claim and the ``start`` call run on the control loop. Then one runner thread per attempt
+mirrors the attempt into the local store (that create commit also moves its lease row to
+``launching``) and spawns it through the node's own two steps (``ql_core.submit.create`` with the
+claim's ids, then ``start``: log artifact, receipt location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
 which also dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends
 locally. A runner never calls the control database.
 """
@@ -140,21 +140,26 @@ class Runner:
             self.claim_due = time.monotonic() + profile.claim_interval_s
             return
         fences = [(a.fence(worker), a.run_id) for a in result.attempts]
+        log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
+        shipper = self.shipper
+        also = None
+        if shipper is not None:
+            # Tracked for log shipping in the same commit as the lease rows (before anything spawns:
+            # every byte of these logs is shipped) — one fsync per claim, not two. A SIGKILL before
+            # it leaves neither (never started: the sweeper requeues the claims); after it, both.
+            ship_rows = [(f.attempt_id, run_id, log_of[f.attempt_id], f.lease_generation, f.lease_token)
+                         for f, run_id in fences]
+            also = lambda c: shipper.table.track_in(c, ship_rows)  # noqa: E731
         try:
-            self.store.leases.insert_claimed(fences)
+            self.store.leases.insert_claimed(fences, also=also)
         except Exception as exc:  # noqa: BLE001 - not recorded: never started; the sweeper requeues them
             logger.error("claimed {} attempts but could not record them locally ({}); they are not started",
                          len(fences), type(exc).__name__)
             self.claim_due = time.monotonic() + 1.0
             return
+        if shipper is not None:
+            shipper.wake()
         self.session.count("claimed", len(result.attempts))
-        log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
-        if self.shipper is not None:
-            try:  # before anything spawns: every byte of these logs is shipped
-                self.shipper.track([(f.attempt_id, run_id, log_of[f.attempt_id], f.lease_generation, f.lease_token)
-                                    for f, run_id in fences])
-            except Exception as exc:  # noqa: BLE001 - the next start tracks them from ql_worker_lease
-                logger.error("claimed attempts not tracked for log shipping ({})", type(exc).__name__)
         new = []
         for claimed, (fence, _run_id) in zip(result.attempts, fences):
             held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
@@ -243,7 +248,9 @@ class Runner:
             sealed, held.spec = held.spec, None
             spec, problem = self._open_spec(held.run_id, sealed)
             del sealed
-            self.store.leases.set_state(attempt_id, "launching", expected="claimed")
+            # ``launching`` is written in the local create commit (.worker_local), not before it: a
+            # SIGKILL before that commit leaves the row ``claimed`` and no local run, which the
+            # restart releases exactly as it released ``launching`` without a local run.
             if spec is None:
                 # Never spawned: the attempt ends lost with a reason that says why (the run fails
                 # clearly instead of waiting for a key that may never come).

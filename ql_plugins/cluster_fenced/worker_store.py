@@ -12,10 +12,11 @@ Two additions:
 
 - the worker's lease/outbox table (:mod:`.worker_tables`) in the same file;
 - every *terminal* local transition of a claimed attempt puts that attempt's payload into the outbox
-  (:meth:`WorkerJournal.outbox_from_local`) right after it committed, and wakes the worker. The
-  local terminal row already holds everything the completion needs (the receipt's exit code and
-  times), durably (``synchronous=FULL``), so the receipt may go; a crash between the two commits is
-  repaired on restart (:meth:`WorkerJournal.rebuild_outbox`) from that row.
+  in the same commit (:mod:`.worker_local`), and wakes the worker after it. The local terminal row
+  already holds everything the completion needs (the receipt's exit code and times), durably
+  (``synchronous=FULL``), so the receipt may go. An outbox row missing after a terminal commit (a
+  data dir of an earlier release, which wrote it in a commit of its own) is rebuilt on restart
+  (:meth:`WorkerJournal.rebuild_outbox`) from that row.
 
 The local outcome is only provisional: the control plane's answer is authoritative, and it is not
 written back into the local store (the local store records what the process did; ``ql status`` on a
@@ -79,7 +80,7 @@ class WorkerJournal:
 
     def __init__(self, data_dir: Path, *, control_url: str, settings: ClusterSettings, profile: Any,
                  create: bool = True, refuse_fresh: bool = False) -> None:
-        from ql_plugins.edge_sqlite.store import SqliteJournal
+        from .worker_local import WorkerLocalStore
 
         self.data_dir = Path(data_dir)
         self.control_url = control_url
@@ -87,15 +88,15 @@ class WorkerJournal:
         self.profile = profile
         _check_private(self.data_dir)
         path = self.data_dir / WORKER_DB
-        self.local = SqliteJournal(f"sqlite:///{path}", busy_timeout_ms=profile.busy_timeout_ms, create=create,
-                                   refuse_fresh=refuse_fresh)
+        #: The database clock as this worker's calls measured it (outbox times are stated in it).
+        self.clock = DbClock()
+        self.local = WorkerLocalStore(f"sqlite:///{path}", clock=self.clock, busy_timeout_ms=profile.busy_timeout_ms,
+                                      create=create, refuse_fresh=refuse_fresh)
         try:
             self.leases = WorkerLeases(path, busy_timeout_ms=profile.busy_timeout_ms, create=create)
         except BaseException:
             self.local.close()
             raise
-        #: The database clock as this worker's calls measured it (outbox times are stated in it).
-        self.clock = DbClock()
         #: Called (no arguments) after an attempt went into the outbox: wakes the worker loop.
         self.on_outbox: Callable[[str], None] | None = None
 
@@ -157,7 +158,12 @@ class WorkerJournal:
     def _after(self, attempt_id: str, change: Transition | None) -> None:
         if change is None or not change.terminal:
             return
-        try:
+        if self.local.take_outboxed(attempt_id):
+            # The outbox row was written in the terminal commit itself (.worker_local): wake the sender.
+            if self.on_outbox is not None:
+                self.on_outbox(attempt_id)
+            return
+        try:  # not written there (not a claimed attempt, or its payload could not be built then)
             self.outbox_from_local(attempt_id)
         except Exception as exc:  # noqa: BLE001 - the worker's restart scan rebuilds it
             logger.warning("outbox row of attempt {} deferred: {}", attempt_id, type(exc).__name__)

@@ -15,8 +15,9 @@ fence              ``worker_id``, ``worker_generation``, ``session``, ``lease_ge
                    ``lease_token`` — everything a fenced call presents (the token is erased
                    once the row has its final answer)
 state              ``claimed`` (claim answered; nothing started) → ``launching`` (written
-                   before the spawn) → ``outbox`` (the attempt ended locally; the payload
-                   below is fixed) → ``answered`` (a final answer came back)
+                   in the local create commit, before the spawn) → ``outbox`` (the attempt
+                   ended locally: written in its local terminal commit; the payload below is
+                   fixed) → ``answered`` (a final answer came back; an unsynced commit)
 stop_reason        the worker stopped the task itself: ``FENCED`` (the database said its lease
                    is gone), ``SELF_FENCED`` (its own lease deadline passed) or
                    ``WORKER_DRAINED`` (handed back on drain); ``stopped_at_ms`` its wall time
@@ -33,14 +34,16 @@ Rows with an answer are kept (token erased) for ``answered_retention_s``, then d
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ql_core.errors import DatabaseError
 
-__all__ = ["LeaseRow", "WorkerLeases", "WORKER_SCHEMA_VERSION", "LEASE_COLUMNS"]
+__all__ = ["LeaseRow", "WorkerLeases", "WORKER_SCHEMA_VERSION", "LEASE_COLUMNS", "lease_row_in", "mark_launching_in",
+           "to_outbox_in"]
 
 WORKER_SCHEMA_VERSION = 1
 
@@ -138,6 +141,24 @@ class LeaseRow:
                           self.lease_generation, self.lease_token)
 
 
+def lease_row_in(c: Any, attempt_id: str) -> LeaseRow | None:
+    """The attempt's lease row, read inside the transaction of connection ``c``."""
+    row = c.execute(_SELECT, (attempt_id,)).fetchone()
+    return LeaseRow(*row) if row else None
+
+
+def mark_launching_in(c: Any, attempt_id: str) -> bool:
+    """``claimed`` → ``launching`` inside the transaction of ``c`` (the worker's local create commit)."""
+    return c.execute(_SET_STATE, ("launching", _now_ms(), attempt_id, "claimed")).rowcount == 1
+
+
+def to_outbox_in(c: Any, attempt_id: str, payload: Any) -> bool:
+    """Fix the payload (once) inside the transaction of ``c``: the row goes to the outbox."""
+    return c.execute(_OUTBOX, (payload.kind, payload.exit_code, payload.started_at_ms, payload.finished_at_ms,
+                               int(payload.signalled), payload.reason, payload.digest, _now_ms(),
+                               attempt_id)).rowcount == 1
+
+
 class WorkerLeases:
     """The worker's lease/outbox rows in ``worker.db`` (their own connections, same file)."""
 
@@ -163,12 +184,36 @@ class WorkerLeases:
                 raise DatabaseError(f"{self.path} was written by a newer ql (worker schema {row[0]}); upgrade ql")
 
     # -- writes ----------------------------------------------------------------------------------
-    def insert_claimed(self, rows: Iterable[tuple[Any, str]]) -> None:
-        """One transaction for a whole claim: ``(LeaseFence, run_id)`` per claimed attempt."""
+    def insert_claimed(self, rows: Iterable[tuple[Any, str]], *, also: Callable[[Any], None] | None = None) -> None:
+        """One transaction for a whole claim: ``(LeaseFence, run_id)`` per claimed attempt; ``also``
+        writes more rows of the same file in that transaction (the log shipper's tracking rows)."""
         now = _now_ms()
         with self._db.write() as c:
             c.executemany(_INSERT, [(f.attempt_id, run_id, f.worker_id, f.worker_generation, f.session,
                                      f.lease_generation, f.lease_token, now, now) for f, run_id in rows])
+            if also is not None:
+                also(c)
+
+    @contextlib.contextmanager
+    def _unsynced(self) -> Iterator[Any]:
+        """A write transaction whose COMMIT skips the WAL fsync (``synchronous=NORMAL``).
+
+        Only for a final answer: a copy of what the control database already holds durably. A
+        SIGKILL never loses such a commit (it is in the WAL, in the page cache); only a power cut
+        before the next fsync'd commit of this file can, and then the row is back in ``outbox``
+        with its token, is sent again and gets a final answer again (an exact replay is
+        ``already_completed``; anything later ``fenced`` / ``already_terminal``): the control plane
+        never changes. Every commit that could depend on the answer (the purge of answered rows,
+        the local history purge) is fsync'd, and the WAL is one ordered file: its fsync carries
+        every earlier commit too, so nothing is deleted before the answer that allows it is durable.
+        """
+        conn = self._db.connection()
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._db.write() as c:
+                yield c
+        finally:
+            conn.execute("PRAGMA synchronous=FULL")
 
     def set_state(self, attempt_id: str, new: str, *, expected: str) -> bool:
         with self._db.write() as c:
@@ -180,21 +225,21 @@ class WorkerLeases:
             return c.execute(_STOP, (reason, stopped_at_ms, not_before_ms, _now_ms(), attempt_id)).rowcount == 1
 
     def to_outbox(self, attempt_id: str, payload: Any) -> bool:
-        """Fix the payload (once): the row goes to the outbox."""
+        """Fix the payload (once): the row goes to the outbox (its own commit: an attempt with no
+        local terminal transition — released, never created, spec unreadable)."""
         with self._db.write() as c:
-            return c.execute(_OUTBOX, (payload.kind, payload.exit_code, payload.started_at_ms, payload.finished_at_ms,
-                                       int(payload.signalled), payload.reason, payload.digest, _now_ms(),
-                                       attempt_id)).rowcount == 1
+            return to_outbox_in(c, attempt_id, payload)
 
     def mark_answered(self, attempt_id: str, answer: str) -> bool:
+        """The final answer (unsynced: see :meth:`_unsynced`)."""
         now = _now_ms()
-        with self._db.write() as c:
+        with self._unsynced() as c:
             return c.execute(_ANSWER, (answer, now, now, attempt_id)).rowcount == 1
 
     def mark_answered_many(self, answers: Iterable[tuple[str, str]]) -> None:
-        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one transaction."""
+        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one unsynced transaction."""
         now = _now_ms()
-        with self._db.write() as c:
+        with self._unsynced() as c:
             c.executemany(_ANSWER, [(answer, now, now, attempt_id) for attempt_id, answer in answers])
 
     def note_try(self, attempt_id: str, kind: str | None = None, row: LeaseRow | None = None) -> None:

@@ -73,7 +73,9 @@ CRASH_CASES = {
     "spawn.before_handle_commit": (True, "applied"),     # launcher held, never released: released
     "worker.running.before_call": (False, "fenced"),     # runs on without a lease: stopped, fenced
     "completion.before_commit": (True, "applied"),       # receipt replayed locally, then submitted
-    "worker.outbox.before_insert": (True, "applied"),    # outbox rebuilt from the local terminal row
+    # Inside the local terminal commit (the outbox row is written in it): both roll back, the
+    # receipt is replayed on restart and its terminal commit writes the outbox row.
+    "worker.outbox.before_insert": (True, "applied"),
     # The outbox row exists before these points: the control loop may have sent it already (then the
     # restart's replay is answered already_completed) — either is the one true answer.
     "consumer.after_commit": (True, ("applied", "already_completed")),
