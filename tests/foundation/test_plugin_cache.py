@@ -75,3 +75,33 @@ def test_the_cache_can_be_switched_off(tmp_path: Path) -> None:
     _probe(env, "local")
     assert _probe(env, "local")["stevedore"]
     assert not (tmp_path / "cache" / "ql").exists()
+
+
+def test_a_busy_working_directory_keeps_the_cache(tmp_path: Path) -> None:
+    # `python -c` (and `python -m`) puts the working directory first on sys.path: a file written
+    # there changes its mtime. No distribution came or went, so the cache still holds.
+    env = _env(tmp_path)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    run = [sys.executable, "-c", PROBE, "local,file"]
+    subprocess.run(run, env=env, cwd=cwd, check=True, capture_output=True, timeout=60)
+    (cwd / "some-output.log").write_text("x")
+    os.utime(cwd, ns=(1, 1))  # whatever the file system's mtime granularity: the entry changed
+    warm = json.loads(subprocess.run(run, env=env, cwd=cwd, check=True, capture_output=True, text=True,
+                                     timeout=60).stdout)
+    assert not warm["stevedore"] and not warm["metadata"]
+    assert warm["loaded"] == ["local", "file"]
+
+
+def test_a_distribution_added_to_a_busy_entry_is_still_seen(tmp_path: Path) -> None:
+    # The fallback lists the entry's names again: a new distribution there is a miss, and is found.
+    env = _env(tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    _probe(env, "local", extra_path=site)
+    for item in FIXTURES.iterdir():
+        target = site / item.name
+        (shutil.copytree if item.is_dir() else shutil.copy)(item, target)
+    os.utime(site, ns=(1, 1))  # even an entry whose mtime went back still shows its new names
+    found = _probe(env, "local,test-echo", extra_path=site)
+    assert "test-echo" in found["loaded"] and "echo" in found["executors"]
