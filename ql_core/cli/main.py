@@ -140,6 +140,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (usage errors exit 2, no usage dump)."""
 
     json_errors = False
+    #: (command name, module) whose epilog :meth:`format_help` writes first: wrapping it (textwrap)
+    #: is for ``--help`` only, not for every command's start.
+    _epilog_of: tuple[str, object] | None = None
+
+    def format_help(self) -> str:
+        if self._epilog_of is not None:
+            self.epilog, self._epilog_of = _command_epilog(self.epilog, *self._epilog_of), None
+        return super().format_help()
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         return self.formatter_class(prog=self.prog, width=_terminal_columns() - 2)
@@ -148,6 +156,17 @@ class _Parser(argparse.ArgumentParser):
         _report(f"{message} (see {self.prog} --help)", kind="usage", exit_code=2,
                 json_mode=_Parser.json_errors, prefix=f"{self.prog}: error: ")
         raise SystemExit(2)
+
+
+def _command_epilog(own: str | None, name: str, module: object) -> str:
+    """A command's ``--help`` epilog: its module's ``EPILOG`` (or what ``configure`` set), wrapped,
+    then its exit codes."""
+    extra = getattr(module, "EPILOG", None) or own
+    if extra:
+        import textwrap
+
+        extra = "\n\n".join(textwrap.fill(p, 78) for p in extra.split("\n\n"))
+    return (f"{extra}\n\n" if extra else "") + _exit_epilog(name, module)
 
 
 def _exit_epilog(name: str, module: object) -> str:
@@ -188,12 +207,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         _global_options(child, suppress=True)
         module.configure(child)
-        extra = getattr(module, "EPILOG", None) or child.epilog
-        if extra:
-            import textwrap
-
-            extra = "\n\n".join(textwrap.fill(p, 78) for p in extra.split("\n\n"))
-        child.epilog = (f"{extra}\n\n" if extra else "") + _exit_epilog(name, module)
+        child._epilog_of = (name, module)
         child.set_defaults(_module=module)
     return parser
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal as _signal
 import socket
 import subprocess
@@ -214,6 +213,8 @@ class _LaunchHints:
 
     @staticmethod
     def _probe(path: str) -> str:
+        import shutil  # here: shutil (with bz2, lzma, zlib) is ~2 ms of every host start otherwise
+
         hints = ""
         try:
             env_tool = shutil.which("env", path=path)
