@@ -9,6 +9,7 @@ changed for another reason — the working directory or a script's directory, fi
 for ``python -m`` and ``python script.py``, where any file written changes it — is looked at again
 (its names only) and still matches: before, every such start missed the cache and paid the scan of
 every installed distribution (stevedore, importlib.metadata: ~25-40 ms CPU of a ``ql run``).
+One file per interpreter prefix holds up to :data:`MAX_ENTRIES` import paths, most recent first.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 from typing import Mapping
 
-__all__ = ["PLUGIN_CACHE_ENV", "read_cached_group", "write_cached_group"]
+__all__ = ["PLUGIN_CACHE_ENV", "MAX_ENTRIES", "read_cached_group", "write_cached_group"]
 
 #: ``QL_PLUGIN_CACHE=off`` makes every start ask stevedore (and importlib.metadata) afresh.
 PLUGIN_CACHE_ENV = "QL_PLUGIN_CACHE"
@@ -90,35 +91,51 @@ def _cache_file(env: Mapping[str, str]) -> str | None:
     return os.path.join(directory, f"plugins-{crc32(sys.prefix.encode()):08x}.json")
 
 
-def read_cached_group(env: Mapping[str, str]) -> dict[str, str] | None:
-    """The group's ``name -> "module:attr"`` as stevedore found it in this very environment, or None."""
-    path = _cache_file(env)
-    if path is None:
-        return None
+#: Import paths remembered per file: ``ql`` (its bin directory first on sys.path) and ``python -m``
+#: from a directory or two each keep their entry, instead of rewriting one entry at every switch.
+MAX_ENTRIES = 8
+
+
+def _load(path: str) -> list[dict[str, object]]:
+    """The entries of the cache file (most recent first); none when it is missing, not ours, too
+    large or damaged."""
     import json
     import stat
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        return []
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > 256 * 1024 or st.st_uid != os.geteuid():
-            return None
+            return []
         data = json.loads(os.read(fd, st.st_size + 1))
     except (OSError, ValueError):
-        return None
+        return []
     finally:
         os.close(fd)
-    if not isinstance(data, dict) or data.get("key") != _environment_key():
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def read_cached_group(env: Mapping[str, str]) -> dict[str, str] | None:
+    """The group's ``name -> "module:attr"`` as stevedore found it in this very environment, or None."""
+    path = _cache_file(env)
+    if path is None:
         return None
-    if not _same_distributions(data.get("paths")):
-        return None
-    group = data.get("plugins")
-    if not isinstance(group, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in group.items()):
-        return None
-    return group
+    key = _environment_key()
+    for entry in _load(path):
+        if entry.get("key") != key:
+            continue
+        if not _same_distributions(entry.get("paths")):
+            return None
+        group = entry.get("plugins")
+        if not isinstance(group, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in group.items()):
+            return None
+        return group
+    return None
 
 
 def write_cached_group(env: Mapping[str, str], group: Mapping[str, str]) -> None:
@@ -131,7 +148,10 @@ def write_cached_group(env: Mapping[str, str], group: Mapping[str, str]) -> None
 
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        body = json.dumps({"key": _environment_key(), "paths": _path_entries(), "plugins": dict(group)})
+        key = _environment_key()
+        entries = [{"key": key, "paths": _path_entries(), "plugins": dict(group)}]
+        entries += [e for e in _load(path) if e.get("key") != key][:MAX_ENTRIES - 1]
+        body = json.dumps({"entries": entries})
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".plugins-")
         try:
             os.write(fd, body.encode())

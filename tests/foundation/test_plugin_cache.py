@@ -64,7 +64,10 @@ def test_a_damaged_or_foreign_cache_is_ignored(tmp_path: Path) -> None:
     _probe(env, "local")
     [path] = (tmp_path / "cache" / "ql").glob("plugins-*.json")
     for damage in (b"{not json", json.dumps({"key": "another environment", "plugins": {"local": "x:y"}}).encode(),
-                   json.dumps({"key": None, "plugins": []}).encode()):
+                   json.dumps({"key": None, "plugins": []}).encode(),
+                   json.dumps({"entries": [{"key": "another environment", "paths": [],
+                                            "plugins": {"local": "x:y"}}]}).encode(),
+                   json.dumps({"entries": "not a list"}).encode(), json.dumps(["entries"]).encode()):
         path.write_bytes(damage)
         result = _probe(env, "local")
         assert result["loaded"] == ["local"] and result["stevedore"]
@@ -105,3 +108,15 @@ def test_a_distribution_added_to_a_busy_entry_is_still_seen(tmp_path: Path) -> N
     os.utime(site, ns=(1, 1))  # even an entry whose mtime went back still shows its new names
     found = _probe(env, "local,test-echo", extra_path=site)
     assert "test-echo" in found["loaded"] and "echo" in found["executors"]
+
+
+def test_two_import_paths_keep_their_own_entries(tmp_path: Path) -> None:
+    # `ql` and `python -m` (another first sys.path entry) alternating: each start still hits.
+    env = _env(tmp_path)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    for where in (a, b):
+        assert _probe(env, "local", extra_path=where)["stevedore"]
+    for where in (a, b, a):
+        assert not _probe(env, "local", extra_path=where)["stevedore"]
