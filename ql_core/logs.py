@@ -229,18 +229,23 @@ def log_size(data_dir: Path, log_artifact_id: str) -> int | None:
 def _cut_to(data_dir: Path, log_artifact_id: str, max_bytes: int) -> tuple[int | None, bool]:
     """``ftruncate`` the log to ``max_bytes`` if it is longer: (size seen before, was it cut)."""
     with _LogDir(data_dir, log_artifact_id) as d:
-        fd = d.open(os.O_WRONLY)
-        if fd is None:
-            return None, False
-        try:
-            st = os.fstat(fd)
-            if st.st_size <= max_bytes:
-                return st.st_size, False
-            # The task's appends land at the new end (O_APPEND): [0, max_bytes) is never rewritten.
-            os.ftruncate(fd, max_bytes)
-            return st.st_size, True
-        finally:
-            os.close(fd)
+        return _cut_in(d, max_bytes)
+
+
+def _cut_in(d: _LogDir, max_bytes: int) -> tuple[int | None, bool]:
+    """:func:`_cut_to` in a log directory opened already."""
+    fd = d.open(os.O_WRONLY)
+    if fd is None:
+        return None, False
+    try:
+        st = os.fstat(fd)
+        if st.st_size <= max_bytes:
+            return st.st_size, False
+        # The task's appends land at the new end (O_APPEND): [0, max_bytes) is never rewritten.
+        os.ftruncate(fd, max_bytes)
+        return st.st_size, True
+    finally:
+        os.close(fd)
 
 
 def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
@@ -275,35 +280,40 @@ def drop_if_empty(data_dir: Path, log_artifact_id: str) -> bool:
     leases (another file system, ``fs.leases-enable = 0``) the file is kept. Readers see a missing
     file as an empty log, which it is; the recorded size (0) is committed before.
     """
+    with _LogDir(data_dir, log_artifact_id) as d:
+        return _drop_in(d)
+
+
+def _drop_in(d: _LogDir) -> bool:
+    """:func:`drop_if_empty` in a log directory opened already."""
     import fcntl
     import signal
 
-    with _LogDir(data_dir, log_artifact_id) as d:
-        fd = d.open(os.O_RDONLY)
-        if fd is None:
+    fd = d.open(os.O_RDONLY)
+    if fd is None:
+        return False
+    try:
+        if os.fstat(fd).st_size != 0:
             return False
+        setlease = getattr(fcntl, "F_SETLEASE", _F_SETLEASE)
         try:
+            # A lease break (an open by another process while we hold it) signals the holder,
+            # SIGIO by default — which would end this process. SIGURG is ignored by default.
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETSIG", _F_SETSIG), signal.SIGURG)
+            fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
+        except OSError:
+            return False  # held open elsewhere, or no leases here: keep it
+        try:
+            # While we hold the lease another open waits for us (the lease-break grace), so the
+            # name goes before anyone else can get a descriptor of it.
             if os.fstat(fd).st_size != 0:
                 return False
-            setlease = getattr(fcntl, "F_SETLEASE", _F_SETLEASE)
-            try:
-                # A lease break (an open by another process while we hold it) signals the holder,
-                # SIGIO by default — which would end this process. SIGURG is ignored by default.
-                fcntl.fcntl(fd, getattr(fcntl, "F_SETSIG", _F_SETSIG), signal.SIGURG)
-                fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
-            except OSError:
-                return False  # held open elsewhere, or no leases here: keep it
-            try:
-                # While we hold the lease another open waits for us (the lease-break grace), so the
-                # name goes before anyone else can get a descriptor of it.
-                if os.fstat(fd).st_size != 0:
-                    return False
-                os.unlink(d.name, dir_fd=d.fd)
-            finally:
-                fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
-            return True
+            os.unlink(d.name, dir_fd=d.fd)
         finally:
-            os.close(fd)
+            fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
+        return True
+    finally:
+        os.close(fd)
 
 
 # -- facts from the run store -----------------------------------------------------------
@@ -345,8 +355,8 @@ class Finalized(NamedTuple):
     size_bytes: int | None = None
 
 
-def _finalize(node: Node, log_artifact_id: str) -> Finalized:
-    """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
+def _ended_facts(node: Node, log_artifact_id: str) -> LogFacts | Finalized:
+    """The facts of a log whose attempt (ours) has ended, or what :func:`finalize_log` answers instead."""
     from .states import ATTEMPT_FINAL
 
     facts = node.journal.log_facts(log_artifact_id)
@@ -359,10 +369,24 @@ def _finalize(node: Node, log_artifact_id: str) -> Finalized:
         return Finalized("foreign")  # another node's file: not ours to touch
     if attempt.status not in ATTEMPT_FINAL:
         return Finalized("active")
-    size, cut = _cut_to(node.config.data_dir, facts.id, facts.max_bytes)
+    return facts
+
+
+def _cut_ended(node: Node, facts: LogFacts, d: _LogDir) -> Finalized:
+    """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
+    size, cut = _cut_in(d, facts.max_bytes)
     if cut and not facts.truncated:
         _record_truncation(node, facts)
     return Finalized("truncated" if cut else "finalized", facts, min(size or 0, facts.max_bytes))
+
+
+def _finalize(node: Node, log_artifact_id: str) -> Finalized:
+    """Cut an ended attempt's log to its quota; record a first cut. No ``size_bytes`` write."""
+    facts = _ended_facts(node, log_artifact_id)
+    if isinstance(facts, Finalized):
+        return facts
+    with _LogDir(node.config.data_dir, facts.id) as d:
+        return _cut_ended(node, facts, d)
 
 
 def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) -> str:
@@ -372,11 +396,17 @@ def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) 
     ``"truncated"`` (it was cut now), ``"finalized"``, ``"active"`` (the attempt
     has not ended: nothing done), ``"foreign"`` (another node's) or ``"missing"``.
     """
-    done = _finalize(node, log_artifact_id)
-    if record_size and done.facts is not None and done.facts.size_bytes != done.size_bytes:
-        node.journal.record_log_sizes({done.facts.id: done.size_bytes or 0})
-        if done.size_bytes == 0:
-            drop_if_empty(node.config.data_dir, log_artifact_id)  # after its size is recorded
+    facts = _ended_facts(node, log_artifact_id)
+    if isinstance(facts, Finalized):
+        return facts.outcome
+    # One walk of the log's directories (opened without following links) for the cut and for the
+    # drop of an empty file: every awaited task ends here, most of them having printed nothing.
+    with _LogDir(node.config.data_dir, facts.id) as d:
+        done = _cut_ended(node, facts, d)
+        if record_size and facts.size_bytes != done.size_bytes:
+            node.journal.record_log_sizes({facts.id: done.size_bytes or 0})
+            if done.size_bytes == 0:
+                _drop_in(d)  # after its size is recorded
     return done.outcome
 
 

@@ -51,11 +51,16 @@ _NODE_ID_MAX_BYTES = 128
 
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (0700) if missing; refuse a symlink or a non-directory."""
+    # Looked at first: it exists on every call but the first (each task's log directories), and a
+    # failed mkdir costs a syscall and an exception for nothing. The lstat after decides either way.
     try:
-        os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"{path} must be a real directory, not a symlink or file; remove it and retry")
     return path

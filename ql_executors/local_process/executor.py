@@ -42,7 +42,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, forget_after_fork, reap_exited
-from .handles import decode_handle, encode_handle, stamped, start_boot
+from .handles import START_BOOT_KEY, decode_handle, encode_handle, handle_dict, stamped, start_boot
 from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .standby import Standby, StandbyPool
@@ -557,9 +557,18 @@ class LocalProcessExecutor:
         """How long the attempt of ``handle`` has run, on the boot clock (ports.executor,
         "Durations"): from the start its handle records, in this boot only (after a reboot its
         task cannot be running). None when the handle records none or the boot differs."""
-        since = start_boot(handle)
-        parsed = decode_handle(handle)
-        if since is None or parsed is None or parsed.source != "proc" or parsed.boot_id != identity.read_boot_id():
+        # One parse of the stored JSON for both facts (this runs in every terminal decision).
+        data = handle_dict(handle)
+        if data is None:
+            return None
+        since = data.pop(START_BOOT_KEY, None)
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            return None
+        try:
+            parsed = identity.handle_from_dict(data)
+        except ValueError:
+            return None
+        if parsed is None or parsed.source != "proc" or parsed.boot_id != identity.read_boot_id():
             return None
         return elapsed_ms_ceil(since)
 

@@ -134,14 +134,28 @@ _ORPHANED = "orphaned"
 _PUBLISHING = "publishing"
 
 
+#: The boot id read from each path (only a valid one is kept). A process never outlives its boot,
+#: so the first good read stays true for its whole life: every later identity check and duration
+#: (two per awaited task) would otherwise reopen the file for the same answer. Keyed by path, so a
+#: test pointing ``_BOOT_ID_PATH`` elsewhere reads that file.
+_BOOT_IDS: dict[str, str] = {}
+
+
 def read_boot_id() -> str | None:
     """The current boot id, or ``None`` when it cannot be read."""
+    path = _BOOT_ID_PATH
+    known = _BOOT_IDS.get(path)
+    if known is not None:
+        return known
     try:
-        with open(_BOOT_ID_PATH, "rb") as f:
+        with open(path, "rb") as f:
             value = f.read(64).decode("ascii", "replace").strip()
     except OSError:
         return None
-    return value if _BOOT_ID.fullmatch(value) else None
+    if _BOOT_ID.fullmatch(value) is None:
+        return None
+    _BOOT_IDS[path] = value
+    return value
 
 
 def _parse_stat(raw: bytes) -> ProcStat:
