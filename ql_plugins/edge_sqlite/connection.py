@@ -146,7 +146,12 @@ class SqliteConnections:
                     self._attach(conn, self._trace)
             # The thread-local dict is dropped when this thread ends, and the slot with it: close
             # its connection then (weakly bound to us: a slot must not keep the store alive).
-            weakref.finalize(slot, _release, weakref.ref(self), id(slot), conn)
+            release = weakref.finalize(slot, _release, weakref.ref(self), id(slot), conn)
+            # Never at interpreter exit: atexit runs in the main thread while a daemon thread (a
+            # supervisor in its round) may be inside a statement on this very connection, and
+            # closing it under that statement crashed the exiting host (SIGSEGV, about 1 exit in
+            # 10). Every commit is durable already; the OS closes the file.
+            release.atexit = False
             self._local.slot = slot
         return slot.conn
 

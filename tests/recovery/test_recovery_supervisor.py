@@ -222,7 +222,9 @@ _DAEMON = textwrap.dedent("""
 def test_the_supervisor_never_keeps_the_interpreter_alive(data_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "daemon_host.py"
     script.write_text(_DAEMON)
-    for mode in ("idle", "stuck"):
+    # idle five times: a host leaving while its supervisor is inside a statement used to crash
+    # at exit (its connection closed under it by an atexit finalizer) about once in ten exits.
+    for mode in ("idle",) * 5 + ("stuck",):
         started = time.monotonic()
         proc = subprocess.run([sys.executable, str(script), str(data_dir), mode], capture_output=True, text=True,
                               timeout=60)
