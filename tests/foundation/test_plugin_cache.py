@@ -46,15 +46,18 @@ def test_a_warm_start_loads_the_same_plugins_without_the_scan(tmp_path: Path) ->
     assert not warm["stevedore"] and not warm["metadata"]
 
 
+def _install_fixture_plugin(site: Path) -> None:
+    """"pip install" the test plugin distribution into the import path ``site``."""
+    for item in FIXTURES.iterdir():
+        (shutil.copytree if item.is_dir() else shutil.copy)(item, site / item.name)
+
+
 def test_a_newly_installed_distribution_invalidates_the_cache(tmp_path: Path) -> None:
     env = _env(tmp_path)
     site = tmp_path / "site"
     site.mkdir()
     _probe(env, "local", extra_path=site)
-    # "pip install" a plugin distribution into that import path: the directory's mtime changes.
-    for item in FIXTURES.iterdir():
-        target = site / item.name
-        (shutil.copytree if item.is_dir() else shutil.copy)(item, target)
+    _install_fixture_plugin(site)  # the directory's mtime changes
     found = _probe(env, "local,test-echo", extra_path=site)
     assert "test-echo" in found["loaded"] and "echo" in found["executors"]
 
@@ -102,9 +105,7 @@ def test_a_distribution_added_to_a_busy_entry_is_still_seen(tmp_path: Path) -> N
     site = tmp_path / "site"
     site.mkdir()
     _probe(env, "local", extra_path=site)
-    for item in FIXTURES.iterdir():
-        target = site / item.name
-        (shutil.copytree if item.is_dir() else shutil.copy)(item, target)
+    _install_fixture_plugin(site)
     os.utime(site, ns=(1, 1))  # even an entry whose mtime went back still shows its new names
     found = _probe(env, "local,test-echo", extra_path=site)
     assert "test-echo" in found["loaded"] and "echo" in found["executors"]
