@@ -39,13 +39,14 @@ if TYPE_CHECKING:
     from .node import Node
     from .ports.executor import Executor, SpawnedTask, SpawnRequest
 
-__all__ = ["Submission", "RunIds", "submit", "submit_many", "create", "start", "enqueue", "check_submission",
-           "MAX_SUBMIT_MANY"]
+__all__ = ["Submission", "RunIds", "submit", "submit_many", "check_tasks", "create", "start", "enqueue",
+           "check_submission", "MAX_SUBMIT_MANY"]
 
 #: ``Runtime.submit_many`` takes at most this many tasks per call (a larger burst is several calls).
 MAX_SUBMIT_MANY = 10_000
 #: The keys a task of ``submit_many`` may have: :func:`submit`'s arguments.
-_TASK_KEYS = frozenset({"command", "shell", "name", "timeout_s", "cwd", "env", "log_max_bytes", "max_attempts"})
+_TASK_KEYS = frozenset({"command", "shell", "name", "timeout_s", "cwd", "env", "env_add", "log_max_bytes",
+                        "max_attempts"})
 
 
 @dataclass
@@ -197,6 +198,30 @@ def submit_many(node: Node, tasks: Sequence[Mapping[str, Any]]) -> list[Submissi
         raise RuntimeClosedError("this runtime is closed: submit on a runtime from Runtime.open(config) that "
                                  "is not closed yet (nothing was submitted)")
     tasks = list(tasks)
+    check_tasks(tasks)
+    if node.executor is not None or not isinstance(node.journal, BulkQueueing):
+        return [submit(node, **task) for task in tasks]
+    journal: Any = node.journal
+    now = now_ms()
+    runs = []
+    for task in tasks:
+        env, timeout_s = task.get("env"), task.get("timeout_s")
+        runs.append(QueuedRun(run_id=new_id(), name=task.get("name"), created_at_ms=now,
+                              spec=TaskSpec(command=tuple(task["command"]), shell=task.get("shell", False),
+                                            cwd=task.get("cwd"), env=dict(env) if env else None,
+                                            env_add=dict(task["env_add"]) if task.get("env_add") else None),
+                              timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None,
+                              max_attempts=task.get("max_attempts", 1)))
+    for events in retrying(lambda: journal.enqueue_many(runs), retries=node.profile.completion_retries):
+        for event in events:
+            node.notify(event)
+    return [Submission(run_id=run.run_id, attempt_id=None, log_artifact_id=None, callback_sequence=0,
+                       started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None) for run in runs]
+
+
+def check_tasks(tasks: Sequence[Mapping[str, Any]]) -> None:
+    """The checks :func:`submit_many` makes before anything is written: ``TypeError`` / ``UsageError``
+    naming ``tasks[i]`` and the fix (``ql run --many`` checks a whole file with it first)."""
     if len(tasks) > MAX_SUBMIT_MANY:
         raise UsageError(f"submit_many takes at most {MAX_SUBMIT_MANY} tasks per call; split the burst")
     for i, task in enumerate(tasks):
@@ -207,7 +232,8 @@ def submit_many(node: Node, tasks: Sequence[Mapping[str, Any]]) -> list[Submissi
             raise TypeError(f"tasks[{i}] has keys submit() does not take; allowed: {', '.join(sorted(_TASK_KEYS))}")
         try:
             check_submission(task["command"], shell=task.get("shell", False), env=task.get("env"),
-                             timeout_s=task.get("timeout_s"), log_max_bytes=task.get("log_max_bytes"))
+                             timeout_s=task.get("timeout_s"), log_max_bytes=task.get("log_max_bytes"),
+                             env_add=task.get("env_add"))
         except (TypeError, UsageError) as exc:
             raise type(exc)(f"tasks[{i}]: {exc}") from None
         attempts = task.get("max_attempts", 1)
@@ -215,23 +241,6 @@ def submit_many(node: Node, tasks: Sequence[Mapping[str, Any]]) -> list[Submissi
             raise TypeError(f"tasks[{i}]: max_attempts must be an int, not a {type(attempts).__name__}")
         if not 1 <= attempts <= 100:
             raise UsageError(f"tasks[{i}]: max_attempts must be between 1 and 100")
-    if node.executor is not None or not isinstance(node.journal, BulkQueueing):
-        return [submit(node, **task) for task in tasks]
-    journal: Any = node.journal
-    now = now_ms()
-    runs = []
-    for task in tasks:
-        env, timeout_s = task.get("env"), task.get("timeout_s")
-        runs.append(QueuedRun(run_id=new_id(), name=task.get("name"), created_at_ms=now,
-                              spec=TaskSpec(command=tuple(task["command"]), shell=task.get("shell", False),
-                                            cwd=task.get("cwd"), env=dict(env) if env else None),
-                              timeout_ms=int(timeout_s * 1000) if timeout_s is not None else None,
-                              max_attempts=task.get("max_attempts", 1)))
-    for events in retrying(lambda: journal.enqueue_many(runs), retries=node.profile.completion_retries):
-        for event in events:
-            node.notify(event)
-    return [Submission(run_id=run.run_id, attempt_id=None, log_artifact_id=None, callback_sequence=0,
-                       started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None) for run in runs]
 
 
 def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | None, timeout_s: float | None,

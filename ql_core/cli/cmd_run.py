@@ -42,6 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retries", type=int, default=0, metavar="N",
                         help="cluster only: run again up to N times after a lost attempt (for tasks safe to "
                              "run twice)")
+    parser.add_argument("--many", metavar="FILE",
+                        help="with --detach: submit one run per line of a JSON-lines FILE (- for stdin), e.g. "
+                             '{"command": ["prog", "arg"], "name": "N", "timeout": 60}; prints the run ids in order')
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
 
 
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.many is not None:
+        return _run_many(args, command, out)
     if not command:
         raise UsageError("nothing to run: ql run [options] -- CMD [ARG...]")
     if args.shell and len(command) != 1:
@@ -128,6 +133,24 @@ def run(args: argparse.Namespace, out: Output) -> int:
         note(False, "ended", f"ql: run {view.run_id} ended {view.status}"
              + (f" ({printable(view.reason)})" if view.reason else ""))
     return status
+
+
+def _run_many(args: argparse.Namespace, command: list[str], out: Output) -> int:
+    """``--many FILE``: the runs come from the file's lines, each with its own options."""
+    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.run_many import submit_file
+    from ql_core.errors import UsageError
+
+    if not args.detach:
+        raise UsageError("--many submits and returns: give --detach too (then ql wait RUN_ID for any of them)")
+    given = [flag for flag, value in (("--timeout", args.timeout), ("--name", args.name), ("--shell", args.shell),
+                                      ("--cwd", args.cwd), ("--env", args.env), ("--retries", args.retries))
+             if value]
+    if command or given:
+        raise UsageError("with --many each line of the file is a whole run: put "
+                         + (f"{', '.join(given)} into the lines" if given else "the command into the lines")
+                         + ' (keys "command", "name", "timeout", "shell", "cwd", "env", "retries")')
+    return submit_file(runtime_from_args(args), args.many, out)
 
 
 def _note_truncated(rt: object, log_artifact_id: str | None, json_mode: bool, run_id: str) -> None:

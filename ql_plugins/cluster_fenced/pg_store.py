@@ -209,7 +209,7 @@ class PostgresJournal(SqlJournalKernel):
         for i in range(0, len(runs), SUBMIT_BATCH):
             batch = []
             for run in runs[i:i + SUBMIT_BATCH]:
-                plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env)
+                plain = encode_spec(run.spec.command, run.spec.shell, run.spec.cwd, run.spec.env, run.spec.env_add)
                 batch.append(QueuedSubmit(run.run_id, ring.seal(run.run_id, plain, run.max_attempts), name=run.name,
                                           timeout_ms=run.timeout_ms, max_attempts=run.max_attempts))
                 del plain
