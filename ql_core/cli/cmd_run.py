@@ -168,16 +168,18 @@ def _note_truncated(rt: object, log_artifact_id: str | None, json_mode: bool, ru
 
 def _stdin_holds_data() -> bool:
     """Is ql's stdin a pipe or socket with bytes waiting, or a regular file with bytes left?"""
-    import fcntl
     import stat
-    import struct
-    import termios
 
     try:
         st = os.fstat(0)
         if stat.S_ISREG(st.st_mode):
             return st.st_size > os.lseek(0, 0, os.SEEK_CUR)
         if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            # Imported only for a pipe: a terminal or /dev/null (cron, most hosts) never pays termios.
+            import fcntl
+            import struct
+            import termios
+
             pending = fcntl.ioctl(0, termios.FIONREAD, struct.pack("i", 0))
             return struct.unpack("i", pending)[0] > 0
     except OSError:

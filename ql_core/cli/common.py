@@ -221,7 +221,9 @@ def settle_shown(rt: Runtime, views: list[RunView], *, limit: int) -> list[RunVi
     return shown
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
+#: What :func:`printable` escapes; compiled on first use (``re.compile`` at import cost every command
+#: ~0.3 ms, ``ql run`` included, which prints nothing through it on success).
+_UNPRINTABLE_PATTERN = r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\udc80-\udcff]"
 
 
 def printable(text: str | None) -> str:
@@ -242,7 +244,7 @@ def printable(text: str | None) -> str:
             return f"\\x{code - 0xdc00:02x}"
         return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
-    return _UNPRINTABLE.sub(escape, text)
+    return re.compile(_UNPRINTABLE_PATTERN).sub(escape, text)  # re's own cache keeps it compiled
 
 
 def mask_url(url: str) -> str:
