@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, runtime_from_args
+    from ql_core.cli.common import printable, runtime_from_args, start_up_over
     from ql_core.cli.notes import note
     from ql_core.errors import UsageError
     from ql_core.states import exit_status_for
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--retries must be >= 0")
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
                     max_attempts=args.retries + 1, awaited=not args.detach, env_add=env_add)
+    start_up_over()  # the task runs: the garbage collector is back on for the wait, however long
     # From here on the run exists: a reader that leaves our stdout must not change our exit status.
     out.tolerate_broken_pipe = True
     if _stdin_holds_data():
@@ -137,7 +138,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 def _run_many(args: argparse.Namespace, command: list[str], out: Output) -> int:
     """``--many FILE``: the runs come from the file's lines, each with its own options."""
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import runtime_from_args, start_up_over
+
+    start_up_over()  # a file of any length: its submits run with the garbage collector on
     from ql_core.cli.run_many import submit_file
     from ql_core.errors import UsageError
 

@@ -1,8 +1,10 @@
-"""What a one-shot ``ql run`` may import (issue 25 item 3: its CPU is mostly imports).
+"""The start-up of a one-shot ``ql run`` (issue 25 item 3: its CPU is mostly imports).
 
 A later ``ql run -- true`` on the plain edge configuration pays for the modules that submit, wait
 and complete a task, and nothing else: no entry-point scan (the plugin cache answers), no ORM or
-migration machinery, no supervisor, metrics or web module, no dataclass it does not use.
+migration machinery, no supervisor, metrics or web module, no dataclass it does not use. The
+``ql`` executable starts it with the cyclic garbage collector off and turns it back on before the
+wait, which may last as long as the task.
 """
 
 from __future__ import annotations
@@ -38,3 +40,40 @@ def test_a_later_ql_run_imports_only_what_runs_the_task(ql_env: dict[str, str]) 
     assert out.returncode == 0, out.stderr
     heavy = [line for line in out.stderr.splitlines() if line.startswith("HEAVY=")]
     assert heavy == ["HEAVY="], out.stderr
+
+
+#: The ``ql`` executable's path (``console_main``), reporting whether the garbage collector was on
+#: when the task was submitted and when the wait began.
+GC_PROBE = ("import gc, sys\n"
+            "import ql_core.runtime as runtime\n"
+            "def spy(name):\n"
+            "    real = getattr(runtime.Runtime, name)\n"
+            "    def call(self, *a, **k):\n"
+            "        sys.stderr.write(f'GC_AT_{name.upper()}={gc.isenabled()}\\n')\n"
+            "        return real(self, *a, **k)\n"
+            "    setattr(runtime.Runtime, name, call)\n"
+            "spy('submit'); spy('wait')\n"
+            "from ql_core.cli.main import console_main\n"
+            "sys.argv = ['ql'] + sys.argv[1:]\n"
+            "console_main()\n")
+
+
+def test_ql_run_starts_without_the_garbage_collector_and_waits_with_it(ql_env: dict[str, str]) -> None:
+    out = subprocess.run([sys.executable, "-c", GC_PROBE, "run", "--", "sh", "-c", "exit 3"], env=ql_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr
+    seen = [line for line in out.stderr.splitlines() if line.startswith("GC_AT_")]
+    assert seen == ["GC_AT_SUBMIT=False", "GC_AT_WAIT=True"], out.stderr
+
+
+def test_other_commands_and_in_process_callers_keep_the_garbage_collector(ql_env: dict[str, str]) -> None:
+    probe = ("import gc, sys\n"
+             "from ql_core.cli.main import main\n"
+             "rc = main(sys.argv[1:])\n"
+             "sys.stderr.write(f'GC={gc.isenabled()} FROZEN={gc.get_freeze_count()}\\n')\n"
+             "sys.exit(rc)\n")
+    for args in (["run", "--", "true"], ["--json", "list"]):
+        out = subprocess.run([sys.executable, "-c", probe, *args], env=ql_env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "GC=True FROZEN=0" in out.stderr.splitlines(), out.stderr
