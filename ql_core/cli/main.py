@@ -94,10 +94,10 @@ _VALUED = ("--data-dir", "--config", "--profile")
 #: ``STOPS_ON_SIGNALS = True`` (``ql worker``, ``ql control``), else the default handlers come back.
 _EARLY_STOP_COMMANDS = ("supervise",)
 #: Commands that run with the cyclic garbage collector off (``console_main``): each either ends after
-#: a bounded amount of work (the reads: a page of runs, one run's events) or calls
-#: ``ql_core.cli.common.start_up_over`` before anything that may last (``ql run``'s wait). Not
-#: ``logs`` (``--follow`` lasts), nor any long-running command.
-_GC_DEFERRED_COMMANDS = ("run", "status", "list", "events")
+#: a bounded amount of work (the reads: a page of runs, one run's events, a log up to its quota) or
+#: calls ``ql_core.cli.common.start_up_over`` before anything that may last (``ql run``'s wait,
+#: ``ql logs --follow``). No long-running command (supervise, web, a plugin's) is in it.
+_GC_DEFERRED_COMMANDS = ("run", "status", "list", "events", "logs")
 def _peek_command(argv: Sequence[str]) -> str | None:
     """The subcommand, found without argparse (and without importing any command module)."""
     skip = False

@@ -72,8 +72,26 @@ def test_other_commands_and_in_process_callers_keep_the_garbage_collector(ql_env
              "rc = main(sys.argv[1:])\n"
              "sys.stderr.write(f'GC={gc.isenabled()} FROZEN={gc.get_freeze_count()}\\n')\n"
              "sys.exit(rc)\n")
-    for args in (["run", "--", "true"], ["--json", "list"]):
+    for args in (["run", "--", "true"], ["--json", "list"], ["logs", "--follow", "last"]):
         out = subprocess.run([sys.executable, "-c", probe, *args], env=ql_env, capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr
         assert "GC=True FROZEN=0" in out.stderr.splitlines(), out.stderr
+
+
+def test_ql_logs_follows_with_the_garbage_collector_on(ql_env: dict[str, str]) -> None:
+    assert run_ql(["run", "--", "true"], ql_env).returncode == 0
+    probe = ("import gc, sys\n"
+             "import ql_core.follow as follow\n"
+             "real = follow.follow_log\n"
+             "def spy(*a, **k):\n"
+             "    sys.stderr.write(f'GC_AT_FOLLOW={gc.isenabled()}\\n')\n"
+             "    return real(*a, **k)\n"
+             "follow.follow_log = spy\n"
+             "from ql_core.cli.main import console_main\n"
+             "sys.argv = ['ql'] + sys.argv[1:]\n"
+             "console_main()\n")
+    out = subprocess.run([sys.executable, "-c", probe, "logs", "--follow", "last"], env=ql_env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [line for line in out.stderr.splitlines() if line.startswith("GC_AT_")] == ["GC_AT_FOLLOW=True"]
