@@ -139,11 +139,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
 def _run_many(args: argparse.Namespace, command: list[str], out: Output) -> int:
     """``--many FILE``: the runs come from the file's lines, each with its own options."""
     from ql_core.cli.common import runtime_from_args, start_up_over
-
-    start_up_over()  # a file of any length: its submits run with the garbage collector on
     from ql_core.cli.run_many import submit_file
     from ql_core.errors import UsageError
 
+    start_up_over()  # a file of any length: its submits run with the garbage collector on
     if not args.detach:
         raise UsageError("--many submits and returns: give --detach too (then ql wait RUN_ID for any of them)")
     given = [flag for flag, value in (("--timeout", args.timeout), ("--name", args.name), ("--shell", args.shell),
