@@ -97,9 +97,11 @@ class JsonChunks:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import reader_for_run
+    from ql_core.cli.common import reader_for_run, start_up_over
     from ql_core.errors import UsageError
 
+    if args.follow:
+        start_up_over()  # following lasts as long as the run: the garbage collector is back on
     if args.offset < 0:
         raise UsageError("--offset must be >= 0")
     if not args.follow:  # a read without --follow settles nothing: the quick path may answer it

@@ -49,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from ql_core.cli.common import printable, runtime_from_args
+    from ql_core.cli.common import printable, runtime_from_args, start_up_over
     from ql_core.cli.notes import note
     from ql_core.errors import UsageError
     from ql_core.states import exit_status_for
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise UsageError("--retries must be >= 0")
     sub = rt.submit(command, shell=args.shell, name=args.name, timeout_s=args.timeout, cwd=args.cwd,
                     max_attempts=args.retries + 1, awaited=not args.detach, env_add=env_add)
+    start_up_over()  # the task runs: the garbage collector is back on for the wait, however long
     # From here on the run exists: a reader that leaves our stdout must not change our exit status.
     out.tolerate_broken_pipe = True
     if _stdin_holds_data():
@@ -137,10 +138,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 def _run_many(args: argparse.Namespace, command: list[str], out: Output) -> int:
     """``--many FILE``: the runs come from the file's lines, each with its own options."""
-    from ql_core.cli.common import runtime_from_args
+    from ql_core.cli.common import runtime_from_args, start_up_over
     from ql_core.cli.run_many import submit_file
     from ql_core.errors import UsageError
 
+    start_up_over()  # a file of any length: its submits run with the garbage collector on
     if not args.detach:
         raise UsageError("--many submits and returns: give --detach too (then ql wait RUN_ID for any of them)")
     given = [flag for flag, value in (("--timeout", args.timeout), ("--name", args.name), ("--shell", args.shell),
@@ -168,16 +170,18 @@ def _note_truncated(rt: object, log_artifact_id: str | None, json_mode: bool, ru
 
 def _stdin_holds_data() -> bool:
     """Is ql's stdin a pipe or socket with bytes waiting, or a regular file with bytes left?"""
-    import fcntl
     import stat
-    import struct
-    import termios
 
     try:
         st = os.fstat(0)
         if stat.S_ISREG(st.st_mode):
             return st.st_size > os.lseek(0, 0, os.SEEK_CUR)
         if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            # Imported only for a pipe: a terminal or /dev/null (cron, most hosts) never pays termios.
+            import fcntl
+            import struct
+            import termios
+
             pending = fcntl.ioctl(0, termios.FIONREAD, struct.pack("i", 0))
             return struct.unpack("i", pending)[0] > 0
     except OSError:

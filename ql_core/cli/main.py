@@ -93,6 +93,11 @@ _VALUED = ("--data-dir", "--config", "--profile")
 #: plugin's command gets it too until its module is known; it keeps it only if the module says
 #: ``STOPS_ON_SIGNALS = True`` (``ql worker``, ``ql control``), else the default handlers come back.
 _EARLY_STOP_COMMANDS = ("supervise",)
+#: Commands that run with the cyclic garbage collector off (``console_main``): each either ends after
+#: a bounded amount of work (the reads: a page of runs, one run's events, a log up to its quota) or
+#: calls ``ql_core.cli.common.start_up_over`` before anything that may last (``ql run``'s wait,
+#: ``ql logs --follow``). No long-running command (supervise, web, a plugin's) is in it.
+_GC_DEFERRED_COMMANDS = ("run", "status", "list", "events", "logs")
 def _peek_command(argv: Sequence[str]) -> str | None:
     """The subcommand, found without argparse (and without importing any command module)."""
     skip = False
@@ -432,7 +437,13 @@ def console_main() -> NoReturn:
 
     Everything a command writes is committed (the database) or flushed (stdout, stderr) before
     it returns; tearing down every module and object would only cost time (a few ms per command).
+    A one-shot ``ql run`` (and a read) starts with the cyclic garbage collector off (``defer_gc``: it
+    would only traverse what start-up imports); ``ql run`` turns it back on before it waits for its task.
     """
+    if _peek_command(sys.argv[1:]) in _GC_DEFERRED_COMMANDS:
+        from ql_core.cli.common import defer_gc
+
+        defer_gc()
     status = main()
     common = sys.modules.get("ql_core.cli.common")
     if common is not None:
