@@ -1,12 +1,14 @@
 """Which pages each commit of a task writes: the WAL frames per commit, by B-tree (issue 25 item 1).
 
-    python bench/wal_pages.py [--tasks 3] [--mode awaited|detached] [--dir /var/tmp]
+    python bench/wal_pages.py [--tasks 3] [--mode awaited|detached] [--dir /var/tmp] [--quiet]
 
 Runs an embedded host in this interpreter on a fresh data dir, warms it up with a few tasks, then
 for each measured task reads the frames the task appended to ``ql.db-wal`` (the WAL is never
 checkpointed meanwhile: a few tasks stay far below ``wal_autocheckpoint``) and names the B-tree
 (table or index) of each frame's page with the ``dbstat`` virtual table. Prints, per commit, the
-frame count and the B-trees written — the figure to cut when bytes written per task are too many.
+frame count and the B-trees written — the figure to cut when bytes written per task are too many —
+and at the end the mean frames per task of each B-tree (``--quiet``: only that summary; page splits
+are rare events, so run some tens of tasks to see their share).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3)
     parser.add_argument("--mode", choices=("awaited", "detached"), default="awaited")
     parser.add_argument("--dir", default="/var/tmp")
+    parser.add_argument("--quiet", action="store_true", help="only the summary per B-tree")
     args = parser.parse_args()
 
     from ql_core.config import load_config
@@ -69,24 +72,30 @@ def main() -> None:
             task()
         print(f"page size {page_size}, mode {args.mode}")
         totals = []
+        by_tree: collections.Counter[str] = collections.Counter()
+        say = (lambda *a: None) if args.quiet else print
         for n in range(args.tasks):
             start = wal.stat().st_size
             task()
             owners = page_owners(db)
             commit_pages: list[int] = []
-            print(f"task {n + 1}:")
+            say(f"task {n + 1}:")
             count = 0
             for pgno, commit in frames(wal, start, page_size):
                 commit_pages.append(pgno)
                 count += 1
                 if commit:
                     names = collections.Counter(owners.get(p, f"?{p}") for p in commit_pages)
-                    print(f"  commit: {len(commit_pages):>3} frames  "
+                    by_tree.update(names)
+                    say(f"  commit: {len(commit_pages):>3} frames  "
                           + ", ".join(f"{k}" + (f"x{v}" if v > 1 else "") for k, v in sorted(names.items())))
                     commit_pages = []
             totals.append(count)
-            print(f"  {count} frames = {count * (page_size + _FRAME_HEADER) / 1024:.1f} KiB of WAL")
+            say(f"  {count} frames = {count * (page_size + _FRAME_HEADER) / 1024:.1f} KiB of WAL")
         rt.close()
+        print(f"frames per task by B-tree, mean of {args.tasks} tasks ('?N': a page freed since):")
+        for name, frames_of in by_tree.most_common():
+            print(f"  {frames_of / args.tasks:6.2f}  {name}")
         print(f"mean {sum(totals) / len(totals):.1f} frames per task", file=sys.stderr)
 
 

@@ -66,15 +66,23 @@ def update(rt: Any, table: str, key: str, **values: Any) -> int:
 
 
 def insert(rt: Any, table: str, records: list[dict[str, Any]]) -> None:
-    """INSERT many rows in one transaction."""
+    """INSERT many rows in one transaction. An event gets its key from its run as the store files it
+    (``ql_core.db.sqlite_events``: ``event_key = run_key << 20 | seq``)."""
     if not records:
         return
     columns = list(records[0])
     marks = ", ".join("?" * len(columns))
+    values = f"VALUES ({marks})"
+    if table == "ql_run_event" and "event_key" not in columns:
+        from ql_core.db.sqlite_events import EVENT_KEY_BITS
+
+        values = (f"SELECT (SELECT run_key FROM ql_run WHERE id = v.run_id) << {EVENT_KEY_BITS} | v.seq, v.* FROM "
+                  f"(SELECT {', '.join(f'? AS {c}' for c in columns)}) v")
+        columns = ["event_key", *columns]
     with closing(_connect(rt)) as conn:
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})",
-                         [tuple(r[c] for c in columns) for r in records])
+        conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) {values}",
+                         [tuple(r[c] for c in columns if c != "event_key") for r in records])
         conn.execute("COMMIT")
 
 

@@ -22,6 +22,8 @@ from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "SQLITE_ONLY_COLUMNS",
+    "NOT_ON_SQLITE_FOREIGN_KEYS",
     "QlTable",
     "METADATA",
     "Run",
@@ -158,7 +160,8 @@ class RunEvent(QlTable, table=True):
 
     __tablename__ = "ql_run_event"
     # On SQLite the dedupe index holds only the keys that exist (0010: no NULL entry per event), and the
-    # table is WITHOUT ROWID, clustered on (run_id, seq): one B-tree written per event, a run's side by side.
+    # table is keyed by its own integer column, event_key = the run's run_key << 20 | seq (0011,
+    # ql_core.db.sqlite_events): a run's events are one rowid range, and no index on run ids is written.
     __table_args__ = (Index("ux_ql_event_dedupe", "dedupe_key", unique=True,
                             sqlite_where=text("dedupe_key IS NOT NULL")), WITHOUT_ROWID)
 
@@ -267,10 +270,24 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
     return tuple(dialects) if dialects else None
 
 
+#: SQLite's own integer keys (revision 0011, :mod:`ql_core.db.sqlite_events`): columns the SQLite
+#: schema has and the declared one (PostgreSQL's) does not.
+SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key")})
+#: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
+NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
+
+
 def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
-    """An Alembic ``include_object`` hook that skips tables (and their indexes), and indexes, of other dialects."""
+    """An Alembic ``include_object`` hook that skips tables (and their indexes), and indexes, of other
+    dialects, and SQLite's own key columns and the foreign key they replace."""
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if dialect_name == "sqlite":
+            if type_ == "column" and reflected and (obj.table.name, name) in SQLITE_ONLY_COLUMNS:
+                return False
+            if type_ == "foreign_key_constraint" and \
+                    (obj.table.name, obj.referred_table.name) in NOT_ON_SQLITE_FOREIGN_KEYS:
+                return False
         table = obj if type_ == "table" else getattr(obj, "table", None)
         if reflected and compare_to is None and type_ == "table":
             return True

@@ -24,6 +24,7 @@ from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, Run
 
 from .journal_sql import ATTEMPT_COLUMNS, shared_statements
 from .keep_wal import keep_wal_on_close
+from .sqlite_events import SELECT_EVENTS
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
 
@@ -117,7 +118,7 @@ class SqliteReads:
         try:
             if c.execute(_SQL["SELECT_RUN"], (run_id,)).fetchone() is None:
                 return None
-            return [EventRecord(*e) for e in c.execute(_SQL["SELECT_EVENTS"], (run_id,))]
+            return [EventRecord(*e) for e in c.execute(SELECT_EVENTS, (run_id,))]
         finally:
             self._end()
 

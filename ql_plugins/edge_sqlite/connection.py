@@ -40,8 +40,11 @@ __all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTE
 #: Page size of a new run database (bytes). Every B-tree a commit touches costs one page in the WAL
 #: (and one at the checkpoint): a task's commits touch about twenty, each changing a row of a few
 #: hundred bytes, so small pages are most of what keeps the bytes written per task low (issue 25;
-#: ``bench/bench_edge.py``, ``bench/wal_pages.py``). SQLite's default is 4096.
-PAGE_SIZE = 1024
+#: ``bench/bench_edge.py``, ``bench/wal_pages.py``). SQLite's default is 4096. At 512 a task's commits
+#: write ~38 frames of 536 bytes (20 KiB of WAL) where 1024 wrote ~35 of 1048 (37 KiB): rows wider
+#: than a 512-byte page's cell (an attempt with its handles, an event of a WITHOUT ROWID table past
+#: ~100 bytes) spill into an overflow page, which costs fewer bytes than doubling every page.
+PAGE_SIZE = 512
 #: The WAL is checkpointed (automatically, by the writer that fills it) once it holds this many
 #: bytes of frames: 4 MiB, what SQLite's default of 1000 pages meant at 4 KiB pages. Counted in bytes,
 #: not pages, so small pages do not checkpoint (rewrite the hot pages, two more fsyncs) more often.

@@ -20,6 +20,9 @@ from ql_core.db.journal_sql import (
 # The shared statements first (SELECT_RUN, INSERT_ATTEMPT, MARK_TERMINAL, ...); SQLite's own follow.
 globals().update(shared_statements("?"))
 
+# -- events: under their run's integer key, one rowid range per run (revision 0011) ----------------
+from ql_core.db.sqlite_events import INSERT_EVENT, PURGE_EVENTS, SELECT_EVENTS  # noqa: E402,F401
+
 # -- create ------------------------------------------------------------------------------
 # The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
 # run — running with it (ql_core.ports.journal.create_facts decides which).
@@ -72,7 +75,6 @@ RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id
 LIVE_LOGS_OF_RUN = ("SELECT l.id FROM ql_run_attempt a INDEXED BY ix_ql_attempt_run CROSS JOIN ql_log_artifact l "
                     "ON l.id = a.log_artifact_id WHERE a.run_id = ? AND l.deleted_at_ms IS NULL")
 _ENDED_RUN = f"(SELECT id FROM ql_run WHERE id = ? AND status IN {ENDED})"
-PURGE_EVENTS = f"DELETE FROM ql_run_event WHERE run_id IN {_ENDED_RUN}"
 PURGE_DISPATCH = f"DELETE FROM ql_cancel_dispatch WHERE run_id IN {_ENDED_RUN}"
 PURGE_LOGS = ("DELETE FROM ql_log_artifact WHERE id IN (SELECT log_artifact_id FROM ql_run_attempt "
               f"INDEXED BY ix_ql_attempt_run WHERE run_id IN {_ENDED_RUN})")

@@ -110,10 +110,15 @@ class SqliteJournal(SqlJournalKernel):
         return self._db.connection().execute(statement, params).fetchall()
 
     def _execute(self, c: sqlite3.Connection, statement: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return c.execute(statement, params)
+        cur = c.execute(statement, params)
+        if statement is statements.INSERT_EVENT and cur.rowcount != 1:
+            raise _event_of_no_run()
+        return cur
 
     def _execute_many(self, c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]) -> None:
-        c.executemany(statement, rows)
+        cur = c.executemany(statement, rows)
+        if statement is statements.INSERT_EVENT and cur.rowcount != len(rows):
+            raise _event_of_no_run()
 
     # -- a page of decisions in one transaction (ql_core.ports.journal.BatchTransitions) -----------
     def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
@@ -177,3 +182,12 @@ class SqliteJournal(SqlJournalKernel):
                               statements.PURGE_ATTEMPTS):
                 c.executemany(statement, params)
             return c.executemany(statements.PURGE_RUN, params).rowcount
+
+
+def _event_of_no_run() -> Exception:
+    """An event INSERT that inserted nothing: its run is not there (ql_core.db.sqlite_events takes
+    the event's key from the run's row). Never expected — the run is written or read first in the same
+    transaction —; failing the transaction keeps every event filed under its run."""
+    from ql_core.ports.journal import StoreError
+
+    return StoreError("a run event's run is missing from the run database")

@@ -288,9 +288,10 @@ def _undecodable_dir(base: Path) -> tuple[Path, str]:
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         page = conn.execute("PRAGMA page_size").fetchone()[0]
-        # The table's leaf pages (small pages: its rows may span several, under an interior root).
+        # The table's leaf pages (small pages: its rows may span several, under an interior root),
+        # and its overflow pages (at 512-byte pages most of an attempt's row is in one).
         leaves = [r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name = 'ql_run_attempt' "
-                                             "AND pagetype = 'leaf'")]
+                                             "AND pagetype IN ('leaf', 'overflow')")]
     finally:
         conn.close()
     damaged = 0

@@ -69,10 +69,18 @@ def _alembic_upgrade(url: str, env: dict[str, str]) -> None:
 
 
 def _sqlite_rows(path: Path) -> dict[str, list[tuple]]:
+    """Every row of every table, in the declared columns (not SQLite's own keys, which 0011 adds)."""
+    from ql_core.db.models import SQLITE_ONLY_COLUMNS
+
     conn = sqlite3.connect(path)
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables}
+        out = {}
+        for t in tables:
+            columns = [f'"{r[1]}"' for r in conn.execute(f'PRAGMA table_info("{t}")')
+                       if (t, r[1]) not in SQLITE_ONLY_COLUMNS]
+            out[t] = sorted(conn.execute(f'SELECT {", ".join(columns)} FROM "{t}"').fetchall(), key=repr)
+        return out
     finally:
         conn.close()
 
@@ -90,7 +98,7 @@ def test_a_data_dir_of_the_single_chain_upgrades_in_place(old_release: Path, tmp
     up = _ql(["--json", "--data-dir", str(data), "db", "upgrade"], new)
     assert up.returncode == 0, up.stderr
     assert f'"revision":"{SCHEMA_HEAD}"' in up.stdout.replace(" ", "")
-    assert _kept(_sqlite_rows(data / "ql.db"), before)  # only core's 0009 and 0010 applied, every row kept
+    assert _kept(_sqlite_rows(data / "ql.db"), before)  # only core's 0009, 0010 and 0011 applied, every row kept
     after = _sqlite_rows(data / "ql.db")
     _alembic_upgrade(f"sqlite:///{data / 'ql.db'}", new)
     assert _sqlite_rows(data / "ql.db") == after  # Alembic itself sees every revision applied

@@ -86,3 +86,53 @@ def test_the_wal_is_checkpointed_by_bytes_not_pages(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_CHECKPOINT_BYTES // PAGE_SIZE
     finally:
         store.close()
+
+
+def test_events_are_filed_under_their_runs_key_and_a_wrong_key_is_refused(tmp_path: Path) -> None:
+    """Revision 0011: an event's key is its run's ``run_key << 20 | seq`` (one rowid range per run,
+    no index on run ids). The store's INSERT takes the key from the run (an event of no run fails the
+    transaction), a CHECK keeps seq in the key, and a key never changes."""
+    import pytest
+
+    from ql_core.db.sqlite_events import EVENT_KEY_BITS, INSERT_EVENT, SELECT_EVENTS
+    from ql_core.ports.journal import StoreError
+    from ql_plugins.edge_sqlite.store import SqliteJournal
+
+    data = tmp_path / "data"
+    runs = [_write(data) for _ in range(3)]
+    store = SqliteJournal(f"sqlite:///{data / 'ql.db'}")
+    try:
+        conn = store.connections.connection()
+        keys = dict(conn.execute("SELECT id, run_key FROM ql_run"))
+        assert [keys[r] for r in runs] == sorted(keys.values())  # numbered in creation order
+        for run_id in runs:
+            events = store.events(run_id)
+            assert events and [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert {e.run_id for e in events} == {run_id}
+            stored = [k for (k,) in conn.execute("SELECT event_key FROM ql_run_event WHERE run_id = ? ORDER BY seq",
+                                                 (run_id,))]
+            assert stored == [(keys[run_id] << EVENT_KEY_BITS) + e.seq for e in events]
+        plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + SELECT_EVENTS, (runs[0],)))
+        assert "SCAN" not in plan and "INTEGER PRIMARY KEY" in plan, plan
+
+        first = store.events(runs[0])
+        # An event of a run that is not there: nothing inserted, and the store fails the transaction.
+        with pytest.raises(StoreError, match="missing"):
+            with store.connections.write() as c:
+                store._execute(c, INSERT_EVENT, ("no-such-run", 1, "x", None, None, None, None, 1))
+        with pytest.raises(StoreError, match="missing"):
+            with store.connections.write() as c:
+                store._execute_many(c, INSERT_EVENT, [(runs[0], 90, "x", None, None, None, None, 1),
+                                                      ("no-such-run", 1, "x", None, None, None, None, 1)])
+        # A key whose low bits are not its seq, a seq past the key's bits: refused by the CHECK.
+        insert = "INSERT INTO ql_run_event (event_key, run_id, seq, type, at_ms) VALUES (?, ?, ?, 'x', 1)"
+        base = keys[runs[0]] << EVENT_KEY_BITS
+        for key, seq in ((base + 51, 50), (base, 1 << EVENT_KEY_BITS), (base, 0)):
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+                conn.execute(insert, (key, runs[0], seq))
+        with pytest.raises(sqlite3.IntegrityError, match="does not change"):
+            conn.execute("UPDATE ql_run_event SET seq = seq + 100 WHERE run_id = ?", (runs[0],))
+        assert store.events(runs[0]) == first  # nothing refused was written
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        store.close()

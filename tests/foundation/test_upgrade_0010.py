@@ -1,5 +1,6 @@
-"""Migration 0010 (SQLite: fewer B-trees per task) upgrades a data dir of the release before it in
-place: every run, attempt, event, log row and journal row is kept as it was, the tallies stay exact
+"""Migrations 0010 (SQLite: fewer B-trees per task) and 0011 (events under their run's integer key)
+upgrade a data dir of the release before them in place: every run, attempt, event, log row and
+journal row is kept as it was (0011 adds a key column to runs and events), the tallies stay exact
 and keep being kept, and the store goes on working on it."""
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ from pathlib import Path
 TABLES = ("ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_receipt_journal", "ql_tally")
 
 
-def _rows(db: Path) -> dict[str, list[tuple[object, ...]]]:
+def _rows(db: Path, columns: dict[str, list[str]] | None = None) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of TABLES, in ``columns`` (by table; default: all of each table's columns)."""
     conn = sqlite3.connect(db)
     try:
-        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
+        columns = columns or _columns(conn)
+        return {t: sorted(conn.execute(f"SELECT {', '.join(columns[t])} FROM {t}").fetchall(), key=repr)
+                for t in TABLES}
     finally:
         conn.close()
+
+
+def _columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    return {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in TABLES}
 
 
 def _db_at_0009(db: Path) -> None:
@@ -76,23 +84,34 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
     db = data / "ql.db"
     _db_at_0009(db)
     _fill(db, 60)
+    conn = sqlite3.connect(db)
+    old_columns = _columns(conn)
+    conn.close()
     before = _rows(db)
     assert dict(before["ql_tally"]) == {"runs": 60, "log_bytes:node-x": sum(100 + i for i in range(59))}
 
     store = SqliteJournal(f"sqlite:///{db}")  # first use: migrates to head in a child process
     try:
         assert store.connections.schema_revision() == SCHEMA_HEAD
-        assert _rows(db) == before  # every row kept, byte for byte
+        assert _rows(db, old_columns) == before  # every row kept, byte for byte
         conn = sqlite3.connect(db)
         try:
             # The rebuilt tables are clustered on their keys; their indexes and triggers are back.
-            for table in ("ql_run_event", "ql_log_artifact", "ql_receipt_journal"):
+            for table in ("ql_log_artifact", "ql_receipt_journal"):
                 sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
                 assert sql.rstrip().endswith("WITHOUT ROWID"), table
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")}
             assert {"ix_ql_log_unsized", "ix_ql_log_kept", "ux_ql_event_dedupe", "ql_tally_log_update",
-                    "ql_tally_log_delete", "ix_ql_attempt_deadline"} <= names
+                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_run", "ix_ql_run_created",
+                    "ql_tally_run_insert", "ql_tally_run_delete", "ql_event_fixed"} <= names
             assert not {"ix_ql_log_run", "ix_ql_journal_state"} & names
+            # 0011: runs numbered in creation order; each event under its run's key and seq.
+            keys = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY run_key")]
+            assert keys == sorted(keys, key=lambda k: int(k.split("-")[1]))
+            assert conn.execute("SELECT count(*) FROM ql_run_event e JOIN ql_run r ON r.id = e.run_id "
+                                "WHERE e.event_key = (r.run_key << 20) + e.seq").fetchone()[0] == 4 * 59 + 2
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         finally:
             conn.close()
         # The store reads and writes the upgraded rows as before; the triggers keep the tallies exact.
