@@ -4,6 +4,13 @@ helpers every protocol call runs keep their plans.
 PostgreSQL only (nothing changes on SQLite; no table, column or index changes — what the functions
 answer and write is exactly what it was):
 
+- ``ql_start_many``, ``ql_running_many``, ``ql_renew_many``, ``ql_complete_many``: N calls of
+  ``ql_start`` … ``ql_complete`` (their arguments as arrays) in ONE statement, where a worker's batch
+  was N pipelined statements. Each element is the single function itself, called as is — the
+  fencing rules stay in one place —, in order of attempt id (a fixed lock order), its row returned
+  with its index (``ord``). Granted to the worker role by ``ql db grant-worker`` (roles.py); a client
+  on a database without them, or a role not granted them yet, pipelines the single calls as before.
+
 - ``ql__queued_runs(n)``: the oldest ``n`` runs queued for workers, locked (``FOR NO KEY UPDATE SKIP
   LOCKED``), oldest first — the statement ``ql_claim`` ran inline. It is pinned to an ordered index
   scan (``enable_sort``/``enable_seqscan``/``enable_bitmapscan`` off for this statement only): on
@@ -179,6 +186,110 @@ BEGIN
 END $$;
 """
 
-#: Executed in order by :func:`upgrade` on PostgreSQL; the last keeps the new helper private to its
-#: owner (ql_claim runs it with its owner's rights; nobody calls it directly).
-SQL_STATEMENTS = split_statements(_HELPERS, _CLAIM, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
+_BATCHES = r"""
+-- The batched calls: ql_start_many, ql_running_many, ql_renew_many, ql_complete_many take the
+-- arguments of N calls of ql_start, ql_running, ql_renew, ql_complete as arrays (element i is call
+-- i) and make exactly those N calls, in ONE statement: each call is the single function itself,
+-- fenced on its own (the fencing rules live in ONE place, the single functions), its row returned
+-- with ord = i. The calls run in order of attempt id (then i), so two batches that touch the same
+-- attempts lock them in the same order; rows come back in that order too (the client puts them
+-- back by ord). Any error rolls the whole batch back, as for the pipelined calls it replaces.
+CREATE FUNCTION ql__batch_check(p_attempt_ids text[], VARIADIC p_lengths integer[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  v_n integer := array_length(p_attempt_ids, 1);
+BEGIN
+  PERFORM ql__check(v_n BETWEEN 1 AND 256 AND array_ndims(p_attempt_ids) = 1
+                    AND array_lower(p_attempt_ids, 1) = 1, 'batch');
+  PERFORM ql__check(v_n = ALL (p_lengths), 'batch');
+END $$;
+
+CREATE FUNCTION ql_start_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
+  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[])
+RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
+              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_i integer;
+BEGIN
+  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
+                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
+                          array_length(p_lease_tokens, 1));
+  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
+              ORDER BY p_attempt_ids[i], i LOOP
+    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
+                        s.cancel_requested_at_ms, s.deadline_at_ms
+      FROM ql_start(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
+                              p_lease_generations[v_i], p_lease_tokens[v_i]) s;
+  END LOOP;
+END $$;
+
+CREATE FUNCTION ql_running_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
+  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_started_at_ms bigint[])
+RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
+              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_i integer;
+BEGIN
+  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
+                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
+                          array_length(p_lease_tokens, 1), array_length(p_started_at_ms, 1));
+  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
+              ORDER BY p_attempt_ids[i], i LOOP
+    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
+                        s.cancel_requested_at_ms, s.deadline_at_ms
+      FROM ql_running(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
+                              p_lease_generations[v_i], p_lease_tokens[v_i], p_started_at_ms[v_i]) s;
+  END LOOP;
+END $$;
+
+CREATE FUNCTION ql_renew_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
+  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_ttl_ms bigint)
+RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
+              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_i integer;
+BEGIN
+  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
+                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
+                          array_length(p_lease_tokens, 1));
+  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
+              ORDER BY p_attempt_ids[i], i LOOP
+    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
+                        s.cancel_requested_at_ms, s.deadline_at_ms
+      FROM ql_renew(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
+                              p_lease_generations[v_i], p_lease_tokens[v_i], p_ttl_ms) s;
+  END LOOP;
+END $$;
+
+CREATE FUNCTION ql_complete_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
+  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_exit_codes integer[], p_started_at_ms bigint[],
+  p_finished_at_ms bigint[], p_signalled boolean[], p_completion_digests text[])
+RETURNS TABLE(ord integer, answer text, status text, reason text, fence_reason text, db_now_ms bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_i integer;
+BEGIN
+  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
+                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
+                          array_length(p_lease_tokens, 1), array_length(p_exit_codes, 1),
+                          array_length(p_started_at_ms, 1),
+                          array_length(p_finished_at_ms, 1), array_length(p_signalled, 1),
+                          array_length(p_completion_digests, 1));
+  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
+              ORDER BY p_attempt_ids[i], i LOOP
+    RETURN QUERY SELECT v_i, s.answer, s.status, s.reason, s.fence_reason, s.db_now_ms
+      FROM ql_complete(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
+                              p_lease_generations[v_i], p_lease_tokens[v_i],
+                              p_exit_codes[v_i], p_started_at_ms[v_i], p_finished_at_ms[v_i], p_signalled[v_i],
+                              p_completion_digests[v_i]) s;
+  END LOOP;
+END $$;
+"""
+
+#: Executed in order by :func:`upgrade` on PostgreSQL; the last keeps the new functions private to
+#: their owner (the helpers run with ql_claim's and the batches' owner rights; ``ql db grant-worker``
+#: grants the batched calls to the worker role).
+SQL_STATEMENTS = split_statements(_HELPERS, _CLAIM, _BATCHES, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
