@@ -1,8 +1,14 @@
 """Cluster throughput: the claim's queue scan is bounded whatever the planner's statistics, and the
 helpers every protocol call runs keep their plans.
 
-PostgreSQL only (nothing changes on SQLite; no table, column or index changes — what the functions
-answer and write is exactly what it was):
+PostgreSQL only (nothing changes on SQLite; no table or column changes — what the functions answer
+and write is exactly what it was):
+
+- ``ux_ql_event_dedupe`` becomes partial, ``WHERE dedupe_key IS NOT NULL``, as core's 0010 made it on
+  SQLite: only the fenced audits set a key (``late:…``, ``fenced:…``), yet every one of the 4-5
+  events of an attempt wrote a NULL entry into it. Same uniqueness for every key that exists; the
+  audits' lookups (``dedupe_key = key``) use it as before; no statement relies on the NULL entries
+  (no ``ON CONFLICT`` names this column).
 
 - ``ql_start_many``, ``ql_running_many``, ``ql_renew_many``, ``ql_complete_many``: N calls of
   ``ql_start`` … ``ql_complete`` (their arguments as arrays) in ONE statement, where a worker's batch
@@ -60,6 +66,11 @@ def upgrade() -> None:
 def downgrade() -> None:
     raise NotImplementedError("ql does not migrate down; restore the database from a backup")
 
+
+_INDEXES = r"""
+DROP INDEX ux_ql_event_dedupe;
+CREATE UNIQUE INDEX ux_ql_event_dedupe ON ql_run_event (dedupe_key) WHERE dedupe_key IS NOT NULL;
+"""
 
 _HELPERS = r"""
 -- Same expression as 0003's; STABLE, not IMMUTABLE: convert_to() is only stable, and an IMMUTABLE SQL
@@ -292,4 +303,4 @@ END $$;
 #: Executed in order by :func:`upgrade` on PostgreSQL; the last keeps the new functions private to
 #: their owner (the helpers run with ql_claim's and the batches' owner rights; ``ql db grant-worker``
 #: grants the batched calls to the worker role).
-SQL_STATEMENTS = split_statements(_HELPERS, _CLAIM, _BATCHES, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
+SQL_STATEMENTS = split_statements(_INDEXES, _HELPERS, _CLAIM, _BATCHES, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
