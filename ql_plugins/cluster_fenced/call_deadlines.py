@@ -25,22 +25,16 @@ class CallDeadlines:
         self._fired: set[int] = set()
         self._next = 0
         self._thread: threading.Thread | None = None
-        #: When the loop wakes next on its own (monotonic; None: only when notified). A call armed
-        #: later than that needs no wake-up: every call of a process has about the same timeout, so
-        #: this spares a thread switch per call — the loop finds the new deadline when it wakes.
-        self._wakes_at: float | None = None
 
     def arm(self, fd: int, timeout_s: float) -> int:
         with self._cond:
             self._next += 1
             token = self._next
-            deadline = time.monotonic() + max(0.0, timeout_s)
-            self._armed[token] = (deadline, fd)
+            self._armed[token] = (time.monotonic() + max(0.0, timeout_s), fd)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="ql-call-deadlines", daemon=True)
                 self._thread.start()
-            if self._wakes_at is None or deadline < self._wakes_at:
-                self._cond.notify()
+            self._cond.notify()
             return token
 
     def disarm(self, token: int) -> bool:
@@ -78,7 +72,6 @@ class CallDeadlines:
                     finally:
                         sock.close()
                 wait = min((d for d, _fd in self._armed.values()), default=None)
-                self._wakes_at = wait
                 self._cond.wait(None if wait is None else max(0.0, wait - time.monotonic()))
 
 
