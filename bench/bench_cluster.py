@@ -23,6 +23,10 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **latency**: with the 4 workers idle, ``--latency-n`` runs one after another: enqueue (the run's
   ``created_at_ms``) → exec (its attempt's ``started_at_ms``, the process start), p50 and p99.
 
+Beside each protocol rate: CPU milliseconds (user + sys) per floor row and per completion, of the
+client processes and of their PostgreSQL backends (``/proc/PID/stat``, when the server runs on this
+machine), and their ratio — unlike wall rates these do not move with other load on a shared machine.
+
 Rates come from the database's own timestamps (attempt creation = claim, run update = completion),
 from the first claim to the last completion. Every phase has a deadline (``--phase-timeout``): past
 it the bench stops with what it saw (runs by status), never hangs.
@@ -67,6 +71,41 @@ def _status_counts(dsn: str, run_ids: list[str]) -> dict[str, int]:
     return {s: n for s, n in rows}
 
 
+def _backend_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + sys) of a PostgreSQL backend on this machine, from /proc (None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class _CpuMeter:
+    """CPU (user + sys) of this client process and of its backend, from ``start`` to ``stop``: unlike
+    wall time, not inflated by other load on a shared machine (compare it with the floor's)."""
+
+    def __init__(self, backend_pid: int) -> None:
+        self.pid = backend_pid
+        self.client0, self.server0 = _own_cpu_s(), _backend_cpu_s(backend_pid)
+
+    def stop(self) -> tuple[float, float | None]:
+        server = _backend_cpu_s(self.pid)
+        return (_own_cpu_s() - self.client0,
+                None if server is None or self.server0 is None else server - self.server0)
+
+
+def _sum_cpu(results: list[tuple[float, float | None]]) -> tuple[float, float | None]:
+    servers = [r[1] for r in results]
+    return sum(r[0] for r in results), None if None in servers else sum(s for s in servers if s is not None)
+
+
 def _fail(phase: str, timeout: float, seen: str) -> PhaseTimeout:
     return PhaseTimeout(f"bench_cluster: phase {phase!r} did not finish within {timeout:g}s (--phase-timeout); "
                         f"saw {seen}")
@@ -97,25 +136,28 @@ def _floor_client(dsn: str, first: int, n: int, start_at: float, out: mp.Queue) 
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT 1")
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         while time.time() < start_at:
             time.sleep(0.0005)
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), _CpuMeter(backend)
         for i in range(n):
             conn.execute("UPDATE bench_floor SET n = n + 1 WHERE id = %s RETURNING n", (first + i,),
                          prepare=True).fetchone()
-        out.put((n, time.perf_counter() - t0))
+        out.put((n, time.perf_counter() - t0, cpu.stop()))
 
 
-def floor_rate(dsn: str, clients: int, n: int, timeout: float) -> float:
-    """Rows updated-and-committed per second, all clients together."""
+def floor_rate(dsn: str, clients: int, n: int, timeout: float) -> tuple[float, tuple[float, float | None]]:
+    """Rows updated-and-committed per second, all clients together, and the CPU seconds (client,
+    server) per row."""
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 0.5
     procs = [mp.Process(target=_floor_client, args=(dsn, c * n, n, start_at, out)) for c in range(clients)]
     for p in procs:
         p.start()
     results = _collect(f"floor x{clients}", out, procs, timeout, lambda: "no floor client finished")
-    return sum(r[0] for r in results) / max(r[1] for r in results)
+    rows = sum(r[0] for r in results)
+    client, server = _sum_cpu([r[2] for r in results])
+    return rows / max(r[1] for r in results), (client / rows, None if server is None else server / rows)
 
 
 # -- the protocol alone --------------------------------------------------------------------------
@@ -125,8 +167,10 @@ def _protocol_client(dsn: str, name: str, start_at: float, calls: str, out: mp.Q
 
     db = ControlDB.connect(dsn)
     worker = db.register(name, str(uuid.uuid4()), slots=64, ql_version="bench").worker
+    backend = db._connection().info.backend_pid
     while time.time() < start_at:
         time.sleep(0.0005)
+    cpu = _CpuMeter(backend)
     heartbeat_due = time.monotonic() + HEARTBEAT_S
     done = 0
 
@@ -156,8 +200,9 @@ def _protocol_client(dsn: str, name: str, start_at: float, calls: str, out: mp.Q
                 db.running(fence, started_at_ms=c.db_now_ms)
                 if db.complete(fence, **outcome(fence.attempt_id)).answer.value == "applied":
                     done += 1
+    used = cpu.stop()
     db.close()
-    out.put(done)
+    out.put((done, used))
 
 
 def _submit(dsn: str, n: int, key_file: Path | None = None) -> tuple[list[str], float]:
@@ -197,7 +242,8 @@ def _rates(dsn: str, run_ids: list[str]) -> tuple[float, float]:
     return claims / max(0.001, (last_claim - first) / 1000), done_rate
 
 
-def protocol(dsn: str, clients: int, n: int, calls: str, timeout: float) -> float:
+def protocol(dsn: str, clients: int, n: int, calls: str, timeout: float) -> tuple[float, tuple[float, float | None]]:
+    """Completions per second of ``n`` runs, and the CPU seconds (client, server) per completion."""
     runs, _ = _submit(dsn, n)
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 0.5
@@ -205,11 +251,13 @@ def protocol(dsn: str, clients: int, n: int, calls: str, timeout: float) -> floa
              for c in range(clients)]
     for p in procs:
         p.start()
-    total = sum(_collect(f"protocol x{clients}", out, procs, timeout, lambda: str(_status_counts(dsn, runs))))
+    results = _collect(f"protocol x{clients}", out, procs, timeout, lambda: str(_status_counts(dsn, runs)))
+    total = sum(r[0] for r in results)
     if total != n:
         raise SystemExit(f"bench_cluster: protocol x{clients} completed {total} of {n} runs; "
                          f"saw {_status_counts(dsn, runs)}")
-    return _rates(dsn, runs)[1]
+    client, server = _sum_cpu([r[1] for r in results])
+    return _rates(dsn, runs)[1], (client / n, None if server is None else server / n)
 
 
 # -- one machine: the embedded host ------------------------------------------------------------------
@@ -400,9 +448,10 @@ def main() -> None:
                 conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
                              (args.floor_n * max(PROTOCOL_COUNTS),))
             for k in PROTOCOL_COUNTS:
-                floor = floor_rate(dsn, k, args.floor_n, timeout)
-                done = protocol(dsn, k, args.protocol_n, args.calls, timeout)
-                res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done})
+                floor, floor_cpu = floor_rate(dsn, k, args.floor_n, timeout)
+                done, done_cpu = protocol(dsn, k, args.protocol_n, args.calls, timeout)
+                res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done,
+                                        "floor_cpu_ms": _ms(floor_cpu), "completion_cpu_ms": _ms(done_cpu)})
                 print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
             if args.protocol_only:
                 return report_protocol(res, args)
@@ -430,11 +479,26 @@ def main() -> None:
     report(res, args)
 
 
+def _ms(cpu: tuple[float, float | None]) -> list[float | None]:
+    """(client, server) CPU seconds -> milliseconds."""
+    return [cpu[0] * 1000, None if cpu[1] is None else cpu[1] * 1000]
+
+
+def _cpu_text(ms: list[float | None]) -> str:
+    client, server = ms
+    return f"{client:.3f}+{'?' if server is None else f'{server:.3f}'}"
+
+
 def report_protocol(res: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\n{'protocol clients':>16} {'floor/s':>9} {'completions/s':>14} {'vs floor':>9}   ({args.calls} calls)")
+    # CPU ms (client + server backend) per floor row and per completion: the load-independent cost
+    # (wall rates on a shared machine move with everyone else's load; CPU per unit does not).
+    print(f"\n{'protocol clients':>16} {'floor/s':>9} {'completions/s':>14} {'vs floor':>9}   "
+          f"{'CPU ms/row':>12} {'CPU ms/completion':>18} {'CPU vs floor':>12}   ({args.calls} calls)")
     for r in res["protocol"]:
+        f, c = r["floor_cpu_ms"], r["completion_cpu_ms"]
+        ratio = "" if None in (f[1], c[1]) else f"{(f[0] + f[1]) / (c[0] + c[1]):>11.3f}x"
         print(f"{r['clients']:>16} {r['floor_per_s']:>9.0f} {r['completions_per_s']:>14.0f} "
-              f"{r['completions_per_s'] / r['floor_per_s']:>8.3f}x")
+              f"{r['completions_per_s'] / r['floor_per_s']:>8.3f}x   {_cpu_text(f):>12} {_cpu_text(c):>18} {ratio:>12}")
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:

@@ -1,6 +1,7 @@
 """A thin typed client of the cluster control plane's PL/pgSQL functions (psycopg 3).
 
-One method per function of revisions ``0003_cluster_control`` to ``0005_worker_role``; each is ONE statement
+One method per function of revisions ``0003_cluster_control`` to ``0005_worker_role`` (the ``*_many``
+batches: revision ``0011_cluster_throughput``'s batched functions, else the single calls pipelined); each is ONE statement
 (``SELECT * FROM ql_xxx(...)``) on a connection in autocommit mode, so each call is exactly one
 transaction that the server commits when the statement ends. Nobody else commits, nothing is
 held open between calls, and no row of any table is read or written here directly — the same
@@ -115,6 +116,17 @@ _SQL_COMPLETE = ("SELECT answer, status, reason, fence_reason, db_now_ms"
                  " FROM ql_complete(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 _SQL_END = ("SELECT answer, outcome, fence_reason, db_now_ms"
             " FROM ql_end_without_completion(%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+# The batched functions of revision 0011 (one statement per batch; each call inside is the single
+# function above). Arrays: element i is call i; rows come back with ord = i (1-based).
+_FENCE_ARRAYS = "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[]"
+_SQL_START_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_start_many({_FENCE_ARRAYS})"
+_SQL_RUNNING_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_running_many({_FENCE_ARRAYS}, %s::bigint[])"
+_SQL_RENEW_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_renew_many({_FENCE_ARRAYS}, %s::bigint)"
+_SQL_COMPLETE_MANY = ("SELECT ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
+                      f"{_FENCE_ARRAYS}, %s::integer[], %s::bigint[], %s::bigint[], %s::boolean[], %s::text[])")
+#: A batched function that is not there (a control database before 0011: 42883) or not granted (a
+#: worker role granted before it: 42501): the client makes the same calls pipelined instead.
+_NO_BATCH_FUNCTION = ("42883", "42501")
 _SQL_SWEEP = ("SELECT requeued, lost, retried, timeouts, leases_deleted, specs_deleted, skipped, db_now_ms"
               " FROM ql_sweep(%s, %s)")
 _SQL_MAP_OUTCOME = "SELECT status, reason, moot FROM ql_map_outcome(%s, %s, %s, %s, %s, %s)"
@@ -209,6 +221,8 @@ class ControlDB:
         #: Client-side cap of one call: past it the socket is shut down and the call raises
         #: TransientError (a black-holed network never answers, and the server never sees a timeout).
         self._call_timeout_s = call_timeout_s
+        #: False once a batched function (revision 0011) was missing or not granted: pipelined calls.
+        self._batch_functions = True
 
     # -- connection --------------------------------------------------------------------------
     @classmethod
@@ -268,6 +282,32 @@ class ControlDB:
         if len(rows) != len(params_seq):
             raise ControlDBError(operation, f"expected {len(params_seq)} rows, got {len(rows)}")
         return rows
+
+    def _batched(self, operation: str, batch_sql: str, columns: Sequence[Sequence[Any]], scalars: Sequence[Any],
+                 single_sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """N calls of one function in ONE statement — its batched function (revision 0011), given
+        ``columns`` (one list per argument, element i of call i) then ``scalars`` — with the rows put back
+        in call order; or, on a control database without it (or a role not granted it), the same
+        calls pipelined (:meth:`_many`). Same transaction, same answers either way."""
+        if not params_seq:
+            return []
+        if len(params_seq) > MAX_BATCH:
+            raise ValueError(f"at most {MAX_BATCH} calls per batch")
+        if self._batch_functions:
+            try:
+                rows = self._rows(operation, batch_sql, (*(list(c) for c in columns), *scalars))
+            except ControlDBError as exc:
+                if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
+                    raise
+                self._batch_functions = False
+            else:
+                if len(rows) != len(params_seq) or sorted(r[0] for r in rows) != list(range(1, len(params_seq) + 1)):
+                    raise ControlDBError(operation, f"expected {len(params_seq)} rows, got {len(rows)}")
+                ordered: list[tuple[Any, ...]] = [()] * len(rows)
+                for r in rows:
+                    ordered[r[0] - 1] = r[1:]
+                return ordered
+        return self._many(operation, single_sql, params_seq)
 
     def _call(self, operation: str, run: Callable[[Any], list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
         conn = self._connection()
@@ -450,17 +490,22 @@ class ControlDB:
     # -- the same calls for many attempts at once: one transaction, one round trip each -------------
     def start_many(self, fences: Sequence[LeaseFence]) -> list[LeaseResult]:
         """:meth:`start` for each fence (each fenced on its own), in one transaction."""
-        return [self._lease_result(r) for r in self._many("start_many", _SQL_START, [f.params() for f in fences])]
+        params = [f.params() for f in fences]
+        return [self._lease_result(r) for r in self._batched("start_many", _SQL_START_MANY, _columns(params), (),
+                                                             _SQL_START, params)]
 
     def running_many(self, calls: Sequence[tuple[LeaseFence, int]]) -> list[LeaseResult]:
         """:meth:`running` for each ``(fence, started_at_ms)``, in one transaction."""
-        return [self._lease_result(r) for r in self._many("running_many", _SQL_RUNNING,
-                                                          [(*f.params(), started) for f, started in calls])]
+        params = [(*f.params(), started) for f, started in calls]
+        return [self._lease_result(r) for r in self._batched("running_many", _SQL_RUNNING_MANY, _columns(params), (),
+                                                             _SQL_RUNNING, params)]
 
     def renew_many(self, fences: Sequence[LeaseFence], *, ttl_ms: int = 30_000) -> list[LeaseResult]:
         """:meth:`renew` for each fence, in one transaction."""
-        return [self._lease_result(r) for r in self._many("renew_many", _SQL_RENEW,
-                                                          [(*f.params(), ttl_ms) for f in fences])]
+        params = [(*f.params(), ttl_ms) for f in fences]
+        return [self._lease_result(r) for r in self._batched("renew_many", _SQL_RENEW_MANY,
+                                                             _columns([p[:6] for p in params]), (ttl_ms,),
+                                                             _SQL_RENEW, params)]
 
     def complete_many(self, calls: Sequence[tuple[LeaseFence, Completion | dict[str, Any]]]) -> list[CompletionResult]:
         """:meth:`complete` for each ``(fence, completion)``, in one transaction (each still fenced and
@@ -471,7 +516,8 @@ class ControlDB:
             params.append((*fence.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
                            c.completion_digest))
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
-                for r in self._many("complete_many", _SQL_COMPLETE, params)]
+                for r in self._batched("complete_many", _SQL_COMPLETE_MANY, _columns(params), (),
+                                       _SQL_COMPLETE, params)]
 
     def end_without_completion(self, fence: LeaseFence, *, status: EndStatus | str, reason: str | None = None,
                                signalled: bool = False) -> EndResult:
@@ -480,6 +526,11 @@ class ControlDB:
         status = EndStatus(status)
         row = self._one("end_without_completion", _SQL_END, (*fence.params(), status.value, reason, signalled))
         return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
+
+
+def _columns(params: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """The calls' arguments, one list per argument (the arrays of a batched function)."""
+    return [list(column) for column in zip(*params)]
 
 
 def _fetch_one_statement(conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -134,3 +134,23 @@ def test_the_store_is_selected_by_name_and_only_on_cluster_profiles(tmp_path) ->
     with pytest.raises(ConfigError, match="artifact_store is for the cluster profiles"):
         load_config(config_path=edge, environ={})
     assert load_config(config_path=None, data_dir=tmp_path, environ={}).artifact_store is None
+
+
+def test_an_empty_log_is_finalized_without_a_read_back_and_only_when_the_database_holds_no_bytes(
+        cluster: Cluster, cluster_dsn: str, stores: list) -> None:  # type: ignore[type-arg]
+    store = _store(cluster_dsn, stores)
+    worker = cluster.worker(f"w-{uuid.uuid4().hex[:8]}")
+    # An empty log: finalized (the database checked that it holds no bytes).
+    cluster.submit()
+    _claimed, empty = cluster.running_attempt(worker)
+    assert not store.open(empty.attempt_id, empty, max_bytes=100).fenced
+    assert str(store.finalize(empty.attempt_id, empty, total_bytes=0, sha256=_sha(b"")).answer) == "finalized"
+    assert str(store.finalize(empty.attempt_id, empty, total_bytes=0, sha256=_sha(b"")).answer) == "already_finalized"
+    # Bytes were shipped but the finalize says the log is empty: refused by the database, not finalized.
+    cluster.submit()
+    _claimed, shipped = cluster.running_attempt(worker)
+    assert not store.open(shipped.attempt_id, shipped, max_bytes=100).fenced
+    assert str(store.append(shipped.attempt_id, shipped, 0, b"out", _sha(b"out")).answer) == "appended"
+    assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=0, sha256=_sha(b"")).answer) == "mismatch"
+    assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=0, sha256=_sha(b"out")).answer) == "mismatch"
+    assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=3, sha256=_sha(b"out")).answer) == "finalized"

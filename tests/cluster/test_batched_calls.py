@@ -24,7 +24,12 @@ def _completion(cluster: Cluster, attempt_id: str, exit_code: int = 0) -> Comple
                                         signalled=False))
 
 
-def test_a_batch_answers_each_call_as_alone_and_a_fenced_one_changes_nothing(cluster: Cluster) -> None:
+@pytest.mark.parametrize("batched_functions", [True, False], ids=["batched-functions", "pipelined"])
+def test_a_batch_answers_each_call_as_alone_and_a_fenced_one_changes_nothing(cluster: Cluster,
+                                                                             batched_functions: bool) -> None:
+    # Revision 0011's ql_*_many functions (one statement) and the pipelined single calls (a control
+    # database or a worker role without them) answer alike.
+    cluster.db._batch_functions = batched_functions
     runs = cluster.submit(4)
     w = cluster.worker()
     claimed = cluster.claim(w, 4)
@@ -100,3 +105,35 @@ def test_runtime_submit_many_queues_a_burst_that_a_worker_drains_through_batched
         (f"burst-{i}", "succeeded" if i % 3 == 0 else "failed", i % 3) for i in range(16)]
     wait_for(lambda: {r["state"] for r in harness.lease_rows("a")} == {"answered"},
              what="every outbox row to get its final answer", diagnose=harness.logs)
+
+
+@pytest.mark.parametrize("missing", ["dropped", "not granted"])
+def test_without_the_batched_functions_the_same_calls_are_pipelined(cluster: Cluster, missing: str) -> None:
+    """A control database before revision 0011 (42883), or a worker role granted before it (42501):
+    the client makes the same calls pipelined, with the same answers, and stops trying the batch."""
+    from ql_plugins.cluster_fenced import ControlDB
+
+    cluster.submit(3)
+    w = cluster.worker()
+    fences = [c.fence(w) for c in cluster.claim(w, 3)]
+    if missing == "dropped":
+        cluster.sql.execute("DROP FUNCTION ql_start_many(text[], bigint[], text[], text[], bigint[], text[])")
+        db = cluster.db
+    else:
+        role = f"ql_w_{uuid.uuid4().hex[:8]}"
+        cluster.sql.execute(f'CREATE ROLE "{role}" LOGIN')
+        for fn in ("ql_start(text, bigint, text, text, bigint, text)",
+                   "ql_running(text, bigint, text, text, bigint, text, bigint)"):
+            cluster.sql.execute(f'GRANT EXECUTE ON FUNCTION {fn} TO "{role}"')
+        dsn = cluster.sql.info.dsn
+        db = ControlDB.connect(dsn.replace("user=postgres", f"user={role}") if "user=" in dsn else f"{dsn} user={role}")
+    try:
+        assert [r.answer for r in db.start_many(fences)] == [LeaseAnswer.OK] * 3
+        assert db._batch_functions is False
+        assert [r.answer for r in db.running_many([(f, 0) for f in fences])] == [LeaseAnswer.OK] * 3
+        assert {cluster.lease(f.attempt_id)["status"] for f in fences} == {"running"}
+    finally:
+        if db is not cluster.db:
+            db.close()
+            cluster.sql.execute(f'DROP OWNED BY "{role}"')
+            cluster.sql.execute(f'DROP ROLE "{role}"')
