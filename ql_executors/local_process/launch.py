@@ -63,6 +63,7 @@ __all__ = [
     "LAUNCH_FLAGS",
     "STANDBY_SPEC_MAX",
     "spawn_standby",
+    "standby_capacity",
     "EncodedTask",
     "encode_task",
     "standby_message",
@@ -405,10 +406,7 @@ def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        # A datagram larger than the send buffer is refused (EMSGSIZE): ask for room for the
-        # largest message, and say how much there really is (net.core.wmem_max caps it).
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STANDBY_SPEC_MAX + 64 * 1024)
-        capacity = min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
+        capacity = standby_capacity(ours)
         process = subprocess.Popen([compiled, "--standby"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True, env={})
     except BaseException:
@@ -417,6 +415,14 @@ def spawn_standby(compiled: str) -> tuple[subprocess.Popen[bytes], socket.socket
     finally:
         theirs.close()
     return process, ours, capacity
+
+
+def standby_capacity(ours: socket.socket) -> int:
+    """Make room in our end of a standby's channel for the largest message, and say how much there
+    really is: a datagram larger than the send buffer is refused (EMSGSIZE), and
+    ``net.core.wmem_max`` caps what we may ask for."""
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STANDBY_SPEC_MAX + 64 * 1024)
+    return min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
 
 
 class EncodedTask(NamedTuple):

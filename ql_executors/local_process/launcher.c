@@ -616,29 +616,39 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
  * death it exits within this long, whoever still holds the other end of its channel. */
 #define OWNER_CHECK_MS 1000
 
+static pid_t channel_owner(int channel) {
+    struct ucred owner;
+    socklen_t len = sizeof owner;
+    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
+        return 0; /* not a socket pair we can ask: EOF alone decides, as before */
+    return owner.pid;
+}
+
+/* The owner of a standby forked by a factory (below): the factory's own owner, which it was forked
+ * to be the child of (CLONE_PARENT); 0 otherwise (the creator of the channel's socket pair). */
+static pid_t forked_owner;
+
 /* An idle standby waits for its message on the channel AND for its owner's death. EOF on the
  * channel is not enough: a host that forked through libc (no after-fork hook ran) left a copy of
  * its end in the child, and that copy keeps the channel open after the host itself died. The owner
- * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv);
+ * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv), or
+ * for a standby a factory forked, the factory's owner;
  * while it is our parent, a changed parent (we were reparented: it died) says it is gone — no pid
  * is ever compared after it could have been reused. Started through an intermediary (a tracer, say),
  * the owner's pid is asked instead. No descriptor is held for it: an idle standby holds nothing but
  * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone and left
  * nothing. */
 static int wait_for_message(int channel) {
-    struct ucred owner;
-    socklen_t len = sizeof owner;
-    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
-        owner.pid = 0; /* not a socket pair we can ask: EOF alone decides, as before */
-    int parent = owner.pid > 0 && getppid() == owner.pid;
+    pid_t owner = forked_owner > 0 ? forked_owner : channel_owner(channel);
+    int parent = owner > 0 && getppid() == owner;
     struct pollfd fd = {.fd = channel, .events = POLLIN};
     for (;;) {
         /* Its owner gone: a message already waiting still decides. The host sends it only after the
          * create commit, and it is the go-ahead: a host that died right after sending it (before we
          * even got here, or between two checks) recorded the run as running with this launcher. */
-        if (owner.pid > 0 && (parent ? getppid() != owner.pid : kill(owner.pid, 0) != 0 && errno == ESRCH))
+        if (owner > 0 && (parent ? getppid() != owner : kill(owner, 0) != 0 && errno == ESRCH))
             return poll(&fd, 1, 0) > 0;
-        int r = poll(&fd, 1, owner.pid > 0 ? OWNER_CHECK_MS : -1);
+        int r = poll(&fd, 1, owner > 0 ? OWNER_CHECK_MS : -1);
         if (r > 0 || (r < 0 && errno != EINTR))
             return 1; /* a message, EOF, or no way to wait: recvmsg decides as it always did */
     }
@@ -746,6 +756,89 @@ static void close_from_3_except(int keep) {
             return;
     }
     cloexec_from_3(); /* what cannot be closed is at least kept from CMD */
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Factory mode: `ql-launcher --factory`, started exactly as a standby (its channel a SOCK_SEQPACKET
+ * socketpair on stdin, stdout/stderr /dev/null, its own session, an empty environment, in /) by a
+ * host that keeps standbys ready, and holding as little: nothing of any run, ever. For each request
+ * (one byte "n") it forks one standby that is the *host's* child (CLONE_PARENT: the host waits for,
+ * reaps and signals it through a pidfd, as one it started itself), which leads a new session, names
+ * itself --standby (same length as --factory: ps shows what it is) and answers the host itself, once
+ * that is done: its pid as text with the host's end of its own new channel (SCM_RIGHTS). A failure
+ * answers "e" (no descriptor); anything else, EOF or the owner's death ends the factory (125).
+ * Why: every exec of a static glibc program runs its start-up CPU probes (cpuid, trapped by a
+ * hypervisor: ~0.5 ms on a small VM, more than the rest of the launcher); a fork of a process that
+ * has run them already skips them (docs/launcher.md, "Standby factory").
+ * ---------------------------------------------------------------------------------------------- */
+static int fork_standby(int channel, pid_t owner, char **argv) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+        return -1;
+    /* A raw clone: glibc's fork() cannot make a sibling. Single-threaded, as the launcher always is;
+     * the child only uses what fork() would have left it (no thread id, no lock owner survives). */
+    long pid = syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, 0, 0, 0);
+    if (pid == 0) {
+        /* The new standby: led by nothing of the factory's, told apart from it in ps. */
+        forked_owner = owner;
+        if (setsid() < 0 || getppid() != owner)
+            _exit(LOST); /* not the owner's child after all (it died): nobody could ever use us */
+        memcpy(argv[1], "--standby", 9);
+        char reply[24];
+        int len = snprintf(reply, sizeof reply, "%ld", (long)getpid());
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        struct iovec iov = {.iov_base = reply, .iov_len = (size_t)len};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        memset(&control, 0, sizeof control);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &pair[0], sizeof(int));
+        ssize_t sent;
+        do
+            sent = sendmsg(channel, &msg, MSG_NOSIGNAL);
+        while (sent < 0 && errno == EINTR);
+        if (sent != len)
+            _exit(LOST); /* the host never learns of us: EOF on our channel would end us anyway */
+        close(pair[0]);
+        close(channel); /* the factory's: nothing of it stays in the standby */
+        return pair[1];
+    }
+    close(pair[0]);
+    close(pair[1]);
+    return pid > 0 ? 0 : -1;
+}
+
+/* The factory's loop; returns only in a standby it forked, with that standby's channel. */
+static int serve_standbys(int channel, char **argv) {
+    pid_t owner = channel_owner(channel);
+    if (owner <= 0 || getppid() != owner)
+        _exit(LOST); /* started through an intermediary: its forks would not be the host's children */
+    for (;;) {
+        if (!wait_for_message(channel))
+            _exit(LOST); /* the owner died */
+        char request[8];
+        ssize_t n;
+        do
+            n = recv(channel, request, sizeof request, 0);
+        while (n < 0 && errno == EINTR);
+        if (n != 1 || request[0] != 'n')
+            _exit(LOST); /* EOF (the host let go of us), or not the contract */
+        int made = fork_standby(channel, owner, argv);
+        if (made > 0)
+            return made; /* in the new standby */
+        if (made < 0 && send(channel, "e", 1, MSG_NOSIGNAL) != 1)
+            _exit(LOST);
+    }
 }
 
 /* The fallback for an executable file without #!: it runs as a shell script, as under launcher.sh
@@ -1056,7 +1149,8 @@ int main(int argc, char **argv) {
     const char *cg_parent = getenv("_ql_cgroup"); /* containment: see cg_setup */
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
-    int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
+    int factory = argc == 2 && strcmp(argv[1], "--factory") == 0;
+    int standby = factory || (argc == 2 && strcmp(argv[1], "--standby") == 0);
     struct task t;
     memset(&t, 0, sizeof t);
     t.log_fd = t.cwd_fd = -1;
@@ -1117,6 +1211,8 @@ int main(int argc, char **argv) {
      * that reaches it after its run's create commit ends that run through the host (cancelled). */
     idle_standby = standby;
     set_forwarded(on_signal, standby);
+    if (factory)
+        channel = serve_standbys(channel, argv); /* from here on: a standby it forked */
 
     /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
      * EOF or anything invalid: exit 125, nothing run, no receipt. */
