@@ -448,7 +448,12 @@ def encode_task(command: Sequence[str], *, shell: bool, cwd: str | os.PathLike[s
         raise ValueError("argv mode needs at least one word, shell mode exactly one command string")
     words = [os.fsencode(a) for a in cmd]
     if env is None:
-        pairs = [k + b"=" + v for k, v in os.environb.items()]
+        # CPython keeps os.environ's entries as bytes in one dict that os.environb shares: joined in
+        # one C-level pass (the Mapping interface decodes and re-looks-up every entry, ~50 us per
+        # submit for a typical host environment).
+        data = getattr(os.environb, "_data", None)
+        items = data.items() if isinstance(data, dict) else os.environb.items()
+        pairs = list(map(b"=".join, items))
     else:
         pairs = []
         for k, v in env.items():
