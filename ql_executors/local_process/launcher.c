@@ -455,6 +455,7 @@ static const char PROBE_ANSWER[] = "ql-launcher ok\n";
  * ---------------------------------------------------------------------------------------------- */
 #define ACK_WAIT_MS_DEFAULT 30000ULL /* launch.py ACK_WAIT_MS */
 #define QUOTA_CHECK_MS 1000          /* at most one size check a second while the log grows */
+#define QUOTA_WATCH_AFTER_MS 100     /* the log's watch is set up only once CMD has run this long */
 #define KILL_SCANS 64                /* bounded rounds of "KILL every other member of the group" */
 
 struct limits {
@@ -944,7 +945,8 @@ __attribute__((noreturn, noinline)) static void child_after_fork(const struct ta
  * Protections (LIMITS), enforced while CMD runs by the one process always there: no host, no
  * supervisor and no reader is needed. The wait sleeps in poll() on descriptors only: a self-pipe
  * (SIGCHLD and forwarded signals), a CLOCK_BOOTTIME timer for the deadline and one for the KILL
- * after a TERM, inotify on the log and a one-shot timer for its size check. Wake-ups: none while
+ * after a TERM, inotify on the log and a one-shot timer for its size check (both set up only
+ * QUOTA_WATCH_AFTER_MS after the go-ahead: one wake-up then). Wake-ups: none while
  * CMD prints nothing and no signal comes, until its deadline; while it writes, at most two a
  * second (the first modification, then the size check QUOTA_CHECK_MS later; further writes are
  * not watched until that check has run). Without inotify (no /proc), the check is a periodic
@@ -1028,9 +1030,38 @@ struct guard {
     int wake_r, deadline, kill, notify, check;
     int quota_fd, checking, killed;
     unsigned long long quota;
+    unsigned long long watch_at_ns; /* when the quota watch is due (boot clock); 0: set up, or none */
 };
 
-/* Everything the wait needs, set up before the fork so that no write of CMD goes unseen. */
+/* The log back to QUOTA + 1 bytes when it is longer. O_APPEND: CMD's next write lands at the new
+ * end, so bytes [0, QUOTA] are written once and never touched (docs/logs.md, "Log quota"). */
+static void check_quota(const struct guard *g) {
+    struct stat st;
+    if (fstat(g->quota_fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > g->quota + 1)
+        (void)!ftruncate(g->quota_fd, (off_t)(g->quota + 1));
+}
+
+/* The quota's watch: inotify on the log (IN_MODIFY) and the one-shot timer of its size check, or
+ * without inotify a periodic check; then one check at once, for what CMD wrote before the watch. */
+static void quota_watch(struct guard *g) {
+    g->watch_at_ns = 0;
+    g->check = new_timer();
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", g->quota_fd);
+    g->notify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (g->notify >= 0 && inotify_add_watch(g->notify, path, IN_MODIFY) < 0) {
+        close(g->notify);
+        g->notify = -1;
+    }
+    if (g->notify < 0 && g->check >= 0)
+        timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+    check_quota(g);
+}
+
+/* Everything the wait needs, set up before the fork. The quota's watch comes QUOTA_WATCH_AFTER_MS
+ * after the go-ahead (most tasks have ended by then and never pay for it), with a check of what was
+ * written before it: no write of CMD goes unseen, and none is cut later than before (the first cut
+ * came QUOTA_CHECK_MS after the first write). */
 static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsigned long long go_boot_ns) {
     memset(g, 0, sizeof *g);
     g->wake_r = g->deadline = g->kill = g->notify = g->check = g->quota_fd = -1;
@@ -1049,16 +1080,9 @@ static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsig
     }
     if (t->lim.has_quota && log_fd >= 0 && (g->quota_fd = fcntl(log_fd, F_DUPFD_CLOEXEC, 3)) >= 0) {
         g->quota = t->lim.quota;
-        g->check = new_timer();
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", g->quota_fd);
-        g->notify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-        if (g->notify >= 0 && inotify_add_watch(g->notify, path, IN_MODIFY) < 0) {
-            close(g->notify);
-            g->notify = -1;
-        }
-        if (g->notify < 0 && g->check >= 0)
-            timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+        g->watch_at_ns = go_boot_ns + QUOTA_WATCH_AFTER_MS * 1000000ULL;
+        if (go_boot_ns == 0)
+            quota_watch(g); /* no boot clock to wait on: at once, as always */
     }
 }
 
@@ -1070,13 +1094,6 @@ static void guard_close(struct guard *g) {
             close(fds[i]);
 }
 
-/* The log back to QUOTA + 1 bytes when it is longer. O_APPEND: CMD's next write lands at the new
- * end, so bytes [0, QUOTA] are written once and never touched (docs/logs.md, "Log quota"). */
-static void check_quota(struct guard *g) {
-    struct stat st;
-    if (fstat(g->quota_fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > g->quota + 1)
-        (void)!ftruncate(g->quota_fd, (off_t)(g->quota + 1));
-}
 
 /* Until CMD has exited (not reaped: see main), enforcing the limits. 0, or -1 when its status is
  * gone (never replaced by a made-up code). */
@@ -1102,8 +1119,18 @@ static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
             [W_CHECK] = {g->check, POLLIN, 0},
         };
         /* Without a self-pipe, a signal still interrupts poll; the 1 s bound covers the race of a
-         * SIGCHLD that lands right before it. */
-        int n = poll(pf, W_N, g->wake_r >= 0 ? -1 : 1000);
+         * SIGCHLD that lands right before it. A quota watch still to come bounds it too. */
+        int timeout = g->wake_r >= 0 ? -1 : 1000;
+        if (g->watch_at_ns) {
+            unsigned long long now = boot_ns();
+            if (now == 0 || now >= g->watch_at_ns) {
+                quota_watch(g);
+                continue; /* its descriptors join the poll */
+            }
+            int ms = (int)((g->watch_at_ns - now + 999999ULL) / 1000000ULL);
+            timeout = timeout < 0 || ms < timeout ? ms : timeout;
+        }
+        int n = poll(pf, W_N, timeout);
         if (n < 0) {
             if (errno != EINTR) {
                 struct timespec pause = {0, 100000000}; /* ENOMEM: try again shortly */
