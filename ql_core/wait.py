@@ -30,10 +30,16 @@ if TYPE_CHECKING:
     from .records import RunView
     from .submit import Submission
 
-__all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "BUSY_RETRY_S", "REATTACH_POLL_S"]
+__all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "FIRST_INTENT_CHECK_S", "BUSY_RETRY_S",
+           "REATTACH_POLL_S"]
 
 #: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
+#: When a waiting host first reads the run for a cancel intent: not at once (most awaited tasks end
+#: sooner, and the read is then a store read per task for nothing), but well within
+#: :data:`INTENT_POLL_S`. ``ql cancel`` dispatches its TERM itself; the deadline is enforced from
+#: memory (and by the launcher) at its exact time whatever this says.
+FIRST_INTENT_CHECK_S = 0.05
 #: How soon a waiting host retries an intent the run store was too busy to take.
 BUSY_RETRY_S = 0.2
 #: How often :func:`wait` looks at a run it is not the parent of (re-attached, or queued).
@@ -103,13 +109,14 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
 
     assert sub.task is not None
     intent = False
+    first = True  # the run was created a moment ago: its first look for an intent can wait a little
     while True:
         node.check_data_dir()
         if on_tick is not None:
             on_tick()
         busy = False
         try:
-            if not intent:
+            if not intent and not first:
                 run = node.journal.run(sub.run_id)
                 intent = run is not None and run.cancel_reason is not None
             # In-memory timer: a fast path only; the launcher and recovery enforce the persisted
@@ -123,7 +130,8 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
             busy = True
             logger.warning("run {}: the run store is busy ({}); the deadline and intents are retried",
                            sub.run_id, type(exc).__name__)
-        timeout = BUSY_RETRY_S if busy else tick_s
+        timeout = BUSY_RETRY_S if busy else min(tick_s, FIRST_INTENT_CHECK_S) if first else tick_s
+        first = False
         remaining = _remaining_s(sub)
         if not intent and not busy and remaining is not None:
             timeout = min(timeout, max(0.0, remaining))
