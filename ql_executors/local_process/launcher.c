@@ -1030,6 +1030,7 @@ struct guard {
     int wake_r, deadline, kill, notify, check;
     int quota_fd, checking, killed;
     unsigned long long quota;
+    unsigned long long go_ns;       /* the go-ahead (boot clock) */
     unsigned long long watch_at_ns; /* when the quota watch is due (boot clock); 0: set up, or none */
 };
 
@@ -1042,8 +1043,10 @@ static void check_quota(const struct guard *g) {
 }
 
 /* The quota's watch: inotify on the log (IN_MODIFY) and the one-shot timer of its size check, or
- * without inotify a periodic check; then one check at once, for what CMD wrote before the watch. */
-static void quota_watch(struct guard *g) {
+ * without inotify a periodic check. What CMD wrote before the watch is treated as a first write at
+ * the go-ahead (go_ns): checked QUOTA_CHECK_MS after it, as an IN_MODIFY then would have been, never
+ * later; further writes are not watched until that check has run. */
+static void quota_watch(struct guard *g, unsigned long long go_ns) {
     g->watch_at_ns = 0;
     g->check = new_timer();
     char path[64];
@@ -1053,15 +1056,25 @@ static void quota_watch(struct guard *g) {
         close(g->notify);
         g->notify = -1;
     }
-    if (g->notify < 0 && g->check >= 0)
-        timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
-    check_quota(g);
+    if (g->notify < 0) {
+        if (g->check >= 0)
+            timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+        return;
+    }
+    struct stat st;
+    if (fstat(g->quota_fd, &st) != 0 || st.st_size == 0)
+        return; /* nothing written yet: the first write wakes us, as always */
+    unsigned long long now = boot_ns(), due = go_ns + QUOTA_CHECK_MS * 1000000ULL;
+    if (g->check >= 0 && timer_in(g->check, now != 0 && due > now ? due - now : 0, 0) == 0)
+        g->checking = 1;
+    else
+        check_quota(g);
 }
 
 /* Everything the wait needs, set up before the fork. The quota's watch comes QUOTA_WATCH_AFTER_MS
- * after the go-ahead (most tasks have ended by then and never pay for it), with a check of what was
- * written before it: no write of CMD goes unseen, and none is cut later than before (the first cut
- * came QUOTA_CHECK_MS after the first write). */
+ * after the go-ahead (most tasks have ended by then and never pay for it); what was written before
+ * it is checked QUOTA_CHECK_MS after the go-ahead (quota_watch): no write of CMD goes unseen, and
+ * none is cut later than before (QUOTA_CHECK_MS after the first write). */
 static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsigned long long go_boot_ns) {
     memset(g, 0, sizeof *g);
     g->wake_r = g->deadline = g->kill = g->notify = g->check = g->quota_fd = -1;
@@ -1080,9 +1093,10 @@ static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsig
     }
     if (t->lim.has_quota && log_fd >= 0 && (g->quota_fd = fcntl(log_fd, F_DUPFD_CLOEXEC, 3)) >= 0) {
         g->quota = t->lim.quota;
+        g->go_ns = go_boot_ns;
         g->watch_at_ns = go_boot_ns + QUOTA_WATCH_AFTER_MS * 1000000ULL;
         if (go_boot_ns == 0)
-            quota_watch(g); /* no boot clock to wait on: at once, as always */
+            quota_watch(g, 0); /* no boot clock to wait on: at once, as always */
     }
 }
 
@@ -1124,7 +1138,7 @@ static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
         if (g->watch_at_ns) {
             unsigned long long now = boot_ns();
             if (now == 0 || now >= g->watch_at_ns) {
-                quota_watch(g);
+                quota_watch(g, g->go_ns);
                 continue; /* its descriptors join the poll */
             }
             int ms = (int)((g->watch_at_ns - now + 999999ULL) / 1000000ULL);
