@@ -316,9 +316,9 @@ def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code
 def _finalize_log(node: Node, log_artifact_id: str) -> None:
     """After the fast path's terminal commit: cut the log to its quota (best effort: the next
     round, or a follower, does it otherwise)."""
-    from .logs import finalize_log
+    from .logs import finalize_own_log
 
     try:
-        finalize_log(node, log_artifact_id)
+        finalize_own_log(node, log_artifact_id)
     except Exception as exc:  # noqa: BLE001
         logger.warning("wait: finalize_log failed: {}", type(exc).__name__)
