@@ -237,6 +237,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
     other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
     reaped is committed."""
+    from .completion import CompletionOutcome
     from .consumer import ConsumeOutcome
     from .ports.journal import ConflictError, StoreBusyError
 
@@ -250,7 +251,24 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
         executor.acknowledge(sub.task, committed=True)  # its publisher published already
         sub.awaited = False
         return None
-    if _intent_not_beaten(node, sub, seen.finished_at_ms):
+    bound = True  # our finish time is an upper bound: the transaction defers to an intent it may miss
+    while True:
+        try:
+            result = node.completion.complete(seen, executor=sub.executor, bound=bound)
+        except (StoreBusyError, ConflictError) as exc:
+            # The store stayed busy: the task publishes its receipt, and the caller watches the run
+            # end from it (wait() falls back to watching a run that is not terminal yet).
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
+                           sub.run_id, type(exc).__name__)
+            return None
+        except BaseException:
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            raise
+        if result.outcome is not CompletionOutcome.DEFERRED:
+            break
         # Our finish time only says "it ended before we reaped it". Reaped late (this host was
         # stopped, or waiting for another run), that bound lies past a deadline or a cancel the
         # task may have beaten. The publisher holds the launcher's own finish time: let it
@@ -259,21 +277,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
         sub.awaited = False
         if _consume_released(node, sub, executor, seen.exit_code):
             return None
-        # No receipt came (its publisher is gone): what we reaped decides, on our bound.
-    try:
-        result = node.completion.complete(seen, executor=sub.executor)
-    except (StoreBusyError, ConflictError) as exc:
-        # The store stayed busy: the task publishes its receipt, and the caller watches the run
-        # end from it (wait() falls back to watching a run that is not terminal yet).
-        executor.acknowledge(sub.task, committed=False)
-        sub.awaited = False
-        logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
-                       sub.run_id, type(exc).__name__)
-        return None
-    except BaseException:
-        executor.acknowledge(sub.task, committed=False)
-        sub.awaited = False
-        raise
+        bound = False  # no receipt came (its publisher is gone): what we reaped decides, on our bound
     crashpoint("wait.before_ack")
     executor.acknowledge(sub.task, committed=True)
     sub.awaited = False
@@ -282,15 +286,6 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     # retention — no extra commit here.
     node.journal.note_consumed(sub.attempt_id)
     return result
-
-
-def _intent_not_beaten(node: Node, sub: Submission, finished_at_ms: int) -> bool:
-    """Would an intent (the deadline, a committed cancel) apply to a task that ended at
-    ``finished_at_ms``, the host's upper bound of its end?"""
-    if sub.deadline_at_ms is not None and finished_at_ms >= sub.deadline_at_ms:
-        return True
-    run = node.journal.run(sub.run_id)
-    return run is not None and run.cancel_reason is not None
 
 
 def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code: int) -> bool:
