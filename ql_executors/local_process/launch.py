@@ -479,7 +479,8 @@ def encode_task(command: Sequence[str], *, shell: bool, cwd: str | os.PathLike[s
 
 def standby_message_size(task: EncodedTask) -> int:
     """An upper bound of :func:`standby_message`'s length for ``task`` (ids, token, PATH_MAX shard)."""
-    return 4096 + 640 + len(task.cwd) + sum(len(w) + 1 for w in task.words) + sum(len(e) + 1 for e in task.env)
+    return (4096 + 640 + len(task.cwd) + sum(map(len, task.words)) + len(task.words) + sum(map(len, task.env))
+            + len(task.env))
 
 
 def standby_message(
