@@ -46,8 +46,8 @@ from typing import Iterator, Protocol
 
 from .identity import proc_start_time
 
-__all__ = ["MAX_PIDFDS", "REAP_SCAN", "Child", "ForgetsAfterFork", "Process", "Reaped", "forget_after_fork", "pidfd_budget",
-           "reap_exited", "tracked_launchers"]
+__all__ = ["MAX_PIDFDS", "REAP_SCAN", "Child", "ForgetsAfterFork", "Process", "Reaped", "forget_after_fork",
+           "pidfd_budget", "reap_exited", "tracked_launchers"]
 
 
 def _pidfd_waitid() -> int | None:
