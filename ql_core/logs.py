@@ -412,18 +412,14 @@ def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) 
 
 
 def finalize_own_log(node: Node, log_artifact_id: str) -> str:
-    """:func:`finalize_log` for the host that has just seen its own attempt end (``Runtime.wait``,
-    after the terminal commit): the attempt is this node's and has ended, so an **empty** log — a
-    task that printed nothing, the usual case — has nothing to cut, and its size (0) is recorded and
-    the file dropped without reading the run store first (two reads per awaited task). Any other
-    log, or none: :func:`finalize_log`."""
+    """:func:`finalize_log` for the host that just committed its own attempt's end (``Runtime.wait``):
+    an empty log (the usual awaited task) has nothing to cut — its size (0) is recorded and the file
+    dropped without reading the run store first (two reads per task). Any other: finalize_log."""
     with _LogDir(node.config.data_dir, log_artifact_id) as d:
         fd = d.open(os.O_RDONLY)
         if fd is not None:
-            try:
-                empty = os.fstat(fd).st_size == 0
-            finally:
-                os.close(fd)
+            empty = os.fstat(fd).st_size == 0
+            os.close(fd)
             if empty:
                 node.journal.record_log_sizes({log_artifact_id: 0})
                 _drop_in(d)  # after its size is recorded

@@ -45,7 +45,7 @@ from .child import Child, Process, forget_after_fork, reap_exited
 from .handles import START_BOOT_KEY, decode_handle, encode_handle, handle_dict, stamped, start_boot
 from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
-from .factory import Forked, StandbyFactory
+from .factory import FactorySlot
 from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
@@ -296,8 +296,7 @@ class LocalProcessExecutor:
         #: Standby launchers (compiled launcher only): see :mod:`.standby`.
         self._standbys = StandbyPool(self._new_standby) if standby else None
         #: What forks this executor's standbys once it keeps them ready (:mod:`.factory`).
-        self._factory: StandbyFactory | None = None
-        self._factory_lock = threading.Lock()
+        self._factory = FactorySlot()
 
     def _prefixed(self, command: tuple[str, ...], shell: bool) -> tuple[tuple[str, ...], bool]:
         """``run_as``: the command runs through setpriv (a shell command as ``/bin/sh -c WORD``)."""
@@ -395,7 +394,7 @@ class LocalProcessExecutor:
         compiled = self.compiled_launcher()
         if compiled is None:
             raise CompiledLauncherError("standby launchers need the compiled launcher")
-        forked = self._factory_standby(compiled, ahead)
+        forked = self._factory.standby(compiled, ahead=ahead)
         if forked is not None:
             process, channel, capacity = forked
         else:
@@ -403,30 +402,6 @@ class LocalProcessExecutor:
         child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
         handle = identity.capture_handle(process.pid)
         return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
-
-    def _factory_standby(self, compiled: str, ahead: bool) -> tuple[Forked, socket.socket, int] | None:
-        """A standby from the factory (:mod:`.factory`), or None: there is none (and ``ahead`` is
-        False: a one-shot host never starts one), or it failed — then it is discarded, and the
-        next refill starts another."""
-        with self._factory_lock:
-            factory = self._factory
-            if factory is None or not factory.owned():
-                if not ahead:
-                    return None
-                try:
-                    factory = self._factory = StandbyFactory(compiled)
-                except OSError as exc:
-                    logger.debug("no standby factory: {}", type(exc).__name__)
-                    return None
-        try:
-            return factory.standby()
-        except OSError as exc:
-            logger.debug("the standby factory failed ({}); starting standbys the classic way", type(exc).__name__)
-            with self._factory_lock:
-                if self._factory is factory:
-                    self._factory = None
-            factory.close()
-            return None
 
     def standby(self, spec: TaskSpec, *, awaited: bool) -> SpawnedTask | None:
         """An idle standby launcher for ``spec`` (its handle final), or None: no compiled launcher,
@@ -501,10 +476,7 @@ class LocalProcessExecutor:
         launcher start in this process). Idempotent."""
         if self._standbys is not None:
             self._standbys.close()
-        with self._factory_lock:
-            factory, self._factory = self._factory, None
-        if factory is not None:
-            factory.close()
+        self._factory.close()
         reap_exited(limit=None)
         if self.containment.parent is not None:
             sweep(self.containment.parent)

@@ -37,7 +37,7 @@ from ql_core.log import logger
 from .child import Child, forget_after_fork
 from .launch import standby_capacity
 
-__all__ = ["ANSWER_WAIT_S", "Forked", "StandbyFactory", "spawn_factory"]
+__all__ = ["ANSWER_WAIT_S", "FactorySlot", "Forked", "StandbyFactory", "spawn_factory"]
 
 #: How long a host waits for its factory's answer (a fork and one message: well under a
 #: millisecond) before it gives the factory up and starts a standby the classic way.
@@ -162,6 +162,46 @@ class StandbyFactory:
         """In a forked child: the factory is the parent's; drop our copy of its channel."""
         self._finalizer.detach()
         self._channel.close()
+
+
+class FactorySlot:
+    """An executor's one factory: started for a refill (``ahead``), used while it works, discarded
+    (and the standby started the classic way) the moment it fails."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._factory: StandbyFactory | None = None
+
+    def standby(self, compiled: str, *, ahead: bool) -> tuple[Forked, socket.socket, int] | None:
+        """A standby from the factory, or None: there is none (and ``ahead`` is False: a one-shot
+        host never starts one), or it failed — then it is discarded, and the next refill starts
+        another."""
+        with self._lock:
+            factory = self._factory
+            if factory is None or not factory.owned():
+                if not ahead:
+                    return None
+                try:
+                    factory = self._factory = StandbyFactory(compiled)
+                except OSError as exc:
+                    logger.debug("no standby factory: {}", type(exc).__name__)
+                    return None
+        try:
+            return factory.standby()
+        except OSError as exc:
+            logger.debug("the standby factory failed ({}); starting standbys the classic way", type(exc).__name__)
+            with self._lock:
+                if self._factory is factory:
+                    self._factory = None
+            factory.close()
+            return None
+
+    def close(self) -> None:
+        """Discard the factory, if any (idempotent)."""
+        with self._lock:
+            factory, self._factory = self._factory, None
+        if factory is not None:
+            factory.close()
 
 
 def _discard(child: Child, channel: socket.socket) -> None:
