@@ -46,6 +46,10 @@ class CompletionOutcome(enum.StrEnum):
     APPLIED = "applied"
     ALREADY_TERMINAL = "already_terminal"
     REJECTED = "rejected"
+    #: ``complete(..., bound=True)`` only: the claim's finish time is an upper bound, and an intent
+    #: (a committed cancel, or the deadline at or before that bound) may have been beaten by the
+    #: task's true end: nothing was written; the caller lets a precise claim decide.
+    DEFERRED = "deferred"
 
 
 class CompletionRejection(enum.StrEnum):
@@ -110,11 +114,16 @@ class CompletionService:
 
     # -- a claim: a parsed receipt, or the spawning host's own observation ------------------
     def complete(self, claim: Receipt, *, executor: str | None = None,
-                 audit: tuple[EventSpec, ...] = ()) -> CompletionResult:
+                 audit: tuple[EventSpec, ...] = (), bound: bool = False) -> CompletionResult:
         """Apply ``claim``. ``executor``: the executor that observed it (the live path; it must be the
         attempt's own); None for a receipt (the attempt's executor must be installed here).
-        ``audit``: events recorded before the terminal ones, in the same transaction, if it applies."""
-        return self._transition(claim.attempt_id, lambda snap: self._decide_claim(snap, claim, executor, audit))
+        ``audit``: events recorded before the terminal ones, in the same transaction, if it applies.
+        ``bound``: the claim's finish time is only an upper bound of the true end (a waiting host's
+        reap): where an intent would apply to it — a committed cancel, or a deadline at or before
+        it — nothing is written and the result is ``DEFERRED`` (the same transaction's snapshot
+        decides, so no intent committed meanwhile is missed)."""
+        return self._transition(claim.attempt_id,
+                                 lambda snap: self._decide_claim(snap, claim, executor, audit, bound))
 
     def complete_many(self, claims: Sequence[Receipt]) -> list[CompletionResult]:
         """Apply several receipts (recovery's page): in one transaction when the store can
@@ -139,7 +148,8 @@ class CompletionService:
         return results
 
     def _decide_claim(self, snap: Snapshot, claim: Receipt, executor: str | None,
-                      audit: tuple[EventSpec, ...] = ()) -> tuple[CompletionResult, Transition | None]:
+                      audit: tuple[EventSpec, ...] = (), bound: bool = False
+                      ) -> tuple[CompletionResult, Transition | None]:
         attempt, run = snap.attempt, snap.run
         if attempt is None:
             return _rejected(CompletionRejection.UNKNOWN_ATTEMPT)
@@ -155,6 +165,9 @@ class CompletionService:
             return _rejected(CompletionRejection.WRONG_SEQUENCE)
         if run.status not in RUN_ACTIVE or run.current_attempt_id != attempt.id:
             return _rejected(CompletionRejection.INCONSISTENT_STATE)
+        if bound and (run.cancel_reason is not None
+                      or run.deadline_at_ms is not None and claim.finished_at_ms >= run.deadline_at_ms):
+            return CompletionResult(CompletionOutcome.DEFERRED), None
         started, finished = clamp_times(started_at_ms=claim.started_at_ms, finished_at_ms=claim.finished_at_ms,
                                         created_at_ms=attempt.created_at_ms,
                                         committed_started_at_ms=attempt.started_at_ms, now_ms=snap.now_ms,

@@ -69,6 +69,7 @@ __all__ = [
     "enforce_log_quota",
     "enforce_log_quotas",
     "finalize_log",
+    "finalize_own_log",
     "delete_log",
     "finalize_logs",
     "Finalized",
@@ -408,6 +409,22 @@ def finalize_log(node: Node, log_artifact_id: str, *, record_size: bool = True) 
             if done.size_bytes == 0:
                 _drop_in(d)  # after its size is recorded
     return done.outcome
+
+
+def finalize_own_log(node: Node, log_artifact_id: str) -> str:
+    """:func:`finalize_log` for the host that just committed its own attempt's end (``Runtime.wait``):
+    an empty log (the usual awaited task) has nothing to cut — its size (0) is recorded and the file
+    dropped without reading the run store first (two reads per task). Any other: finalize_log."""
+    with _LogDir(node.config.data_dir, log_artifact_id) as d:
+        fd = d.open(os.O_RDONLY)
+        if fd is not None:
+            empty = os.fstat(fd).st_size == 0
+            os.close(fd)
+            if empty:
+                node.journal.record_log_sizes({log_artifact_id: 0})
+                _drop_in(d)  # after its size is recorded
+                return "finalized"
+    return finalize_log(node, log_artifact_id)
 
 
 def finalize_logs(node: Node, log_artifact_ids: list[str]) -> Counter[str]:

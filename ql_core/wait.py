@@ -30,10 +30,16 @@ if TYPE_CHECKING:
     from .records import RunView
     from .submit import Submission
 
-__all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "BUSY_RETRY_S", "REATTACH_POLL_S"]
+__all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "FIRST_INTENT_CHECK_S", "BUSY_RETRY_S",
+           "REATTACH_POLL_S"]
 
 #: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
+#: When a waiting host first reads the run for a cancel intent: not at once (most awaited tasks end
+#: sooner, and the read is then a store read per task for nothing), but well within
+#: :data:`INTENT_POLL_S`. ``ql cancel`` dispatches its TERM itself; the deadline is enforced from
+#: memory (and by the launcher) at its exact time whatever this says.
+FIRST_INTENT_CHECK_S = 0.05
 #: How soon a waiting host retries an intent the run store was too busy to take.
 BUSY_RETRY_S = 0.2
 #: How often :func:`wait` looks at a run it is not the parent of (re-attached, or queued).
@@ -103,13 +109,14 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
 
     assert sub.task is not None
     intent = False
+    first = True  # the run was created a moment ago: its first look for an intent can wait a little
     while True:
         node.check_data_dir()
         if on_tick is not None:
             on_tick()
         busy = False
         try:
-            if not intent:
+            if not intent and not first:
                 run = node.journal.run(sub.run_id)
                 intent = run is not None and run.cancel_reason is not None
             # In-memory timer: a fast path only; the launcher and recovery enforce the persisted
@@ -123,7 +130,8 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
             busy = True
             logger.warning("run {}: the run store is busy ({}); the deadline and intents are retried",
                            sub.run_id, type(exc).__name__)
-        timeout = BUSY_RETRY_S if busy else tick_s
+        timeout = BUSY_RETRY_S if busy else min(tick_s, FIRST_INTENT_CHECK_S) if first else tick_s
+        first = False
         remaining = _remaining_s(sub)
         if not intent and not busy and remaining is not None:
             timeout = min(timeout, max(0.0, remaining))
@@ -229,6 +237,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
     other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
     reaped is committed."""
+    from .completion import CompletionOutcome
     from .consumer import ConsumeOutcome
     from .ports.journal import ConflictError, StoreBusyError
 
@@ -242,7 +251,24 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
         executor.acknowledge(sub.task, committed=True)  # its publisher published already
         sub.awaited = False
         return None
-    if _intent_not_beaten(node, sub, seen.finished_at_ms):
+    bound = True  # our finish time is an upper bound: the transaction defers to an intent it may miss
+    while True:
+        try:
+            result = node.completion.complete(seen, executor=sub.executor, bound=bound)
+        except (StoreBusyError, ConflictError) as exc:
+            # The store stayed busy: the task publishes its receipt, and the caller watches the run
+            # end from it (wait() falls back to watching a run that is not terminal yet).
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
+                           sub.run_id, type(exc).__name__)
+            return None
+        except BaseException:
+            executor.acknowledge(sub.task, committed=False)
+            sub.awaited = False
+            raise
+        if result.outcome is not CompletionOutcome.DEFERRED:
+            break
         # Our finish time only says "it ended before we reaped it". Reaped late (this host was
         # stopped, or waiting for another run), that bound lies past a deadline or a cancel the
         # task may have beaten. The publisher holds the launcher's own finish time: let it
@@ -251,21 +277,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
         sub.awaited = False
         if _consume_released(node, sub, executor, seen.exit_code):
             return None
-        # No receipt came (its publisher is gone): what we reaped decides, on our bound.
-    try:
-        result = node.completion.complete(seen, executor=sub.executor)
-    except (StoreBusyError, ConflictError) as exc:
-        # The store stayed busy: the task publishes its receipt, and the caller watches the run
-        # end from it (wait() falls back to watching a run that is not terminal yet).
-        executor.acknowledge(sub.task, committed=False)
-        sub.awaited = False
-        logger.warning("run {}: the run store is busy ({}); completing from the task's receipt",
-                       sub.run_id, type(exc).__name__)
-        return None
-    except BaseException:
-        executor.acknowledge(sub.task, committed=False)
-        sub.awaited = False
-        raise
+        bound = False  # no receipt came (its publisher is gone): what we reaped decides, on our bound
     crashpoint("wait.before_ack")
     executor.acknowledge(sub.task, committed=True)
     sub.awaited = False
@@ -274,15 +286,6 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     # retention — no extra commit here.
     node.journal.note_consumed(sub.attempt_id)
     return result
-
-
-def _intent_not_beaten(node: Node, sub: Submission, finished_at_ms: int) -> bool:
-    """Would an intent (the deadline, a committed cancel) apply to a task that ended at
-    ``finished_at_ms``, the host's upper bound of its end?"""
-    if sub.deadline_at_ms is not None and finished_at_ms >= sub.deadline_at_ms:
-        return True
-    run = node.journal.run(sub.run_id)
-    return run is not None and run.cancel_reason is not None
 
 
 def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code: int) -> bool:
@@ -308,9 +311,9 @@ def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code
 def _finalize_log(node: Node, log_artifact_id: str) -> None:
     """After the fast path's terminal commit: cut the log to its quota (best effort: the next
     round, or a follower, does it otherwise)."""
-    from .logs import finalize_log
+    from .logs import finalize_own_log
 
     try:
-        finalize_log(node, log_artifact_id)
+        finalize_own_log(node, log_artifact_id)
     except Exception as exc:  # noqa: BLE001
         logger.warning("wait: finalize_log failed: {}", type(exc).__name__)

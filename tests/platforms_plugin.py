@@ -81,7 +81,7 @@ def _shell_platform(shell: str) -> dict[str, str]:
 
 
 def _version(shell: str, argv: list[str]) -> str:
-    if shell in ("compiled", "compiled-standby"):
+    if shell in ("compiled", "compiled-standby", "compiled-factory"):
         # launcher.c as this machine's compiler built it: static unless it names a loader.
         head = Path(argv[0]).read_bytes()[:4096]
         return "launcher.c, " + ("dynamic" if b"ld-linux" in head or b"ld-musl" in head else "static")

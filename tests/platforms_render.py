@@ -74,7 +74,8 @@ def render(results: dict[str, Any]) -> str:
         "launcher.c as this machine's C compiler built it (no shell: it resets signals itself, so "
         "always async, and has no busybox-only column); `compiled-standby` is the same binary started "
         "as a standby before its run and handed the run in one message (the executor's default); "
-        "`compiled-aarch64` is the launcher shipped in the AArch64 wheel (`tools/build_wheels.sh`, "
+        "`compiled-factory` is a standby forked by the launcher's `--factory` instead of exec'd (what "
+        "the executor uses from its second task on); `compiled-aarch64` is the launcher shipped in the AArch64 wheel (`tools/build_wheels.sh`, "
         "Debian's cross compiler), run by qemu-user.",
         "",
     ]

@@ -39,7 +39,6 @@ import itertools
 import os
 import resource
 import select
-import subprocess
 import threading
 import time
 import weakref
@@ -47,8 +46,8 @@ from typing import Iterator, Protocol
 
 from .identity import proc_start_time
 
-__all__ = ["MAX_PIDFDS", "REAP_SCAN", "Child", "ForgetsAfterFork", "Reaped", "forget_after_fork", "pidfd_budget",
-           "reap_exited", "tracked_launchers"]
+__all__ = ["MAX_PIDFDS", "REAP_SCAN", "Child", "ForgetsAfterFork", "Process", "Reaped", "forget_after_fork",
+           "pidfd_budget", "reap_exited", "tracked_launchers"]
 
 
 def _pidfd_waitid() -> int | None:
@@ -115,6 +114,14 @@ class Reaped:
         self.status = status
 
 
+class Process(Protocol):
+    """What :class:`Child` needs of the process it follows: a ``Popen``, or
+    :class:`~.factory.Forked` for a standby the factory forked."""
+
+    pid: int
+    returncode: int | None
+
+
 class Child:
     """One launcher of ours (``process``: its ``Popen``), tracked until it is reaped.
 
@@ -125,7 +132,7 @@ class Child:
 
     __slots__ = ("__weakref__", "_fd", "_lock", "_owner", "_start", "_users", "keep", "pid", "process", "reaped")
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: Process) -> None:
         # Reap what has exited first: the pidfds it frees may serve this launcher.
         reap_exited()
         self.process = process

@@ -41,10 +41,11 @@ from .launch import (
     standby_message,
     standby_message_size,
 )
-from .child import Child, forget_after_fork, reap_exited
+from .child import Child, Process, forget_after_fork, reap_exited
 from .handles import START_BOOT_KEY, decode_handle, encode_handle, handle_dict, stamped, start_boot
 from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
+from .factory import FactorySlot
 from .standby import Standby, StandbyPool
 
 __all__ = ["LocalProcessExecutor", "LAUNCHER_CHOICES", "LAUNCHER_LOST_STATUS", "STATUS_NOT_REAPABLE", "encode_handle",
@@ -119,7 +120,7 @@ class _Held:
         forget_after_fork(self)
 
     @property
-    def process(self) -> subprocess.Popen[bytes]:
+    def process(self) -> Process:
         return self.child.process
 
     def forget_after_fork(self) -> None:
@@ -294,6 +295,8 @@ class LocalProcessExecutor:
         self._host_handle: tuple[int, str | None] | None = None
         #: Standby launchers (compiled launcher only): see :mod:`.standby`.
         self._standbys = StandbyPool(self._new_standby) if standby else None
+        #: What forks this executor's standbys once it keeps them ready (:mod:`.factory`).
+        self._factory = FactorySlot()
 
     def _prefixed(self, command: tuple[str, ...], shell: bool) -> tuple[tuple[str, ...], bool]:
         """``run_as``: the command runs through setpriv (a shell command as ``/bin/sh -c WORD``)."""
@@ -385,11 +388,17 @@ class LocalProcessExecutor:
         task.live.release()
 
     # -- standby launchers (ql_core.ports.executor.StandbyExecutor) ------------------------------
-    def _new_standby(self) -> Standby:
+    def _new_standby(self, ahead: bool = False) -> Standby:
+        """A new idle standby: forked by this executor's factory when it has one (``ahead``, a
+        refill off the submit path: starting one first), else started the classic way."""
         compiled = self.compiled_launcher()
         if compiled is None:
             raise CompiledLauncherError("standby launchers need the compiled launcher")
-        process, channel, capacity = spawn_standby(compiled)
+        forked = self._factory.standby(compiled, ahead=ahead)
+        if forked is not None:
+            process, channel, capacity = forked
+        else:
+            process, channel, capacity = spawn_standby(compiled)
         child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
         handle = identity.capture_handle(process.pid)
         return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
@@ -467,6 +476,7 @@ class LocalProcessExecutor:
         launcher start in this process). Idempotent."""
         if self._standbys is not None:
             self._standbys.close()
+        self._factory.close()
         reap_exited(limit=None)
         if self.containment.parent is not None:
             sweep(self.containment.parent)

@@ -455,6 +455,7 @@ static const char PROBE_ANSWER[] = "ql-launcher ok\n";
  * ---------------------------------------------------------------------------------------------- */
 #define ACK_WAIT_MS_DEFAULT 30000ULL /* launch.py ACK_WAIT_MS */
 #define QUOTA_CHECK_MS 1000          /* at most one size check a second while the log grows */
+#define QUOTA_WATCH_AFTER_MS 100     /* the log's watch is set up only once CMD has run this long */
 #define KILL_SCANS 64                /* bounded rounds of "KILL every other member of the group" */
 
 struct limits {
@@ -616,29 +617,39 @@ static char **next_words(char **p, const char *end, unsigned long long n) {
  * death it exits within this long, whoever still holds the other end of its channel. */
 #define OWNER_CHECK_MS 1000
 
+static pid_t channel_owner(int channel) {
+    struct ucred owner;
+    socklen_t len = sizeof owner;
+    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
+        return 0; /* not a socket pair we can ask: EOF alone decides, as before */
+    return owner.pid;
+}
+
+/* The owner of a standby forked by a factory (below): the factory's own owner, which it was forked
+ * to be the child of (CLONE_PARENT); 0 otherwise (the creator of the channel's socket pair). */
+static pid_t forked_owner;
+
 /* An idle standby waits for its message on the channel AND for its owner's death. EOF on the
  * channel is not enough: a host that forked through libc (no after-fork hook ran) left a copy of
  * its end in the child, and that copy keeps the channel open after the host itself died. The owner
- * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv);
+ * is the process that created the socket pair (SO_PEERCRED: nothing to pass, nothing in argv), or
+ * for a standby a factory forked, the factory's owner;
  * while it is our parent, a changed parent (we were reparented: it died) says it is gone — no pid
  * is ever compared after it could have been reused. Started through an intermediary (a tracer, say),
  * the owner's pid is asked instead. No descriptor is held for it: an idle standby holds nothing but
  * its channel. 1: the channel has something (a message, or EOF); 0: the owner is gone and left
  * nothing. */
 static int wait_for_message(int channel) {
-    struct ucred owner;
-    socklen_t len = sizeof owner;
-    if (getsockopt(channel, SOL_SOCKET, SO_PEERCRED, &owner, &len) != 0 || len != sizeof owner || owner.pid <= 0)
-        owner.pid = 0; /* not a socket pair we can ask: EOF alone decides, as before */
-    int parent = owner.pid > 0 && getppid() == owner.pid;
+    pid_t owner = forked_owner > 0 ? forked_owner : channel_owner(channel);
+    int parent = owner > 0 && getppid() == owner;
     struct pollfd fd = {.fd = channel, .events = POLLIN};
     for (;;) {
         /* Its owner gone: a message already waiting still decides. The host sends it only after the
          * create commit, and it is the go-ahead: a host that died right after sending it (before we
          * even got here, or between two checks) recorded the run as running with this launcher. */
-        if (owner.pid > 0 && (parent ? getppid() != owner.pid : kill(owner.pid, 0) != 0 && errno == ESRCH))
+        if (owner > 0 && (parent ? getppid() != owner : kill(owner, 0) != 0 && errno == ESRCH))
             return poll(&fd, 1, 0) > 0;
-        int r = poll(&fd, 1, owner.pid > 0 ? OWNER_CHECK_MS : -1);
+        int r = poll(&fd, 1, owner > 0 ? OWNER_CHECK_MS : -1);
         if (r > 0 || (r < 0 && errno != EINTR))
             return 1; /* a message, EOF, or no way to wait: recvmsg decides as it always did */
     }
@@ -748,6 +759,89 @@ static void close_from_3_except(int keep) {
     cloexec_from_3(); /* what cannot be closed is at least kept from CMD */
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Factory mode: `ql-launcher --factory`, started exactly as a standby (its channel a SOCK_SEQPACKET
+ * socketpair on stdin, stdout/stderr /dev/null, its own session, an empty environment, in /) by a
+ * host that keeps standbys ready, and holding as little: nothing of any run, ever. For each request
+ * (one byte "n") it forks one standby that is the *host's* child (CLONE_PARENT: the host waits for,
+ * reaps and signals it through a pidfd, as one it started itself), which leads a new session, names
+ * itself --standby (same length as --factory: ps shows what it is) and answers the host itself, once
+ * that is done: its pid as text with the host's end of its own new channel (SCM_RIGHTS). A failure
+ * answers "e" (no descriptor); anything else, EOF or the owner's death ends the factory (125).
+ * Why: every exec of a static glibc program runs its start-up CPU probes (cpuid, trapped by a
+ * hypervisor: ~0.5 ms on a small VM, more than the rest of the launcher); a fork of a process that
+ * has run them already skips them (docs/launcher.md, "Standby factory").
+ * ---------------------------------------------------------------------------------------------- */
+static int fork_standby(int channel, pid_t owner, char **argv) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+        return -1;
+    /* A raw clone: glibc's fork() cannot make a sibling. Single-threaded, as the launcher always is;
+     * the child only uses what fork() would have left it (no thread id, no lock owner survives). */
+    long pid = syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, 0, 0, 0);
+    if (pid == 0) {
+        /* The new standby: led by nothing of the factory's, told apart from it in ps. */
+        forked_owner = owner;
+        if (setsid() < 0 || getppid() != owner)
+            _exit(LOST); /* not the owner's child after all (it died): nobody could ever use us */
+        memcpy(argv[1], "--standby", 9);
+        char reply[24];
+        int len = snprintf(reply, sizeof reply, "%ld", (long)getpid());
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        struct iovec iov = {.iov_base = reply, .iov_len = (size_t)len};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        memset(&control, 0, sizeof control);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &pair[0], sizeof(int));
+        ssize_t sent;
+        do
+            sent = sendmsg(channel, &msg, MSG_NOSIGNAL);
+        while (sent < 0 && errno == EINTR);
+        if (sent != len)
+            _exit(LOST); /* the host never learns of us: EOF on our channel would end us anyway */
+        close(pair[0]);
+        close(channel); /* the factory's: nothing of it stays in the standby */
+        return pair[1];
+    }
+    close(pair[0]);
+    close(pair[1]);
+    return pid > 0 ? 0 : -1;
+}
+
+/* The factory's loop; returns only in a standby it forked, with that standby's channel. */
+static int serve_standbys(int channel, char **argv) {
+    pid_t owner = channel_owner(channel);
+    if (owner <= 0 || getppid() != owner)
+        _exit(LOST); /* started through an intermediary: its forks would not be the host's children */
+    for (;;) {
+        if (!wait_for_message(channel))
+            _exit(LOST); /* the owner died */
+        char request[8];
+        ssize_t n;
+        do
+            n = recv(channel, request, sizeof request, 0);
+        while (n < 0 && errno == EINTR);
+        if (n != 1 || request[0] != 'n')
+            _exit(LOST); /* EOF (the host let go of us), or not the contract */
+        int made = fork_standby(channel, owner, argv);
+        if (made > 0)
+            return made; /* in the new standby */
+        if (made < 0 && send(channel, "e", 1, MSG_NOSIGNAL) != 1)
+            _exit(LOST);
+    }
+}
+
 /* The fallback for an executable file without #!: it runs as a shell script, as under launcher.sh
  * (glibc's execvp does this itself; musl's does not): `sh -c 'exec "$0" "$@"' CMD ARG...`. Built
  * before the fork: the child of a vfork must not allocate. */
@@ -851,7 +945,8 @@ __attribute__((noreturn, noinline)) static void child_after_fork(const struct ta
  * Protections (LIMITS), enforced while CMD runs by the one process always there: no host, no
  * supervisor and no reader is needed. The wait sleeps in poll() on descriptors only: a self-pipe
  * (SIGCHLD and forwarded signals), a CLOCK_BOOTTIME timer for the deadline and one for the KILL
- * after a TERM, inotify on the log and a one-shot timer for its size check. Wake-ups: none while
+ * after a TERM, inotify on the log and a one-shot timer for its size check (both set up only
+ * QUOTA_WATCH_AFTER_MS after the go-ahead: one wake-up then). Wake-ups: none while
  * CMD prints nothing and no signal comes, until its deadline; while it writes, at most two a
  * second (the first modification, then the size check QUOTA_CHECK_MS later; further writes are
  * not watched until that check has run). Without inotify (no /proc), the check is a periodic
@@ -935,9 +1030,51 @@ struct guard {
     int wake_r, deadline, kill, notify, check;
     int quota_fd, checking, killed;
     unsigned long long quota;
+    unsigned long long go_ns;       /* the go-ahead (boot clock) */
+    unsigned long long watch_at_ns; /* when the quota watch is due (boot clock); 0: set up, or none */
 };
 
-/* Everything the wait needs, set up before the fork so that no write of CMD goes unseen. */
+/* The log back to QUOTA + 1 bytes when it is longer. O_APPEND: CMD's next write lands at the new
+ * end, so bytes [0, QUOTA] are written once and never touched (docs/logs.md, "Log quota"). */
+static void check_quota(const struct guard *g) {
+    struct stat st;
+    if (fstat(g->quota_fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > g->quota + 1)
+        (void)!ftruncate(g->quota_fd, (off_t)(g->quota + 1));
+}
+
+/* The quota's watch: inotify on the log (IN_MODIFY) and the one-shot timer of its size check, or
+ * without inotify a periodic check. What CMD wrote before the watch is treated as a first write at
+ * the go-ahead (go_ns): checked QUOTA_CHECK_MS after it, as an IN_MODIFY then would have been, never
+ * later; further writes are not watched until that check has run. */
+static void quota_watch(struct guard *g, unsigned long long go_ns) {
+    g->watch_at_ns = 0;
+    g->check = new_timer();
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", g->quota_fd);
+    g->notify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (g->notify >= 0 && inotify_add_watch(g->notify, path, IN_MODIFY) < 0) {
+        close(g->notify);
+        g->notify = -1;
+    }
+    if (g->notify < 0) {
+        if (g->check >= 0)
+            timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+        return;
+    }
+    struct stat st;
+    if (fstat(g->quota_fd, &st) != 0 || st.st_size == 0)
+        return; /* nothing written yet: the first write wakes us, as always */
+    unsigned long long now = boot_ns(), due = go_ns + QUOTA_CHECK_MS * 1000000ULL;
+    if (g->check >= 0 && timer_in(g->check, now != 0 && due > now ? due - now : 0, 0) == 0)
+        g->checking = 1;
+    else
+        check_quota(g);
+}
+
+/* Everything the wait needs, set up before the fork. The quota's watch comes QUOTA_WATCH_AFTER_MS
+ * after the go-ahead (most tasks have ended by then and never pay for it); what was written before
+ * it is checked QUOTA_CHECK_MS after the go-ahead (quota_watch): no write of CMD goes unseen, and
+ * none is cut later than before (QUOTA_CHECK_MS after the first write). */
 static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsigned long long go_boot_ns) {
     memset(g, 0, sizeof *g);
     g->wake_r = g->deadline = g->kill = g->notify = g->check = g->quota_fd = -1;
@@ -956,16 +1093,10 @@ static void guard_setup(struct guard *g, const struct task *t, int log_fd, unsig
     }
     if (t->lim.has_quota && log_fd >= 0 && (g->quota_fd = fcntl(log_fd, F_DUPFD_CLOEXEC, 3)) >= 0) {
         g->quota = t->lim.quota;
-        g->check = new_timer();
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", g->quota_fd);
-        g->notify = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-        if (g->notify >= 0 && inotify_add_watch(g->notify, path, IN_MODIFY) < 0) {
-            close(g->notify);
-            g->notify = -1;
-        }
-        if (g->notify < 0 && g->check >= 0)
-            timer_in(g->check, QUOTA_CHECK_MS * 1000000ULL, 1); /* no inotify: a periodic check */
+        g->go_ns = go_boot_ns;
+        g->watch_at_ns = go_boot_ns + QUOTA_WATCH_AFTER_MS * 1000000ULL;
+        if (go_boot_ns == 0)
+            quota_watch(g, 0); /* no boot clock to wait on: at once, as always */
     }
 }
 
@@ -977,13 +1108,6 @@ static void guard_close(struct guard *g) {
             close(fds[i]);
 }
 
-/* The log back to QUOTA + 1 bytes when it is longer. O_APPEND: CMD's next write lands at the new
- * end, so bytes [0, QUOTA] are written once and never touched (docs/logs.md, "Log quota"). */
-static void check_quota(struct guard *g) {
-    struct stat st;
-    if (fstat(g->quota_fd, &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > g->quota + 1)
-        (void)!ftruncate(g->quota_fd, (off_t)(g->quota + 1));
-}
 
 /* Until CMD has exited (not reaped: see main), enforcing the limits. 0, or -1 when its status is
  * gone (never replaced by a made-up code). */
@@ -1009,8 +1133,18 @@ static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
             [W_CHECK] = {g->check, POLLIN, 0},
         };
         /* Without a self-pipe, a signal still interrupts poll; the 1 s bound covers the race of a
-         * SIGCHLD that lands right before it. */
-        int n = poll(pf, W_N, g->wake_r >= 0 ? -1 : 1000);
+         * SIGCHLD that lands right before it. A quota watch still to come bounds it too. */
+        int timeout = g->wake_r >= 0 ? -1 : 1000;
+        if (g->watch_at_ns) {
+            unsigned long long now = boot_ns();
+            if (now == 0 || now >= g->watch_at_ns) {
+                quota_watch(g, g->go_ns);
+                continue; /* its descriptors join the poll */
+            }
+            int ms = (int)((g->watch_at_ns - now + 999999ULL) / 1000000ULL);
+            timeout = timeout < 0 || ms < timeout ? ms : timeout;
+        }
+        int n = poll(pf, W_N, timeout);
         if (n < 0) {
             if (errno != EINTR) {
                 struct timespec pause = {0, 100000000}; /* ENOMEM: try again shortly */
@@ -1056,7 +1190,8 @@ int main(int argc, char **argv) {
     const char *cg_parent = getenv("_ql_cgroup"); /* containment: see cg_setup */
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
-    int standby = argc == 2 && strcmp(argv[1], "--standby") == 0;
+    int factory = argc == 2 && strcmp(argv[1], "--factory") == 0;
+    int standby = factory || (argc == 2 && strcmp(argv[1], "--standby") == 0);
     struct task t;
     memset(&t, 0, sizeof t);
     t.log_fd = t.cwd_fd = -1;
@@ -1117,6 +1252,8 @@ int main(int argc, char **argv) {
      * that reaches it after its run's create commit ends that run through the host (cancelled). */
     idle_standby = standby;
     set_forwarded(on_signal, standby);
+    if (factory)
+        channel = serve_standbys(channel, argv); /* from here on: a standby it forked */
 
     /* The go-ahead: the host sends it only after it has committed this launcher's durable handle.
      * EOF or anything invalid: exit 125, nothing run, no receipt. */

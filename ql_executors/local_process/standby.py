@@ -16,7 +16,8 @@ never got its run does the same, and recovery finds its process gone without a r
 and nothing ran. Once handed its run it is an ordinary launcher: the receipt decides.
 
 The pool keeps at most one idle standby per executor, refilled after a hand-over from the second
-task on (a one-shot ``ql run`` never leaves an unused launcher behind), and discards it (SIGKILL:
+task on (a one-shot ``ql run`` never leaves an unused launcher behind) — from then on by a fork of
+the executor's standby factory rather than a new exec (:mod:`.factory`) — and discards it (SIGKILL:
 it holds nothing) with the runtime, when the executor is collected, or at interpreter exit. A
 standby is used only by the process that started it (a forked host's child drops its copy of the
 channel and starts its own) and only while it is provably alive, idle and not stopped. A signal
@@ -102,7 +103,7 @@ class _Slot:
 class StandbyPool:
     """At most one idle standby, taken by :meth:`take`, kept ready by :meth:`handed_over`."""
 
-    def __init__(self, spawn: Callable[[], Standby]) -> None:
+    def __init__(self, spawn: Callable[..., Standby]) -> None:
         self._spawn = spawn
         self._lock = threading.Lock()
         self._slot = _Slot()
@@ -134,13 +135,14 @@ class StandbyPool:
         _discard_quietly(spare)
 
     def handed_over(self) -> None:
-        """A standby got its run: from the second on, keep the next one ready (off the submit path)."""
+        """A standby got its run: from the second on, keep the next one ready (off the submit path;
+        ``ahead=True`` lets the executor start its factory for it)."""
         with self._lock:
             self._handed += 1
             if self._handed < 2 or self._slot.ready is not None:
                 return
         try:
-            fresh = self._spawn()
+            fresh = self._spawn(ahead=True)
         except Exception as exc:  # noqa: BLE001 - the next submit spawns one itself, or falls back
             logger.debug("no standby launcher kept ready: {}", type(exc).__name__)
             return

@@ -116,6 +116,27 @@ def test_completion_first_then_cancel_is_a_no_op(runtime: Any, running: Any, ql_
 
 
 # -- (c) finished before the intent: the intent is moot -----------------------------------
+def test_a_bound_claim_defers_to_an_intent_seen_in_its_own_transaction(runtime: Any, running: Any) -> None:
+    """A waiting host's reap is only an upper bound of the task's end: completed with ``bound=True``
+    it writes nothing where an intent would apply — a committed cancel, or a deadline at or before
+    the bound — and the launcher's precise receipt decides instead; with neither it applies."""
+    from ql_core.completion import CompletionOutcome
+
+    cancelled = running()
+    runtime.canceller.request(cancelled.run_id, "user")
+    due = running(timeout_s=600)
+    for sub, finished in ((cancelled, None), (due, due.deadline_at_ms)):
+        result = runtime.completion.complete(valid_receipt(sub, finished_at_ms=finished), executor=sub.executor,
+                                             bound=True)
+        assert result.outcome is CompletionOutcome.DEFERRED
+        assert not runtime.status(sub.run_id).terminal
+        assert not [t for t in event_types(runtime, sub.run_id) if t.startswith("attempt.") and t != "attempt.spawned"]
+    plain = running(timeout_s=600)
+    result = runtime.completion.complete(valid_receipt(plain, finished_at_ms=plain.deadline_at_ms - 1),
+                                         executor=plain.executor, bound=True)
+    assert (result.outcome, result.status) == (CompletionOutcome.APPLIED, "succeeded")
+
+
 def test_receipt_finished_before_the_cancel_keeps_its_outcome(runtime: Any, running: Any) -> None:
     sub = running()
     runtime.canceller.request(sub.run_id, "user")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,8 +44,10 @@ from tests.processes import proc_stat
 # (`--standby`) before its run exists and handed the run in one message (the executor's default).
 # compiled-aarch64 is the launcher shipped in the AArch64 wheel (tools/build_wheels.sh, Debian's
 # cross compiler), run by qemu-user like busybox-aarch64.
+# compiled-factory is a standby forked by a `--factory` launcher (what a host that keeps standbys
+# ready uses from its second task on: ql_executors/local_process/factory.py).
 SHELLS = ("dash", "bash", "bash-posix", "busybox", "busybox-aarch64", "compiled", "compiled-standby",
-          "compiled-aarch64")
+          "compiled-factory", "compiled-aarch64")
 DEADLINE_S = 60.0  # failure detection only (a loaded machine can take 20 s); timing claims live in bench/
 AARCH64_BUSYBOX_ENV = "QL_TEST_AARCH64_BUSYBOX"  # path of an AArch64 busybox binary (see .ci/run)
 _EM_AARCH64 = 183  # ELF e_machine of AArch64
@@ -78,6 +81,27 @@ class CompiledLauncher(list):  # type: ignore[type-arg]
 
 class StandbyLauncher(CompiledLauncher):
     """The compiled launcher started as a standby and handed its run afterwards."""
+
+
+class FactoryLauncher(StandbyLauncher):
+    """A standby forked by the compiled launcher's factory (``--factory``) instead of exec'd."""
+
+
+#: One factory per binary in this test process, started at the first use (as a host keeps one).
+_FACTORIES: dict[str, Any] = {}
+
+
+def new_standby(shell: list[str]) -> tuple[Any, socket.socket, int]:
+    """A new idle standby for ``shell`` (a StandbyLauncher): exec'd (``spawn_standby``) or, for
+    compiled-factory, forked by this process's factory; its process, our channel end, capacity."""
+    if isinstance(shell, FactoryLauncher):
+        from ql_executors.local_process.factory import StandbyFactory
+
+        factory = _FACTORIES.get(shell[0])
+        if factory is None or not factory.owned():
+            factory = _FACTORIES[shell[0]] = StandbyFactory(shell[0])
+        return factory.standby()
+    return spawn_standby(shell[0])
 
 
 def is_compiled(shell: list[str]) -> bool:
@@ -124,7 +148,7 @@ def spawn_held(shell: list[str], *, shard_dir: Path, run_id: str, attempt_id: st
     """A held launcher under ``shell`` and its go-ahead: ``spawn_launcher(hold=True)`` + ``release``,
     or for the standby a ``--standby`` launcher and the run's message (sent by the go-ahead)."""
     if is_standby(shell):
-        proc, channel, _capacity = spawn_standby(shell[0])
+        proc, channel, _capacity = new_standby(shell)
         task = encode_task(command, shell=mode == "shell", cwd=None, env=env)
         message = standby_message(shard_dir=shard_dir, run_id=run_id, attempt_id=attempt_id,
                                   callback_sequence=callback_sequence, started_at_ms=started_at_ms, task=task,
@@ -190,6 +214,8 @@ def _shell_argv(name: str) -> tuple[list[str] | None, str]:
         return _compiled()
     if name == "compiled-standby":
         return _compiled(StandbyLauncher)
+    if name == "compiled-factory":
+        return _compiled(FactoryLauncher)
     if name == "busybox-aarch64":
         return _aarch64_busybox()
     if name == "busybox":
@@ -614,7 +640,7 @@ class Launcher:
         the argument count is unreadable); a token line is its token only when it is exactly one
         line, anything else becomes a token no launcher accepts. ``fd3=None``: EOF, no message."""
         try:
-            proc, channel, _capacity = spawn_standby(self.shell[0])
+            proc, channel, _capacity = new_standby(self.shell)
             self._procs.append(proc)
             if fd3 is not None:
                 if fd3.endswith(b"\n") and fd3.count(b"\n") == 1:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ql_core.ids import new_id, shard_of
 from ql_executors.local_process.identity import IdentityState, capture_handle, inspect
 
-from .conftest import is_standby, launcher_kwargs, new_token, parse_receipt_strict, wait_for
+from .conftest import FactoryLauncher, is_standby, launcher_kwargs, new_token, parse_receipt_strict, wait_for
 
 HOST = textwrap.dedent(
     """
@@ -26,7 +26,11 @@ HOST = textwrap.dedent(
                started_at_ms=cfg["started"])
     if cfg["standby"]:  # started first, handed its run afterwards (the executor's way)
         from ql_executors.local_process.launch import encode_task, hand_over, spawn_standby, standby_message
-        proc, channel, _capacity = spawn_standby(cfg["launcher"]["compiled"])
+        if cfg["factory"]:  # forked by a factory, which dies with this host
+            from ql_executors.local_process.factory import StandbyFactory
+            proc, channel, _capacity = StandbyFactory(cfg["launcher"]["compiled"]).standby()
+        else:
+            proc, channel, _capacity = spawn_standby(cfg["launcher"]["compiled"])
         pid = proc.pid
         task = encode_task(cfg["command"], shell=False, cwd=None, env=None)
         cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY)
@@ -57,6 +61,7 @@ def test_task_survives_sigkill_of_its_host(shell: list[str], data_dir: Path, tmp
     cfg = {
         "launcher": launcher_kwargs(shell),
         "standby": is_standby(shell),
+        "factory": isinstance(shell, FactoryLauncher),
         "shard": str(shard),
         "run_id": run_id,
         "attempt_id": attempt_id,

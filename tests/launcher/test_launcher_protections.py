@@ -179,6 +179,17 @@ def test_the_log_is_cut_back_to_quota_plus_one_while_the_command_runs(held) -> N
     assert task.log.read_bytes() == pattern[:quota + 1]  # the first bytes, as written
 
 
+def test_a_burst_before_the_quota_watch_is_cut_while_the_command_runs(held) -> None:
+    """The compiled launcher sets up its watch of the log only once the command has run
+    QUOTA_WATCH_AFTER_MS (100 ms): what the command wrote before that, all at once and then nothing
+    (no write for the watch to see), is still cut a second after the start — while the command
+    runs, not only when it ends."""
+    quota = 4096
+    task = held(["sh", "-c", "head -c 300000 /dev/zero; exec sleep 60"], Limits(quota_bytes=quota))
+    wait_for(lambda: task.log.stat().st_size == quota + 1, "the log cut back to the quota", timeout=DEADLINE_S)
+    assert task.proc.poll() is None
+
+
 def test_a_log_under_its_quota_is_left_alone(held) -> None:
     task = held([PY, "-c", WRITER, "1000"], Limits(quota_bytes=1000))
     wait_for(lambda: task.log.stat().st_size == 1000, "the command's output")

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from ql_core.ids import new_id, shard_of
+from ql_executors.local_process.factory import StandbyFactory
 from ql_executors.local_process.launch import (
     STANDBY_SPEC_MAX,
     acknowledge,
@@ -590,6 +591,134 @@ def test_a_standby_leaves_when_its_host_dies(binary: str, tmp_path: Path) -> Non
         parent.stdout.close()
         if pid and alive(pid):
             os.killpg(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- the factory (--factory)
+
+
+@pytest.fixture
+def factory(binary: str) -> Iterator[StandbyFactory]:
+    made = StandbyFactory(binary)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _factory_pid(made: StandbyFactory) -> int:
+    return made._child.pid  # noqa: SLF001 - the test looks at the process itself
+
+
+def test_a_factory_forks_standbys_that_are_the_hosts_own(host: Host, factory: StandbyFactory) -> None:
+    """Each standby the factory forks is this host's child (it reaps it), leads its own session,
+    shows --standby, holds stdin/stdout/stderr (/dev/null) and its channel only — nothing of the
+    factory's — waits in /, and runs the run it is handed like any standby."""
+    made = []
+    for _ in range(2):
+        proc, channel, capacity = factory.standby()
+        one = host._keep(proc, channel)  # noqa: SLF001 - cleaned up with the others
+        made.append(one)
+        assert capacity > 0
+        wait_for(one.idle, "the standby to wait")
+        st = proc_stat(one.pid)
+        assert st is not None and int(st[1]) == os.getpid()  # ours, not the factory's
+        assert int(st[2]) == int(st[3]) == one.pid  # its own group and session
+        assert cmdline(one.pid) == [host.binary.encode(), b"--standby"]
+        assert os.readlink(f"/proc/{one.pid}/cwd") == "/"
+        fds = one.fds()
+        assert sorted(fds)[:3] == [0, 1, 2] and len(fds) == 4, fds
+        assert fds[0] == fds[1] == fds[2] == "/dev/null"
+        assert [v for k, v in fds.items() if k > 2][0].startswith("socket:")
+    assert made[0].pid != made[1].pid
+    assert cmdline(_factory_pid(factory)) == [host.binary.encode(), b"--factory"]
+    for one in made:
+        one.hand_over(one.run.message(), cwd=host.tmp)
+        assert one.wait() == 0
+        assert one.run.marker.exists()
+        assert one.run.receipt()["exitCode"] == 0
+
+
+def test_a_factory_ends_on_eof_and_on_a_broken_request(binary: str) -> None:
+    """Its host let go of it (EOF), or asked for anything but one "n": it exits 125, forking nothing."""
+    for request in (None, b"x", b"nn"):
+        made = StandbyFactory(binary)
+        try:
+            pid = _factory_pid(made)
+            wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S", "the factory to wait")
+            if request is None:
+                made._channel.close()  # noqa: SLF001
+            else:
+                made._channel.send(request)  # noqa: SLF001
+            assert made._child.process.wait(DEADLINE_S) == 125  # noqa: SLF001
+            assert children(os.getpid()).count(pid) == 0
+        finally:
+            made.close()
+
+
+FACTORY_HOST_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from ql_executors.local_process.factory import StandbyFactory
+
+    factory = StandbyFactory(sys.argv[1])
+    proc, channel, _capacity = factory.standby()
+    print(factory._child.pid, proc.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_factory_and_its_standby_leave_when_their_host_dies(binary: str, tmp_path: Path) -> None:
+    """The host is SIGKILLed with its factory and a standby it forked idle: both exit, and nothing
+    of their groups stays behind — neither ever outlives its host."""
+    script = tmp_path / "host.py"
+    script.write_text(FACTORY_HOST_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), binary], stdout=subprocess.PIPE)
+    pids: list[int] = []
+    try:
+        assert parent.stdout is not None
+        pids = [int(word) for word in parent.stdout.readline().split()]
+        for pid in pids:
+            wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S", "the factory and the standby to wait")
+            assert int(proc_stat(pid)[1]) == parent.pid  # type: ignore[index]
+        parent.kill()
+        assert parent.wait(DEADLINE_S) == -signal.SIGKILL
+        for pid in pids:
+            wait_for(lambda: not alive(pid), "the factory and the standby to exit", timeout=5)
+            wait_for(lambda: not session_members(pid), "their groups to be gone", timeout=5)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        assert parent.stdout is not None
+        parent.stdout.close()
+        for pid in pids:
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_factory_started_through_an_intermediary_forks_nothing(binary: str) -> None:
+    """Its forks must be its owner's children: under a tracer (its parent is not the owner) it
+    refuses to serve (125), and the host gets no standby — it then starts them the classic way."""
+    strace = require_tool([shutil.which("strace")] if shutil.which("strace") else None,  # type: ignore[list-item]
+                          "strace is not installed")[0]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", binary, "--factory"], stdin=theirs.fileno(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    theirs.close()
+    try:
+        ours.send(b"n")
+        readable, _, _ = select.select([ours], [], [], DEADLINE_S)
+        assert readable
+        try:
+            answer = ours.recv(64)
+        except ConnectionResetError:  # it exited before it read the request
+            answer = b""
+        assert answer == b""  # EOF: no standby, no answer
+        assert proc.wait(DEADLINE_S) == 125
+    finally:
+        ours.close()
+        kill_groups_and_reap([proc])
 
 
 # ---------------------------------------------------------------- after the hand-over

@@ -17,6 +17,7 @@ def test_an_empty_log_is_removed_once_its_size_is_recorded(runtime) -> None:
     facts = log_facts(runtime.node, quiet.log_artifact_id)
     assert facts.size_bytes == 0 and not facts.deleted  # recorded empty, not "deleted by retention"
     assert runtime.log_path(spoke.run_id).read_bytes() == b"hello\n"
+    assert log_facts(runtime.node, spoke.log_artifact_id).size_bytes == 6  # sized by the waiting host too
     # Every reader sees the missing file as the empty log it was.
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     done = run_ql(["--data-dir", str(runtime.node.config.data_dir), "logs", quiet.run_id], env)

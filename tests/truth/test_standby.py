@@ -211,12 +211,46 @@ def test_threads_submitting_at_once_all_end_true(rt: Any) -> None:
     assert all((status, code) == ("succeeded" if want == 0 else "failed", want) for want, status, code in results)
 
 
+def _factories_of(parent: int) -> list[int]:
+    """Standby factories (``launcher --factory``) whose parent is ``parent``, zombies included."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and (st := proc_stat(int(pid))) is not None and int(st[1]) == parent:
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"--factory"]:
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+
 def test_close_discards_the_ready_standby_and_leaves_no_zombie(rt: Any) -> None:
+    others = set(_factories_of(os.getpid()))  # another test's in this worker process (tests/launcher)
     ready = _ready_standby(rt)
+    for _ in range(2):  # from the second hand-over on, the standbys come from the factory
+        assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
+    (factory,) = set(_factories_of(os.getpid())) - others
+    forked = int(_wait(lambda: standbys_of(os.getpid()) and standbys_of(os.getpid())[0], "a ready standby"))
     rt.close()
     assert standbys_of(os.getpid()) == []
-    assert ready not in zombie_children(os.getpid())
+    assert ready not in zombie_children(os.getpid()) and forked not in zombie_children(os.getpid())
+    assert factory not in _factories_of(os.getpid())  # the factory is gone too, reaped
     rt.close()  # idempotent
+
+
+def test_a_failed_factory_costs_no_run_and_standbys_come_the_classic_way(rt: Any) -> None:
+    """The factory killed (or stopped answering): the next refill finds it gone, discards it and
+    starts its standby the classic way — or a new factory — and every run still ends true."""
+    others = set(_factories_of(os.getpid()))  # another test's in this worker process (tests/launcher)
+    _ready_standby(rt)
+    assert rt.wait(rt.submit(["true"], awaited=True)).status == "succeeded"
+    (factory,) = set(_factories_of(os.getpid())) - others
+    os.kill(factory, signal.SIGKILL)
+    for code in (3, 0, 4):
+        view = rt.wait(rt.submit(["sh", "-c", f"exit {code}"], awaited=True))
+        assert (view.status, view.exit_code) == ("succeeded" if code == 0 else "failed", code)
+    assert factory not in zombie_children(os.getpid())  # reaped when it was discarded
+    assert len(set(_factories_of(os.getpid())) - others) <= 1
 
 
 HOST = r"""
