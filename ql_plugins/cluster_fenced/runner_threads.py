@@ -36,7 +36,7 @@ class RunnerThreads:
     def __init__(self, target: Callable[[Held], None], *, idle_s: float = IDLE_S) -> None:
         self._target = target
         self._idle_s = idle_s
-        self._queue: queue.SimpleQueue[Held] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
         # Guards ``_idle``: an attempt is queued only for a thread counted idle, and a thread stops
         # being counted (and ends) only when it finds nothing queued under the same lock — so an
         # attempt is never queued for a thread that has gone.
@@ -51,6 +51,14 @@ class RunnerThreads:
                 return
         thread = threading.Thread(target=self._serve, args=(held,), name=_name(held), daemon=True)
         thread.start()
+
+    def stop(self) -> None:
+        """End the idle threads now (the worker exits): their connections close with them. A
+        thread still running its attempt ends after it, at the latest :data:`IDLE_S` later."""
+        with self._lock:
+            n, self._idle = self._idle, 0
+            for _ in range(n):
+                self._queue.put(None)
 
     def idle(self) -> int:
         """How many runner threads wait for an attempt now (diagnostics, tests)."""

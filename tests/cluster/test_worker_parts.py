@@ -157,3 +157,19 @@ def test_a_short_deadline_armed_after_a_long_one_still_cuts_its_call() -> None:
     finally:
         for s in (long_a, long_b, short_a, short_b):
             s.close()
+
+
+def test_stopping_the_runner_threads_ends_the_idle_ones() -> None:
+    import threading
+
+    from ql_plugins.cluster_fenced.runner_threads import RunnerThreads
+
+    ran: list[threading.Thread] = []
+    threads = RunnerThreads(lambda held: ran.append(threading.current_thread()))
+    threads.run(_held(0))
+    _until(lambda: threads.idle() == 1)
+    threads.stop()
+    _until(lambda: not ran[0].is_alive())
+    assert threads.idle() == 0
+    threads.run(_held(1))  # a later attempt still runs (in a new thread)
+    _until(lambda: len(ran) == 2)
