@@ -23,7 +23,8 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **latency**: with the 4 workers idle, ``--latency-n`` runs one after another: enqueue (the run's
   ``created_at_ms``) → exec (its attempt's ``started_at_ms``, the process start), p50 and p99.
 
-Beside each protocol rate: CPU milliseconds (user + sys) per floor row and per completion, of the
+Beside each ``ql worker`` rate: CPU milliseconds per task of the worker processes and of their
+reaped children (launchers and tasks), from ``/proc``. Beside each protocol rate: CPU milliseconds (user + sys) per floor row and per completion, of the
 client processes and of their PostgreSQL backends (``/proc/PID/stat``, when the server runs on this
 machine), and their ratio — unlike wall rates these do not move with other load on a shared machine.
 
@@ -353,6 +354,17 @@ class Workers:
         if counts.get("succeeded", 0) != len(runs):
             raise SystemExit(f"bench_cluster: {phase}: not every run succeeded: {counts}")
 
+    def cpu_s(self) -> tuple[float, float]:
+        """CPU seconds (user + sys) of the worker processes, and of their reaped children (the
+        launchers and their tasks), from /proc: per task, unlike a rate, not moved by other load."""
+        own = children = 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        for p in self.procs:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            own += (int(fields[11]) + int(fields[12])) / tick
+            children += (int(fields[13]) + int(fields[14])) / tick
+        return own, children
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -462,8 +474,12 @@ def main() -> None:
                 workers = Workers(dsn, k, tmp, key_file)
                 try:
                     workers.wait_registered(timeout)
+                    cpu0 = workers.cpu_s()
                     rate = end_to_end(workers, args.e2e_n, key_file, timeout)
-                    res["workers"].append({"workers": k, "completions_per_s": rate})
+                    cpu1 = workers.cpu_s()
+                    res["workers"].append({"workers": k, "completions_per_s": rate,
+                                           "worker_cpu_ms": [round((b - a) * 1000 / args.e2e_n, 2)
+                                                             for a, b in zip(cpu0, cpu1)]})
                     print(f"  {k} ql workers: {rate:.0f}/s", file=sys.stderr, flush=True)
                     if k == max(WORKER_COUNTS):
                         res["burst"] = dict(burst(workers, args.burst_n, key_file, timeout), n=args.burst_n)
@@ -506,10 +522,12 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     emb = res["embedded_per_s"]
     print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
     one = res["workers"][0]["completions_per_s"]
-    print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {'vs 1 worker':>12}")
+    print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {'vs 1 worker':>12}"
+          f"  CPU ms/task (workers + their launchers and tasks)")
     for r in res["workers"]:
         c = r["completions_per_s"]
-        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x")
+        own, children = r["worker_cpu_ms"]
+        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x  {own:.2f} + {children:.2f}")
     b, lat = res["burst"], res["latency"]
     four = res["workers"][-1]["completions_per_s"]
     print(f"\nburst of {b['n']} runs to 4 idle workers: submitted in {b['submit_s']:.2f}s "

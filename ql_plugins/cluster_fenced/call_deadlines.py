@@ -25,16 +25,21 @@ class CallDeadlines:
         self._fired: set[int] = set()
         self._next = 0
         self._thread: threading.Thread | None = None
+        #: The monotonic time the thread sleeps until (None: until notified, or not started).
+        self._sleeps_until: float | None = None
 
     def arm(self, fd: int, timeout_s: float) -> int:
         with self._cond:
             self._next += 1
             token = self._next
-            self._armed[token] = (time.monotonic() + max(0.0, timeout_s), fd)
+            deadline = time.monotonic() + max(0.0, timeout_s)
+            self._armed[token] = (deadline, fd)
             if self._thread is None or not self._thread.is_alive():
+                self._sleeps_until = None
                 self._thread = threading.Thread(target=self._loop, name="ql-call-deadlines", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._sleeps_until is None or deadline < self._sleeps_until:
+                self._cond.notify()
             return token
 
     def disarm(self, token: int) -> bool:
@@ -72,6 +77,7 @@ class CallDeadlines:
                     finally:
                         sock.close()
                 wait = min((d for d, _fd in self._armed.values()), default=None)
+                self._sleeps_until = wait
                 self._cond.wait(None if wait is None else max(0.0, wait - time.monotonic()))
 
 

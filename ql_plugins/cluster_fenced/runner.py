@@ -1,7 +1,7 @@
 """Claims and starts, and the **runner** thread of each attempt.
 
-The claim and the ``start`` call run on the control loop. Then one runner thread per attempt
-mirrors the attempt into the local store (that create commit also moves its lease row to
+The claim and the ``start`` call run on the control loop. Then one runner thread per attempt (a
+thread kept from an earlier attempt when one is idle: :mod:`.runner_threads`) mirrors the attempt into the local store (that create commit also moves its lease row to
 ``launching``) and spawns it through the node's own two steps (``ql_core.submit.create`` with the
 claim's ids, then ``start``: log artifact, receipt location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
 which also dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -25,6 +24,7 @@ from .control_db import WORKER_BATCH, ControlDBError, TransientError
 from .held_attempts import Held
 from .outbox import Payload
 from .results import LeaseAnswer
+from .runner_threads import RunnerThreads
 
 if TYPE_CHECKING:
     from ql_core.node import Node
@@ -98,6 +98,8 @@ class Runner:
         self.claim_due = 0.0
         #: A queue notification arrived: claim now, not at ``claim_due``.
         self.queue_woken = False
+        #: The runner threads, each kept for the next attempt (its local-store connection with it).
+        self.threads = RunnerThreads(self.run_attempt)
 
     # -- claim and start (the control loop) ------------------------------------------------------------
     def may_claim(self) -> bool:
@@ -221,9 +223,7 @@ class Runner:
             self.release(held)  # a cancel before the spawn: nothing runs, the intent ends it
             return
         held.state = "started"
-        runner = threading.Thread(target=self.run_attempt, args=(held,), name=f"ql-attempt-{held.attempt_id[-6:]}",
-                                  daemon=True)
-        runner.start()
+        self.threads.run(held)
 
     def release(self, held: Held) -> None:
         """Hand a never-spawned attempt back (its outbox row: ``released``)."""

@@ -125,6 +125,7 @@ class Worker:
                             stats["max_ms"])
             if supervisor is not None:
                 supervisor.stop()
+            self.runner.threads.stop()
             if self.shipper is not None:
                 self.shipper.stop()
                 self.shipper.table.close()

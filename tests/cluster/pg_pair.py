@@ -208,14 +208,18 @@ class PgPair:
               "the replica's WAL receiver to stop")
         return str(self.replica.value("SELECT pg_last_wal_receive_lsn()"))
 
-    def fail_over(self, outage_s: float = 0.0) -> None:
+    def fail_over(self, outage_s: float = 0.0) -> int:
         """The primary's host is lost (SIGKILL, every process of it); ``outage_s`` later (the HA tool
-        noticing, no host taking writes meanwhile) the replica is promoted."""
+        noticing, no host taking writes meanwhile) the replica is promoted. Returns the wall clock
+        (ms) just before the promotion: every answer a client recorded by then came from the old
+        primary (the new one answers nothing before it is promoted)."""
         assert self.primary.kill() > 0, "the primary was not running"
         _wait(lambda: not _alive_port(self.primary.port), "the old primary's port to close", timeout=60)
         time.sleep(outage_s)
+        before_promotion_ms = int(time.time() * 1000)
         self.replica.promote()
         _wait(lambda: self.replica.value("SELECT pg_is_in_recovery()") is False, "the replica to accept writes")
+        return before_promotion_ms
 
 
 def _alive_port(port: int) -> bool:
