@@ -707,7 +707,10 @@ def test_a_factory_started_through_an_intermediary_forks_nothing(binary: str) ->
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     theirs.close()
     try:
-        ours.send(b"n")
+        try:
+            ours.send(b"n")
+        except BrokenPipeError:  # it refused and exited before the request (a loaded machine): same answer
+            pass
         readable, _, _ = select.select([ours], [], [], DEADLINE_S)
         assert readable
         try:
