@@ -184,14 +184,18 @@ def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -
     audit event records it (the consumer does, on every path) before the observed outcome is
     committed. Without a receipt (publication failed), the observation alone decides.
     """
+    assert sub.attempt_id is not None
+    seen = _host_observed(sub, observed)
+    if observed.held_receipt and seen is not None:
+        return _complete_held(node, sub, seen)
+    # Imported past the held-receipt return (the usual path of an awaited run): that path never
+    # needs recovery, and it builds the consumer itself (issue 25 item 3: a one-shot ``ql run``
+    # pays ~0.7 ms importing the reconciler).
     from .consumer import ConsumeOutcome
     from .ports.journal import EventSpec
     from .reconciler import recover_attempt
 
-    assert node.consumer is not None and sub.attempt_id is not None
-    seen = _host_observed(sub, observed)
-    if observed.held_receipt and seen is not None:
-        return _complete_held(node, sub, seen)
+    assert node.consumer is not None
     consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
     if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
         return None
