@@ -22,7 +22,7 @@ PROBE = ("import sys\n"
          "         'email', 'concurrent', 'multiprocessing')\n"
          "ours = ('importlib.metadata', 'ql_core.plugin_records', 'ql_core.supervisor', 'ql_core.follow',\n"
          "        'ql_core.metrics', 'ql_core.audit', 'ql_core.web', 'ql_core.cli.quick_read', 'ql_core.cli.run_many',\n"
-         "        'ql_core.db.migrations', 'ql_plugins.cluster_fenced')\n"
+         "        'ql_core.db.migrations', 'ql_plugins.cluster_fenced', 'ql_core.reconciler')\n"
          "found = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith(ours))\n"
          "sys.stderr.write('HEAVY=' + ','.join(found) + '\\n')\n"
          "sys.exit(rc)\n")
@@ -95,3 +95,18 @@ def test_ql_logs_follows_with_the_garbage_collector_on(ql_env: dict[str, str]) -
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert [line for line in out.stderr.splitlines() if line.startswith("GC_AT_")] == ["GC_AT_FOLLOW=True"]
+
+
+def test_the_receipt_codec_loads_without_the_file_store() -> None:
+    """Every launch encodes a receipt; only the receipt-store plugin opens the store. The package's
+    file-store names stay importable from ``ql_core.receipts`` (loaded at first use)."""
+    probe = ("import sys\n"
+             "import ql_core.receipts.codec\n"
+             "assert 'ql_core.receipts.file_store' not in sys.modules\n"
+             "from ql_core.receipts import FileReceiptStore, ReadStatus\n"
+             "from ql_core.receipts.file_store import FileReceiptStore as direct\n"
+             "assert FileReceiptStore is direct and ReadStatus.__module__.startswith('ql_core.')\n"
+             "import ql_core.receipts as package\n"
+             "assert not hasattr(package, 'no_such_name')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
