@@ -215,92 +215,50 @@ BEGIN
   PERFORM ql__check(v_n = ALL (p_lengths), 'batch');
 END $$;
 
-CREATE FUNCTION ql_start_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
-  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[])
-RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
-              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-DECLARE
-  v_i integer;
-BEGIN
-  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
-                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
-                          array_length(p_lease_tokens, 1));
-  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
-              ORDER BY p_attempt_ids[i], i LOOP
-    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
-                        s.cancel_requested_at_ms, s.deadline_at_ms
-      FROM ql_start(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
-                              p_lease_generations[v_i], p_lease_tokens[v_i]) s;
-  END LOOP;
-END $$;
+"""
 
-CREATE FUNCTION ql_running_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
-  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_started_at_ms bigint[])
-RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
-              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-DECLARE
-  v_i integer;
-BEGIN
-  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
-                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
-                          array_length(p_lease_tokens, 1), array_length(p_started_at_ms, 1));
-  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
-              ORDER BY p_attempt_ids[i], i LOOP
-    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
-                        s.cancel_requested_at_ms, s.deadline_at_ms
-      FROM ql_running(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
-                              p_lease_generations[v_i], p_lease_tokens[v_i], p_started_at_ms[v_i]) s;
-  END LOOP;
-END $$;
+#: The fenced arguments every call starts with (one array each).
+_FENCE_ARGS = (("p_worker_ids", "text"), ("p_worker_generations", "bigint"), ("p_sessions", "text"),
+               ("p_attempt_ids", "text"), ("p_lease_generations", "bigint"), ("p_lease_tokens", "text"))
+_LEASE_ANSWER = (("answer", "text"), ("reason", "text"), ("lease_expires_at_ms", "bigint"), ("db_now_ms", "bigint"),
+                 ("cancel_reason", "text"), ("cancel_requested_at_ms", "bigint"), ("deadline_at_ms", "bigint"))
 
-CREATE FUNCTION ql_renew_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
-  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_ttl_ms bigint)
-RETURNS TABLE(ord integer, answer text, reason text, lease_expires_at_ms bigint, db_now_ms bigint,
-              cancel_reason text, cancel_requested_at_ms bigint, deadline_at_ms bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
-DECLARE
-  v_i integer;
-BEGIN
-  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
-                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
-                          array_length(p_lease_tokens, 1));
-  FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
-              ORDER BY p_attempt_ids[i], i LOOP
-    RETURN QUERY SELECT v_i, s.answer, s.reason, s.lease_expires_at_ms, s.db_now_ms, s.cancel_reason,
-                        s.cancel_requested_at_ms, s.deadline_at_ms
-      FROM ql_renew(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
-                              p_lease_generations[v_i], p_lease_tokens[v_i], p_ttl_ms) s;
-  END LOOP;
-END $$;
 
-CREATE FUNCTION ql_complete_many(p_worker_ids text[], p_worker_generations bigint[], p_sessions text[],
-  p_attempt_ids text[], p_lease_generations bigint[], p_lease_tokens text[], p_exit_codes integer[], p_started_at_ms bigint[],
-  p_finished_at_ms bigint[], p_signalled boolean[], p_completion_digests text[])
-RETURNS TABLE(ord integer, answer text, status text, reason text, fence_reason text, db_now_ms bigint)
+def _many(single: str, per_call: tuple[tuple[str, str], ...], answer: tuple[tuple[str, str], ...],
+          shared: tuple[tuple[str, str], ...] = ()) -> str:
+    """``<single>_many``: the arguments of N calls of ``single`` as arrays (``shared`` ones once), and
+    exactly those N calls of the single function — written once here, so the four batched functions
+    cannot drift apart."""
+    arrays = _FENCE_ARGS + per_call
+    params = ", ".join([f"{name} {kind}[]" for name, kind in arrays] + [f"{name} {kind}" for name, kind in shared])
+    returns = ", ".join(f"{name} {kind}" for name, kind in answer)
+    lengths = ", ".join(f"array_length({name}, 1)" for name, _ in arrays if name != "p_attempt_ids")
+    args = ", ".join([f"{name}[v_i]" for name, _ in arrays] + [name for name, _ in shared])
+    columns = ", ".join(f"s.{name}" for name, _ in answer)
+    return f"""
+CREATE FUNCTION {single}_many({params})
+RETURNS TABLE(ord integer, {returns})
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 DECLARE
   v_i integer;
 BEGIN
-  PERFORM ql__batch_check(p_attempt_ids, array_length(p_worker_ids, 1), array_length(p_worker_generations, 1),
-                          array_length(p_sessions, 1), array_length(p_lease_generations, 1),
-                          array_length(p_lease_tokens, 1), array_length(p_exit_codes, 1),
-                          array_length(p_started_at_ms, 1),
-                          array_length(p_finished_at_ms, 1), array_length(p_signalled, 1),
-                          array_length(p_completion_digests, 1));
+  PERFORM ql__batch_check(p_attempt_ids, {lengths});
   FOR v_i IN SELECT i FROM generate_subscripts(p_attempt_ids, 1) AS i
               ORDER BY p_attempt_ids[i], i LOOP
-    RETURN QUERY SELECT v_i, s.answer, s.status, s.reason, s.fence_reason, s.db_now_ms
-      FROM ql_complete(p_worker_ids[v_i], p_worker_generations[v_i], p_sessions[v_i], p_attempt_ids[v_i],
-                              p_lease_generations[v_i], p_lease_tokens[v_i],
-                              p_exit_codes[v_i], p_started_at_ms[v_i], p_finished_at_ms[v_i], p_signalled[v_i],
-                              p_completion_digests[v_i]) s;
+    RETURN QUERY SELECT v_i, {columns}
+      FROM {single}({args}) s;
   END LOOP;
 END $$;
 """
 
-#: Executed in order by :func:`upgrade` on PostgreSQL; the last keeps the new functions private to
-#: their owner (the helpers run with ql_claim's and the batches' owner rights; ``ql db grant-worker``
-#: grants the batched calls to the worker role).
+
+_BATCHES += "".join((
+    _many("ql_start", (), _LEASE_ANSWER),
+    _many("ql_running", (("p_started_at_ms", "bigint"),), _LEASE_ANSWER),
+    _many("ql_renew", (), _LEASE_ANSWER, shared=(("p_ttl_ms", "bigint"),)),
+    _many("ql_complete", (("p_exit_codes", "integer"), ("p_started_at_ms", "bigint"), ("p_finished_at_ms", "bigint"),
+                          ("p_signalled", "boolean"), ("p_completion_digests", "text")),
+          (("answer", "text"), ("status", "text"), ("reason", "text"), ("fence_reason", "text"), ("db_now_ms", "bigint"))),
+))
+
 SQL_STATEMENTS = split_statements(_INDEXES, _HELPERS, _CLAIM, _BATCHES, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
