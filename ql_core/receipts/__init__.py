@@ -13,29 +13,16 @@ from ql_core.receipts.codec import (
     serialize_receipt,
     validate_receipt,
 )
-#: The file store's names, loaded on first use (PEP 562): importing the codec (every launch
-#: encodes a receipt) must not pay for the store, which only the receipt-store plugin, the
-#: audit and tests open (issue 25 item 3: ~1.6-3.4 ms of a one-shot ``ql run``).
-_FILE_STORE_NAMES = frozenset({
-    "QUARANTINE_DIR_NAME",
-    "RECEIPT_NAME_PATTERN",
-    "TEMP_NAME_PATTERN",
-    "FileReceiptStore",
-    "PublishOutcome",
-    "QuarantineConflictError",
-    "ReadStatus",
-    "ReceiptPublishError",
-    "ReceiptRead",
-    "ReceiptStoreError",
-    "UnsafePathError",
-})
-
-
 def __getattr__(name: str) -> object:
-    if name in _FILE_STORE_NAMES:
-        from ql_core.receipts import file_store
+    """The file store's names (its ``__all__``), loaded on first use (PEP 562): importing the codec
+    (every launch encodes a receipt) must not pay for the store, which only the receipt-store
+    plugin, the audit and tests open (issue 25 item 3: ~1.6-3.4 ms of a one-shot ``ql run``)."""
+    if name[:1].isupper():  # its names are all classes and constants (not `file_store` itself)
+        import importlib
 
-        return getattr(file_store, name)
+        file_store = importlib.import_module(f"{__name__}.file_store")
+        if name in file_store.__all__:
+            return getattr(file_store, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
