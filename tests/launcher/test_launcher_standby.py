@@ -570,27 +570,38 @@ def test_a_standby_leaves_when_its_host_dies(binary: str, tmp_path: Path) -> Non
     """The host is SIGKILLed while its standby is idle: the channel's other end is gone with it,
     the standby reads EOF and exits (125, seen by nobody: it is init's child now), and nothing of
     its group stays behind - an idle standby never outlives its host."""
+    _kill_the_host_and_see_its_launchers_leave(HOST_SCRIPT, binary, tmp_path)
+
+
+def _kill_the_host_and_see_its_launchers_leave(host_script: str, binary: str, tmp_path: Path) -> None:
+    """Run ``host_script`` (it prints the pids of its idle launchers on one line), check each is the
+    host's child and waiting, SIGKILL the host, and see every launcher exit with nothing of its
+    group left behind."""
     script = tmp_path / "host.py"
-    script.write_text(HOST_SCRIPT)
+    script.write_text(host_script)
     parent = subprocess.Popen([sys.executable, str(script), binary], stdout=subprocess.PIPE)
-    pid = 0
+    pids: list[int] = []
     try:
         assert parent.stdout is not None
-        pid = int(parent.stdout.readline())
-        wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S", "the standby to wait")
-        assert int(proc_stat(pid)[1]) == parent.pid  # type: ignore[index]
+        pids = [int(word) for word in parent.stdout.readline().split()]
+        assert pids, "the host printed no pid"
+        for pid in pids:
+            wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S", "the launcher to wait")
+            assert int(proc_stat(pid)[1]) == parent.pid  # type: ignore[index]
         parent.kill()
         assert parent.wait(DEADLINE_S) == -signal.SIGKILL
-        wait_for(lambda: not alive(pid), "the standby to exit", timeout=5)
-        wait_for(lambda: not session_members(pid), "its group to be gone", timeout=5)
+        for pid in pids:
+            wait_for(lambda: not alive(pid), "the launcher to exit", timeout=5)
+            wait_for(lambda: not session_members(pid), "its group to be gone", timeout=5)
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
         assert parent.stdout is not None
         parent.stdout.close()
-        if pid and alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        for pid in pids:
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- the factory (--factory)
@@ -671,30 +682,7 @@ FACTORY_HOST_SCRIPT = textwrap.dedent(
 def test_a_factory_and_its_standby_leave_when_their_host_dies(binary: str, tmp_path: Path) -> None:
     """The host is SIGKILLed with its factory and a standby it forked idle: both exit, and nothing
     of their groups stays behind — neither ever outlives its host."""
-    script = tmp_path / "host.py"
-    script.write_text(FACTORY_HOST_SCRIPT)
-    parent = subprocess.Popen([sys.executable, str(script), binary], stdout=subprocess.PIPE)
-    pids: list[int] = []
-    try:
-        assert parent.stdout is not None
-        pids = [int(word) for word in parent.stdout.readline().split()]
-        for pid in pids:
-            wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S", "the factory and the standby to wait")
-            assert int(proc_stat(pid)[1]) == parent.pid  # type: ignore[index]
-        parent.kill()
-        assert parent.wait(DEADLINE_S) == -signal.SIGKILL
-        for pid in pids:
-            wait_for(lambda: not alive(pid), "the factory and the standby to exit", timeout=5)
-            wait_for(lambda: not session_members(pid), "their groups to be gone", timeout=5)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        assert parent.stdout is not None
-        parent.stdout.close()
-        for pid in pids:
-            if alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+    _kill_the_host_and_see_its_launchers_leave(FACTORY_HOST_SCRIPT, binary, tmp_path)
 
 
 def test_a_factory_started_through_an_intermediary_forks_nothing(binary: str) -> None:
