@@ -8,6 +8,7 @@ answer (``check_workers``), and nothing is deleted before its final answer (asse
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -199,15 +200,16 @@ def test_a_partitioned_worker_fences_itself_before_its_lease_expires(harness: Ha
 # -- clocks -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("skew", ["+10m", "-10m"])
 def test_a_worker_with_a_skewed_clock_keeps_correct_leases(harness: Harness, skew: str) -> None:
-    import shutil
+    from tests.truth.faked_clock import LIBFAKETIME
 
-    faketime = shutil.which("faketime")
-    if faketime is None:
+    if not os.path.exists(LIBFAKETIME):
         pytest.fail("faketime is not installed (Debian package faketime; .ci/run installs it)")
     harness.start_control()
     # The wall clock is skewed (what a machine without NTP has); its monotonic clock is not, and must
     # not be faked: Python's timed waits take a monotonic deadline to the kernel unfaked.
-    harness.start_worker("skewed", prefix=[faketime, "-f", skew], env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    # libfaketime preloaded, not the `faketime` wrapper, which leaves a pid-named semaphore behind when
+    # killed (a later wrapper with that pid then fails: "sem_open: File exists").
+    harness.start_worker("skewed", env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": skew, "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
     quick = harness.submit(["sh", "-c", "sleep 0.2; exit 4"])
     slow = harness.submit(["sleep", "5"])  # longer than a lease: renewals must keep it
     timed = harness.submit(["sleep", "60"], timeout_s=1)
