@@ -160,8 +160,10 @@ def test_concurrent_first_uses_build_once(cc: str, cache_env: dict[str, str], tm
 
 def test_auto_falls_back_to_the_shell_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = _no_compiler_env(tmp_path)
-    # A PATH with what launcher.sh and the task use, and no compiler.
-    for tool in ("sh", "env", "ln", "rm", "sync", "date", "sleep"):
+    # A PATH with what launcher.sh and the task use, and no compiler. mkdir: the launcher makes its
+    # task cgroup again when another host's sweep of the shared parent removed it before the task
+    # entered (other test workers' hosts sweep the same ql-<uid>; without mkdir that ends in 126).
+    for tool in ("sh", "env", "ln", "rm", "sync", "date", "sleep", "mkdir", "cat"):
         found = shutil.which(tool)
         assert found is not None
         (Path(env["PATH"]) / tool).symlink_to(found)
