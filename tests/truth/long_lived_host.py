@@ -58,12 +58,15 @@ def main() -> None:
     # keeps the descriptor of a closed connection open while another connection of the process
     # holds a lock on the file (closing it would drop that lock: POSIX locks are per process) and
     # reuses it for the next connection — so a host holds at most one per thread it ever ran *at
-    # once*, never one per thread it ran.
-    barrier = threading.Barrier(concurrent)
+    # once*, never one per thread it ran. So the warm-up must reach that peak for sure: every
+    # warmer keeps its thread (and its connection) until all have run a task; otherwise, on a loaded
+    # machine, an early warmer's descriptor is handed to a late one and the peak is reached only later.
+    barrier, ran = threading.Barrier(concurrent), threading.Barrier(concurrent)
 
     def warm() -> None:
         barrier.wait()
         rt.run(["true"])
+        ran.wait()
 
     for _ in range(2):
         warmers = [threading.Thread(target=warm) for _ in range(concurrent)]
