@@ -20,6 +20,46 @@ from .postgres_server import Unavailable as PostgresUnavailable
 QL = [sys.executable, "-m", "ql_core.cli.main"]
 
 
+# -- libfaketime's leftovers ---------------------------------------------------------------------
+# libfaketime 0.9.10, preloaded into the skewed-clock tests' processes, leaves a pid-named
+# /dev/shm/faketime_shm_PID and sem.faketime_sem_PID for each faked process that forks, and never
+# removes them. A faked process's descendants open its pair by name (FAKETIME_SHARED) and exit when
+# it is gone, so nothing is removed while any process still has libfaketime loaded; otherwise each
+# test session removes what appeared while it ran (what a late task left goes with the next CI run's
+# start, .ci/run).
+_SHM = "/dev/shm"
+
+
+def _faketime_leftovers() -> set[str]:
+    try:
+        return {n for n in os.listdir(_SHM) if n.startswith(("faketime_shm_", "sem.faketime_sem_"))}
+    except OSError:
+        return set()
+
+
+def _libfaketime_in_use() -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/maps", "rb") as maps:
+                    if b"libfaketime" in maps.read():
+                        return True
+            except OSError:
+                continue  # gone, or not ours to read
+    return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_faketime_leftovers() -> Iterator[None]:
+    before = _faketime_leftovers()
+    yield
+    new = _faketime_leftovers() - before
+    if new and not _libfaketime_in_use():
+        for name in new:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(_SHM, name))
+
+
 # -- pre-migrated templates: the Alembic migration runs once per session, not once per test ---------
 TEMPLATE_DB_NAME = "ql.db"
 
