@@ -29,6 +29,9 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, float]:
     if isinstance(obj, dict):
         for key, value in obj.items():
             out.update(_flatten(value, f"{prefix}{key}."))
+    elif isinstance(obj, list):  # e.g. bench_cluster's "workers": one entry per worker count
+        for i, value in enumerate(obj):
+            out.update(_flatten(value, f"{prefix}{i}."))
     elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
         out[prefix.rstrip(".")] = float(obj)
     return out

@@ -23,8 +23,10 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **latency**: with the 4 workers idle, ``--latency-n`` runs one after another: enqueue (the run's
   ``created_at_ms``) → exec (its attempt's ``started_at_ms``, the process start), p50 and p99.
 
-Beside each ``ql worker`` rate: CPU milliseconds per task of the worker processes and of their
-reaped children (launchers and tasks), from ``/proc``. Beside each protocol rate: CPU milliseconds (user + sys) per floor row and per completion, of the
+Beside each ``ql worker`` rate: CPU milliseconds per task of the worker processes, of their
+reaped children (launchers and tasks) and of the PostgreSQL backends of their connections, from
+``/proc`` (``--workers-only`` skips the floor and protocol phases: the embedded host and the workers
+only; ``bench/worker_profile.py`` splits one worker's CPU by thread and by connection). Beside each protocol rate: CPU milliseconds (user + sys) per floor row and per completion, of the
 client processes and of their PostgreSQL backends (``/proc/PID/stat``, when the server runs on this
 machine), and their ratio — unlike wall rates these do not move with other load on a shared machine.
 
@@ -354,16 +356,25 @@ class Workers:
         if counts.get("succeeded", 0) != len(runs):
             raise SystemExit(f"bench_cluster: {phase}: not every run succeeded: {counts}")
 
-    def cpu_s(self) -> tuple[float, float]:
-        """CPU seconds (user + sys) of the worker processes, and of their reaped children (the
-        launchers and their tasks), from /proc: per task, unlike a rate, not moved by other load."""
+    def cpu_s(self) -> tuple[float, float, float]:
+        """CPU seconds (user + sys) of the worker processes, of their reaped children (the
+        launchers and their tasks), and of the PostgreSQL backends of their connections (0 when the
+        server is not on this machine), from /proc: per task, unlike a rate, not moved by other load.
+        A backend is counted while it lives: the workers keep their connections open."""
+        import psycopg
+
         own = children = 0.0
         tick = os.sysconf("SC_CLK_TCK")
         for p in self.procs:
             fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
             own += (int(fields[11]) + int(fields[12])) / tick
             children += (int(fields[13]) + int(fields[14])) / tick
-        return own, children
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'").fetchall()]
+        server = sum(cpu for cpu in map(_backend_cpu_s, pids) if cpu is not None)
+        return own, children, server
 
     def stop(self) -> None:
         for p in self.procs:
@@ -440,6 +451,8 @@ def main() -> None:
     parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
     parser.add_argument("--protocol-only", action="store_true", help="only the floor and the protocol clients")
+    parser.add_argument("--workers-only", action="store_true",
+                        help="skip the floor and the protocol clients (the embedded host and ql workers only)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import psycopg
@@ -459,7 +472,7 @@ def main() -> None:
                 conn.execute("CREATE TABLE bench_floor (id integer PRIMARY KEY, n integer NOT NULL)")
                 conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
                              (args.floor_n * max(PROTOCOL_COUNTS),))
-            for k in PROTOCOL_COUNTS:
+            for k in () if args.workers_only else PROTOCOL_COUNTS:
                 floor, floor_cpu = floor_rate(dsn, k, args.floor_n, timeout)
                 done, done_cpu = protocol(dsn, k, args.protocol_n, args.calls, timeout)
                 res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done,
@@ -518,16 +531,17 @@ def report_protocol(res: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def report(res: dict[str, Any], args: argparse.Namespace) -> None:
-    report_protocol(res, args)
+    if res["protocol"]:  # none with --workers-only
+        report_protocol(res, args)
     emb = res["embedded_per_s"]
     print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
     one = res["workers"][0]["completions_per_s"]
     print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {'vs 1 worker':>12}"
-          f"  CPU ms/task (workers + their launchers and tasks)")
+          f"  CPU ms/task (workers + their launchers and tasks + their PostgreSQL backends)")
     for r in res["workers"]:
         c = r["completions_per_s"]
-        own, children = r["worker_cpu_ms"]
-        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x  {own:.2f} + {children:.2f}")
+        own, children, server = r["worker_cpu_ms"]
+        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x  {own:.2f} + {children:.2f} + {server:.2f}")
     b, lat = res["burst"], res["latency"]
     four = res["workers"][-1]["completions_per_s"]
     print(f"\nburst of {b['n']} runs to 4 idle workers: submitted in {b['submit_s']:.2f}s "
@@ -537,10 +551,12 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           f"(p50 of each step: enqueue -> claim {lat['claim_p50_ms']:.1f}, claim -> start {lat['start_p50_ms']:.1f}, "
           f"start -> process {lat['spawn_p50_ms']:.1f} ms)")
     print(f"(whole bench: {res['seconds']:.0f}s)")
-    p4 = next(r for r in res["protocol"] if r["clients"] == 4)
-    goals = [
+    p4 = next((r for r in res["protocol"] if r["clients"] == 4), None)
+    goals = [] if p4 is None else [  # None: --workers-only
         (f"protocol, 4 clients >= 0.5 of the floor with 4 clients ({p4['completions_per_s'] / p4['floor_per_s']:.3f})",
          p4["completions_per_s"] >= 0.5 * p4["floor_per_s"]),
+    ]
+    goals += [
         (f"1 ql worker (4 slots) >= 0.5 of one embedded host at 4 in flight ({one / emb:.3f})", one >= 0.5 * emb),
         (f"4 ql workers >= 1.5x 1 worker ({four / one:.2f}x)", four >= 1.5 * one),
         (f"burst drained at >= 0.5 of the 4-worker steady rate ({b['drain_per_s'] / four:.2f}x"

@@ -100,6 +100,14 @@ def _proof(proof: object, attempt_id: str) -> LeaseFence:
     return proof
 
 
+def _opened(attempt_id: str, row: tuple[Any, ...]) -> ArtifactState:
+    """``ql_artifact_open``'s answer row as an :class:`ArtifactState`."""
+    if row[0] != "ok":
+        return ArtifactState(attempt_id, None, 0, 0, False, fence_reason=row[1] or "FENCED")
+    return ArtifactState(attempt_id, None, int(row[2]), int(row[3]), row[4] == "final",
+                         None if row[5] is None else int(row[5]), row[6])
+
+
 class PostgresArtifactStore:
     """One connection to the control database (not shared between threads), and a second one, opened
     by the first :meth:`wait_for_change`, that only listens (``LISTEN ql_artifact``)."""
@@ -124,6 +132,19 @@ class PostgresArtifactStore:
             if exc.sqlstate == "42501":  # insufficient_privilege: this role may not make the call
                 raise ArtifactAccessDenied(str(exc)) from None
             raise ArtifactStoreError(str(exc)) from None
+
+    def _many(self, operation: str, sql: str, params_seq: list[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+        """Many calls of one writer function in one transaction and one round trip (pipelined,
+        :meth:`ControlDB._many`): a row per call, in order. Each call is fenced on its own inside its
+        function, exactly as alone, and every one is replay-safe (a lost answer is asked again).
+        None when the batch failed for good (then nothing of it committed): the caller makes the
+        calls one by one, so one bad call never holds the others back."""
+        try:
+            return self._db._many(operation, sql, params_seq)
+        except TransientError as exc:
+            raise ArtifactStoreUnavailable(str(exc)) from None
+        except ControlDBError:
+            return None
 
     def _one(self, operation: str, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
         rows = self._rows(operation, sql, params)
@@ -185,11 +206,27 @@ class PostgresArtifactStore:
     # -- writers (fenced) ---------------------------------------------------------------------------
     def open(self, attempt_id: str, proof: object, *, max_bytes: int) -> ArtifactState:
         fence = _proof(proof, attempt_id)
-        row = self._one("artifact_open", _SQL_OPEN, (*fence.params(), int(max_bytes)))
-        if row[0] != "ok":
-            return ArtifactState(attempt_id, None, 0, 0, False, fence_reason=row[1] or "FENCED")
-        return ArtifactState(attempt_id, None, int(row[2]), int(row[3]), row[4] == "final",
-                             None if row[5] is None else int(row[5]), row[6])
+        return _opened(attempt_id, self._one("artifact_open", _SQL_OPEN, (*fence.params(), int(max_bytes))))
+
+    def open_many(self, calls: list[tuple[str, object]], *, max_bytes: int) -> list[ArtifactState]:
+        """:meth:`open` for many ``(attempt_id, proof)`` in one transaction and one round trip (the
+        log shipper's round): a worker's per-call cost — a round trip, a commit, the client's and
+        the backend's per-statement work — is most of what an open costs. Same answers as alone."""
+        params = [(*_proof(proof, attempt_id).params(), int(max_bytes)) for attempt_id, proof in calls]
+        rows = self._many("artifact_open", _SQL_OPEN, params) if len(calls) > 1 else None
+        if rows is None:
+            return [self.open(attempt_id, proof, max_bytes=max_bytes) for attempt_id, proof in calls]
+        return [_opened(attempt_id, row) for (attempt_id, _proof_), row in zip(calls, rows)]
+
+    def finalize_empty_many(self, calls: list[tuple[str, object]]) -> list[FinalizeResult]:
+        """:meth:`finalize` of many empty logs (0 bytes, the empty file's SHA-256: nothing to read
+        back, the database itself refuses unless it holds no byte) in one transaction and one round
+        trip. Same answers as one by one."""
+        params = [(*_proof(proof, attempt_id).params(), 0, _EMPTY_SHA256) for attempt_id, proof in calls]
+        rows = self._many("artifact_finalize", _SQL_FINALIZE, params) if len(calls) > 1 else None
+        if rows is None:
+            return [self.finalize(attempt_id, proof, total_bytes=0, sha256=_EMPTY_SHA256) for attempt_id, proof in calls]
+        return [FinalizeResult(FinalizeAnswer(row[0]), int(row[2] or 0), row[1]) for row in rows]
 
     def append(self, attempt_id: str, proof: object, offset: int, data: bytes, sha256: str) -> AppendResult:
         fence = _proof(proof, attempt_id)

@@ -21,6 +21,11 @@ What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker
    more than ``shipped_log_keep_s`` ago. The local log retention skips a log still ``shipping``
    (:meth:`~.worker_store.WorkerJournal.ended_logs`), so a worker cut off from the database keeps it.
 
+Steps 1 and 3 are batched per round where the store can (``open_many``, ``finalize_empty_many``:
+one transaction and one round trip for the round's new attempts, and for its empty logs of ended
+attempts); a woken shipper waits :data:`COALESCE_S` first, so that attempts ending together share
+the calls.
+
 Proof: the lease identity of the attempt (lease generation + token, persisted here at claim time)
 plus this process's live worker session (see :mod:`.artifact_store`). The token is erased from the
 row once the finalize is acknowledged.
@@ -65,6 +70,11 @@ __all__ = ["LogShipper", "ShipTable", "ShipRow", "SHIP_PAGE", "local_log_sha256"
 SHIP_PAGE = 64
 #: Bytes one attempt may ship per round before the next attempt's turn (fairness, not a limit).
 _ROUND_BYTES = 16 * MAX_CHUNK_BYTES
+#: How long a woken shipper waits before its round, for the other attempts that end meanwhile: a
+#: log is finalized that much later, and a busy worker's round batches several attempts' calls.
+COALESCE_S = 0.05
+#: SHA-256 of zero bytes: an empty log's whole-file digest.
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 #: Fence reasons that can never turn into a yes for this attempt: stop trying, keep the local log.
 _PERMANENT = frozenset({"NO_LEASE", "WRONG_WORKER", "STALE_LEASE_GENERATION", "WRONG_TOKEN"})
 
@@ -313,7 +323,10 @@ class LogShipper:
                 logger.error("log shipping round failed ({}); retried in {:g}s", type(exc).__name__, self._backoff)
                 wait = self._backoff
             self._idle.set()
-            self._wake.wait(max(0.01, wait))
+            if self._wake.wait(max(0.01, wait)) and not self._stop.is_set():
+                # Woken (an attempt ended): let the attempts ending in the same moment join this
+                # round, whose opens and empty finalizes go in one batch each (see _round).
+                self._stop.wait(COALESCE_S)
             self._wake.clear()
 
     def store(self) -> ArtifactStore:
@@ -322,40 +335,81 @@ class LogShipper:
         return self._store
 
     def _round(self) -> float:
-        """One pass over the pending attempts; returns how long to sleep."""
+        """One pass over the pending attempts; returns how long to sleep.
+
+        The round's calls are batched where a store can (``open_many``, ``finalize_empty_many``:
+        one transaction and one round trip each): the artifacts of every attempt first seen this
+        round are opened together, and the empty logs of attempts that ended are finalized
+        together — a quiet task's log then costs a share of two calls, not two calls of its own
+        (each call's round trip, commit and per-statement work are most of what it costs)."""
         fence = self._fence()
         if fence is None:
             return self.interval_s  # not registered (yet): no proof to show
         next_due = self.interval_s
+        rows = []
         for row in self.table.by_state("shipping"):
+            attempt = self.node.journal.attempt(row.attempt_id)
+            if attempt is None:
+                lease = self._lease_state(row.attempt_id)
+                if lease in (None, "answered"):
+                    self.table.forget(row.attempt_id)  # never spawned here: no log exists or ever will
+                continue
+            if row.lease_token is None:
+                self.table.abandon(row.attempt_id, "NO_TOKEN")
+                continue
+            rows.append((row, attempt))
+        opened = self._open_new([row for row, _attempt in rows], fence)
+        empty: list[tuple[ShipRow, LeaseFence]] = []
+        for row, attempt in rows:
             if self._stop.is_set():
                 break
-            due = self._ship(row, fence)
+            due = self._ship(row, fence, attempt, opened.get(row.attempt_id), empty)
             next_due = min(next_due, due)
+        if empty and not self._stop.is_set():
+            self._finalize_empty(empty)
         self._delete_shipped()
         return next_due
+
+    def _open_new(self, rows: list[ShipRow], fence: WorkerFence) -> dict[str, Any]:
+        """The artifacts of the attempts not opened yet in this process, opened in one batch when
+        the store can (else :meth:`_ship` opens each)."""
+        new = [row for row in rows if row.attempt_id not in self._progress]
+        store = self.store()
+        open_many = getattr(store, "open_many", None)
+        if len(new) < 2 or open_many is None:
+            return {}
+        states = open_many([(row.attempt_id, self._proof(row, fence)) for row in new], max_bytes=self.max_bytes)
+        return {row.attempt_id: state for row, state in zip(new, states)}
+
+    def _finalize_empty(self, empty: list[tuple[ShipRow, LeaseFence]]) -> None:
+        """Finalize the round's empty logs of ended attempts (one batch when the store can)."""
+        store = self.store()
+        many = getattr(store, "finalize_empty_many", None)
+        if len(empty) > 1 and many is not None:
+            results = many([(row.attempt_id, proof) for row, proof in empty])
+        else:
+            results = [store.finalize(row.attempt_id, proof, total_bytes=0, sha256=_EMPTY_SHA256)
+                       for row, proof in empty]
+        crashpoint("ship.after_finalize")
+        for (row, _proof), result in zip(empty, results):
+            self._finalize_answer(row, result, 0)
 
     def _proof(self, row: ShipRow, fence: WorkerFence) -> LeaseFence:
         assert row.lease_token is not None
         return LeaseFence(self.worker_id, fence.generation, fence.session, row.attempt_id, row.lease_generation,
                           row.lease_token)
 
-    def _ship(self, row: ShipRow, fence: WorkerFence) -> float:
-        """Ship (and maybe finalize) one attempt's log; returns when it wants to be looked at again."""
-        attempt = self.node.journal.attempt(row.attempt_id)
-        if attempt is None:
-            lease = self._lease_state(row.attempt_id)
-            if lease in (None, "answered"):
-                self.table.forget(row.attempt_id)  # never spawned here: no log exists or ever will
-            return self.interval_s
-        if row.lease_token is None:
-            self.table.abandon(row.attempt_id, "NO_TOKEN")
-            return self.interval_s
+    def _ship(self, row: ShipRow, fence: WorkerFence, attempt: Any, state: Any = None,
+              empty: list[tuple[ShipRow, LeaseFence]] | None = None) -> float:
+        """Ship (and maybe finalize) one attempt's log; returns when it wants to be looked at again.
+        ``state``: its artifact's answer to an open of this round's batch; ``empty``: where an
+        ended attempt's empty log goes to be finalized with the round's others (else at once)."""
         proof = self._proof(row, fence)
         store = self.store()
         progress = self._progress.get(row.attempt_id)
         if progress is None:
-            state = store.open(row.attempt_id, proof, max_bytes=self.max_bytes)
+            if state is None:
+                state = store.open(row.attempt_id, proof, max_bytes=self.max_bytes)
             if state.fenced:
                 return self._fenced(row, state.fence_reason or "FENCED")
             if state.finalized:
@@ -386,12 +440,18 @@ class LogShipper:
                 return max(0.0, self.interval_s - (time.monotonic() - progress.last_ship))
             if progress.committed < size:
                 return 0.0  # more to send first (its round budget ran out)
+            if size == 0 and empty is not None:
+                empty.append((row, proof))  # finalized with the round's other empty logs
+                return self.interval_s
             sha = local_log_sha256(fd, size) if fd is not None else hashlib.sha256(b"").hexdigest()
         finally:
             if fd is not None:
                 os.close(fd)
         result = store.finalize(row.attempt_id, proof, total_bytes=size, sha256=sha)
         crashpoint("ship.after_finalize")
+        return self._finalize_answer(row, result, size)
+
+    def _finalize_answer(self, row: ShipRow, result: Any, size: int) -> float:
         if result.acknowledged:
             self._acknowledged(row, size)
         elif result.answer is FinalizeAnswer.FENCED:

@@ -159,8 +159,9 @@ class Runner:
                          len(fences), type(exc).__name__)
             self.claim_due = time.monotonic() + 1.0
             return
-        if shipper is not None:
-            shipper.wake()
+        # The shipper is not woken here: nothing of these attempts is spawned yet, so its round would
+        # find no local attempt to open a log for (its next round, at the latest ship_interval_s
+        # later or when an attempt ends, does).
         self.session.count("claimed", len(result.attempts))
         new = []
         for claimed, (fence, _run_id) in zip(result.attempts, fences):

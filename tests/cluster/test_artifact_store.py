@@ -154,3 +154,64 @@ def test_an_empty_log_is_finalized_without_a_read_back_and_only_when_the_databas
     assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=0, sha256=_sha(b"")).answer) == "mismatch"
     assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=0, sha256=_sha(b"out")).answer) == "mismatch"
     assert str(store.finalize(shipped.attempt_id, shipped, total_bytes=3, sha256=_sha(b"out")).answer) == "finalized"
+
+
+def test_batched_opens_and_empty_finalizes_answer_each_call_as_alone(
+        cluster: Cluster, cluster_dsn: str, stores: list) -> None:  # type: ignore[type-arg]
+    """The log shipper's batches (one transaction, one round trip): every call is fenced on its own,
+    a fenced or refused one changes nothing for the others, and the answers are the single calls'."""
+    from ql_core.ports.artifact_store import FinalizeAnswer
+
+    store = _store(cluster_dsn, stores)
+    worker = cluster.worker(f"w-{uuid.uuid4().hex[:8]}")
+    fences = []
+    for _ in range(3):
+        cluster.submit()
+        fences.append(cluster.running_attempt(worker)[1])
+    empty, shipped, other = fences
+    forged = LeaseFence(other.worker_id, other.worker_generation, other.session, other.attempt_id,
+                        other.lease_generation, "not-the-token")
+    states = store.open_many([(f.attempt_id, f) for f in (empty, shipped, forged)], max_bytes=100)
+    assert [s.attempt_id for s in states] == [empty.attempt_id, shipped.attempt_id, other.attempt_id]
+    assert [s.fenced for s in states] == [False, False, True]
+    assert states[2].fence_reason == "WRONG_TOKEN"
+    assert (states[0].committed_bytes, states[0].max_bytes, states[0].finalized) == (0, 100, False)
+    assert str(store.append(shipped.attempt_id, shipped, 0, b"out", _sha(b"out")).answer) == "appended"
+    # Reopened in a batch: the store's committed offset, as a single open answers it.
+    again = store.open_many([(f.attempt_id, f) for f in (empty, shipped)], max_bytes=100)
+    single = store.open(shipped.attempt_id, shipped, max_bytes=100)
+    assert (again[1].committed_bytes, single.committed_bytes) == (3, 3)
+    # Empty finalizes: the empty log finalized, the one holding bytes refused, the forged one fenced —
+    # each as alone, in one batch.
+    results = store.finalize_empty_many([(f.attempt_id, f) for f in (empty, shipped, forged)])
+    assert [r.answer for r in results] == [FinalizeAnswer.FINALIZED, FinalizeAnswer.MISMATCH, FinalizeAnswer.FENCED]
+    assert cluster.sql.execute("SELECT status FROM ql_artifact WHERE attempt_id = %s",
+                               (shipped.attempt_id,)).fetchone()["status"] != "final"
+    assert [str(r.answer) for r in store.finalize_empty_many([(empty.attempt_id, empty)] * 2)] == [
+        "already_finalized", "already_finalized"]
+
+
+def test_a_batch_that_fails_for_good_is_made_call_by_call(
+        cluster: Cluster, cluster_dsn: str, stores: list) -> None:  # type: ignore[type-arg]
+    """A call that raises inside the batch rolls the whole transaction back; the store then makes
+    the calls one by one, so the good ones are answered as alone and the bad one raises alone."""
+    from ql_core.ports.artifact_store import ArtifactStoreError
+
+    store = _store(cluster_dsn, stores)
+    worker = cluster.worker(f"w-{uuid.uuid4().hex[:8]}")
+    cluster.submit()
+    good = cluster.running_attempt(worker)[1]
+    batches = []
+    many = store._db._many
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        batches.append(args[0])
+        return many(*args, **kwargs)
+
+    store._db._many = counted
+    # A negative max_bytes is refused by ql_artifact_open (an invalid argument): the batch of two fails.
+    with pytest.raises(ArtifactStoreError):
+        store.open_many([(good.attempt_id, good), (good.attempt_id, good)], max_bytes=-1)
+    assert batches == ["artifact_open"]
+    (state,) = store.open_many([(good.attempt_id, good)], max_bytes=100)  # one call: no batch
+    assert not state.fenced and batches == ["artifact_open"]

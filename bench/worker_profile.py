@@ -1,0 +1,185 @@
+"""Where one ``ql worker``'s CPU goes per task: cProfile in every thread, and CPU by thread role.
+
+    QL_TEST_POSTGRES_DSN=postgresql+psycopg://postgres@127.0.0.1:5432/postgres python bench/worker_profile.py --n 400
+
+One worker (4 slots) runs ``true`` tasks under this script's ``--child`` wrapper, which profiles
+every thread of the worker with its own ``cProfile.Profile`` (a profiler sees only its own thread)
+and notes each thread's CPU (``time.thread_time``) when it ends. ``--n`` runs are queued and
+drained after a warm-up, the worker is stopped (SIGTERM: its threads end), and the report is CPU ms
+per task by thread role, then the top functions by own time over all threads. The profiler slows
+the worker (about 2x here): read the shares, not the absolute numbers (``bench_cluster.py`` has those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pstats
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def child(out: Path, argv: list[str]) -> None:
+    """The worker itself, every thread profiled (``argv``: ``python -m ql_core.cli.main worker``)."""
+    import cProfile
+    import threading
+
+    live: dict[int, tuple[cProfile.Profile, threading.Thread]] = {}
+
+    def dump(prof: cProfile.Profile, ident: int, name: str) -> None:
+        prof.create_stats()
+        stem = out / f"{os.getpid()}-{ident}"
+        prof.dump_stats(f"{stem}.prof")
+        # CPU of the thread = the profiler's total on its thread-CPU clock.
+        cpu = sum(v[2] for v in prof.stats.values())  # type: ignore[attr-defined]
+        # The role, not the attempt: runner threads rename themselves per attempt.
+        Path(f"{stem}.json").write_text(json.dumps({"name": re.sub(r"ql-attempt-.*", "ql-attempt", name),
+                                                    "cpu_s": cpu}))
+
+    original = threading.Thread.run
+    if os.environ.get("BENCH_WORKER_NO_PROFILE"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def named(self: threading.Thread) -> None:
+            # The kernel's name of the thread (its role): /proc/PID/task/TID/stat says its CPU.
+            libc.prctl(15, re.sub(r"ql-attempt-.*", "ql-attempt", self.name)[:15].encode(), 0, 0, 0)
+            original(self)
+
+        threading.Thread.run = named  # type: ignore[method-assign]
+        from ql_core.cli.main import main as ql_main
+
+
+        os._exit(ql_main(argv[argv.index("-m") + 2:]))
+
+    def run(self: threading.Thread) -> None:
+        # Timed on the thread's own CPU clock: waits (locks, fsync, the network) cost nothing here.
+        prof = cProfile.Profile(time.thread_time)
+        live[threading.get_ident()] = (prof, self)
+        prof.enable()
+        try:
+            original(self)
+        finally:
+            prof.disable()
+            live.pop(threading.get_ident(), None)
+            dump(prof, threading.get_ident(), self.name)
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    from ql_core.cli.main import main as ql_main
+
+    prof = cProfile.Profile(time.thread_time)
+    prof.enable()
+    try:
+        ql_main(argv[argv.index("-m") + 2:])
+    finally:
+        prof.disable()
+        dump(prof, 0, "main (control loop)")
+        for ident, (p, thread) in list(live.items()):  # still running (daemon threads): as they are now
+            dump(p, ident, thread.name)
+        os._exit(0)
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each of the process's threads, summed by name (``/proc/PID/task``)."""
+    by: collections.Counter[str] = collections.Counter()
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        by[name] += (int(fields[11]) + int(fields[12])) / tick
+    return dict(by)
+
+
+def _backend_cpu(dsn: str) -> dict[tuple[int, str], float]:
+    """CPU seconds of every other client backend of the database, by (pid, application_name)."""
+    import psycopg
+    from bench_cluster import _backend_cpu_s
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchall()
+    return {(pid, name): cpu for pid, name in rows if (cpu := _backend_cpu_s(pid)) is not None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=400, help="tasks to run")
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--no-profile", action="store_true",
+                        help="no cProfile: only each thread's CPU from /proc (threads named by role)")
+    parser.add_argument("--save", help="also write the merged profile here (for pstats: print_callees ...)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_cluster import Workers, end_to_end
+    from pg_scratch import scratch_database
+
+    from ql_plugins.cluster_fenced.sealing import new_key_file
+
+    if args.no_profile:
+        os.environ["BENCH_WORKER_NO_PROFILE"] = "1"
+
+    with scratch_database() as (_url, dsn):
+        tmp = Path(tempfile.mkdtemp(prefix="ql-bench-profile-"))
+        out = tmp / "profiles"
+        out.mkdir()
+        try:
+            key_file = tmp / "spec.key"
+            new_key_file(key_file)
+            workers = Workers(dsn, 1, tmp, key_file, prefix=(sys.executable, __file__, "--child", str(out)))
+            try:
+                workers.wait_registered(args.timeout)
+                end_to_end(workers, 8, key_file, args.timeout)
+                before = _thread_cpu(workers.procs[0].pid)
+                backends0 = _backend_cpu(dsn)
+                rate = end_to_end(workers, args.n, key_file, args.timeout)
+                after = _thread_cpu(workers.procs[0].pid)
+                backends1 = _backend_cpu(dsn)
+                if args.no_profile:
+                    print(f"# CPU ms per task by thread, {args.n} tasks at {rate:.0f}/s, no profiler "
+                          f"(/proc/PID/task; a runner thread that ended mid-run is missing)")
+                    for name in sorted(after, key=lambda k: -(after[k] - before.get(k, 0.0))):
+                        print(f"  {name:>28}: {(after[name] - before.get(name, 0.0)) * 1000 / args.n:7.3f}")
+                    print(f"  {'all':>28}: {(sum(after.values()) - sum(before.values())) * 1000 / args.n:7.3f}")
+                    print("# CPU ms per task of the worker's PostgreSQL backends, by connection (application_name)")
+                    for (pid, name), cpu in sorted(backends1.items(), key=lambda kv: kv[0][1]):
+                        if (pid, name) in backends0:  # connected for the whole measurement
+                            print(f"  {name or '(unnamed)':>28}: {(cpu - backends0[(pid, name)]) * 1000 / args.n:7.3f}")
+                    return
+            finally:
+                workers.stop()
+            by_role: collections.Counter[str] = collections.Counter()
+            for meta in out.glob("*.json"):
+                d = json.loads(meta.read_text())
+                by_role[d["name"]] += d["cpu_s"]
+            stats = pstats.Stats(*[str(p) for p in out.glob("*.prof")], stream=sys.stdout)
+            if args.save:
+                stats.dump_stats(args.save)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    n = args.n + 8
+    print(f"# python bench/worker_profile.py --n {args.n}: {rate:.0f}/s under the profiler; CPU ms per task "
+          f"by thread (whole worker life, {n} tasks incl. warm-up)")
+    for name, cpu in by_role.most_common():
+        print(f"  {name:>28}: {cpu * 1000 / n:7.3f}")
+    print(f"  {'all threads':>28}: {sum(by_role.values()) * 1000 / n:7.3f}")
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumtime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(Path(sys.argv[2]), sys.argv[3:])
+    else:
+        main()
