@@ -340,4 +340,89 @@ BEGIN
 END $$;
 """
 
-SQL_STATEMENTS = split_statements(_LOCK, _START, _RUNNING, _COMPLETE, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
+_CLAIM = r"""
+-- 0011's ql_claim with its per-run loop (~10 statements per run) replaced by ONE statement for all
+-- the locked runs: attempts, leases, attempt.claimed events and run updates written per table,
+-- the answers (with each run's sealed copy) returned by the same statement. Same rows, same
+-- values: attempt numbers and the sealed copy's ordinal counted before the new attempts exist,
+-- lease generations drawn oldest run first, one token per attempt. The checks, the queue scan and
+-- the lock order (runs, then the worker FOR SHARE) are 0011's, statement for statement.
+CREATE OR REPLACE FUNCTION ql_claim(p_worker_id text, p_generation bigint, p_session text, p_max_n integer,
+                                    p_free_slots integer, p_executor text, p_attempt_ids text[],
+                                    p_log_ids text[], p_lease_ttl_ms bigint)
+RETURNS TABLE(answer text, run_id text, attempt_id text, attempt_no integer, lease_generation bigint,
+              lease_token text, spec_key_id text, spec_ordinal integer, sealed_spec bytea, timeout_ms bigint,
+              lease_expires_at_ms bigint, db_now_ms bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 8 SET search_path = pg_catalog, public AS $$
+#variable_conflict use_column
+DECLARE
+  v_now bigint;
+  v_n integer;
+  v_run_ids text[];
+  v_i integer := 0;
+  v_ok boolean;
+BEGIN
+  PERFORM ql__check(p_lease_ttl_ms BETWEEN 1000 AND 3600000, 'lease_ttl_ms');
+  PERFORM ql__check(length(p_executor) BETWEEN 1 AND 64, 'executor');
+  PERFORM ql__check(coalesce(array_length(p_attempt_ids, 1), 0) = coalesce(array_length(p_log_ids, 1), 0),
+                    'attempt_ids/log_ids');
+  v_n := least(coalesce(p_max_n, 0), coalesce(p_free_slots, 0), 8, coalesce(array_length(p_attempt_ids, 1), 0));
+  FOR v_i IN 1 .. greatest(v_n, 0) LOOP
+    PERFORM ql__check(ql__is_id(p_attempt_ids[v_i]) AND ql__is_id(p_log_ids[v_i]), 'attempt_ids/log_ids');
+  END LOOP;
+  -- Cheap unlocked check first: a fenced worker locks nothing.
+  SELECT (w.generation = p_generation AND w.session = p_session AND w.lease_expires_at_ms > ql__clock_ms())
+    INTO v_ok FROM ql_worker w WHERE w.id = p_worker_id;
+  IF v_ok IS NOT TRUE THEN
+    answer := 'fenced'; db_now_ms := ql__clock_ms(); RETURN NEXT; RETURN;
+  END IF;
+  IF v_n <= 0 THEN RETURN; END IF;
+  v_run_ids := ql__queued_runs(v_n);
+  -- Lock order: runs, then the worker (FOR SHARE: registration waits for this claim to commit).
+  SELECT (w.generation = p_generation AND w.session = p_session AND w.lease_expires_at_ms > ql__clock_ms())
+    INTO v_ok FROM ql_worker w WHERE w.id = p_worker_id FOR SHARE;
+  v_now := ql__clock_ms();
+  IF v_ok IS NOT TRUE THEN
+    answer := 'fenced'; db_now_ms := v_now; RETURN NEXT; RETURN;
+  END IF;
+  -- Oldest first, as locked: attempt ids (and lease generations) are handed out in that order.
+  RETURN QUERY
+  WITH picked AS (
+    SELECT k.i, r.id AS run, r.event_seq, r.timeout_ms AS timeout, p_attempt_ids[k.i] AS attempt,
+           p_log_ids[k.i] AS log, ql__new_token() AS token,
+           (SELECT coalesce(max(a.attempt_no), 0) + 1 FROM ql_run_attempt a WHERE a.run_id = r.id) AS no,
+           -- 0005: the n-th attempt that may start gets sealed copy n (counted before it exists).
+           ql__attempts_used(r.id) + 1 AS copy
+      FROM unnest(v_run_ids) WITH ORDINALITY AS k(id, i)
+      JOIN ql_run r ON r.id = k.id
+     ORDER BY k.i
+  ), g AS (
+    SELECT p.*, ql__digest(p.token) AS digest, nextval('ql_lease_generation_seq') AS gen FROM picked p
+  ), att AS (
+    INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, exit_code, reason,
+                                log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms,
+                                created_at_ms, started_at_ms, finished_at_ms, handle, host_handle, version)
+    SELECT g.attempt, g.run, g.no, p_executor, p_worker_id, 'starting', NULL, NULL, g.log, g.digest, 0, NULL,
+           v_now, NULL, NULL, NULL, NULL, 1
+      FROM g
+  ), lease AS (
+    INSERT INTO ql_attempt_lease (attempt_id, run_id, status, version, lease_generation, token_digest,
+                                  worker_id, worker_generation, expires_at_ms, claimed_at_ms)
+    SELECT g.attempt, g.run, 'claimed', 1, g.gen, g.digest, p_worker_id, p_generation, v_now + p_lease_ttl_ms, v_now
+      FROM g
+  ), ev AS (
+    INSERT INTO ql_run_event (run_id, seq, type, attempt_id, status, exit_code, reason, at_ms)
+    SELECT g.run, g.event_seq + 1, 'attempt.claimed', g.attempt, 'starting', NULL, NULL, v_now FROM g
+  ), upd AS (
+    UPDATE ql_run r SET status = 'running', current_attempt_id = g.attempt, deadline_at_ms = NULL,
+           updated_at_ms = v_now, version = r.version + 1, event_seq = r.event_seq + 1
+      FROM g WHERE r.id = g.run
+  )
+  SELECT 'claimed'::text, g.run::text, g.attempt, g.no, g.gen, g.token, s.key_id::text, s.ordinal, s.sealed,
+         g.timeout, v_now + p_lease_ttl_ms, v_now
+    FROM g LEFT JOIN ql_run_spec s ON s.run_id = g.run AND s.ordinal = g.copy
+   ORDER BY g.i;
+END $$;
+"""
+
+SQL_STATEMENTS = split_statements(_LOCK, _START, _RUNNING, _COMPLETE, _CLAIM, REVOKE_QL_FUNCTIONS_FROM_PUBLIC)
