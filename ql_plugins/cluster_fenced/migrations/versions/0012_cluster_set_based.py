@@ -114,9 +114,9 @@ _FENCE = ("ql__fence(l, w, c.worker_id, c.worker_generation, c.session, c.lease_
           "ql__digest(c.lease_token), v_now, false)")
 
 _START = f"""
--- ql_start for every call: claimed -> starting, and the cancel intent's first delivery, under the
--- fence; a replay (already starting/running) changes nothing. Answers from the rows after the write
--- (start changes nothing the fence or the answer reads).
+-- ql_start for every call, in ONE statement after the locks: claimed -> starting, and the cancel
+-- intent's first delivery, under the fence; a replay (already starting/running) changes nothing.
+-- Answers from the rows as locked: start changes nothing an answer reads.
 CREATE OR REPLACE FUNCTION ql_start_many({_FENCE_ARRAYS})
 RETURNS TABLE({_LEASE_ANSWER})
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER {_SETTINGS} AS $$
@@ -127,56 +127,62 @@ BEGIN
   PERFORM ql__batch_check(p_attempt_ids, {_LENGTHS});
   PERFORM ql__lock_attempts(p_attempt_ids, p_worker_ids);
   v_now := ql__clock_ms();
-  UPDATE ql_attempt_lease t
-     SET status = CASE WHEN t.status = 'claimed' THEN 'starting' ELSE t.status END,
-         started_at_ms = CASE WHEN t.status = 'claimed' THEN v_now ELSE t.started_at_ms END,
-         version = t.version + CASE WHEN t.status = 'claimed' THEN 1 ELSE 0 END,
-         intent_delivered_at_ms = CASE WHEN g.cancel_reason IS NOT NULL
-                                       THEN coalesce(t.intent_delivered_at_ms, v_now)
-                                       ELSE t.intent_delivered_at_ms END
-    FROM (SELECT DISTINCT c.attempt_id, r.cancel_reason
-            FROM {_calls()}
-           WHERE {_FENCE} IS NULL) g
-   WHERE t.attempt_id = g.attempt_id
-     AND (t.status = 'claimed' OR (g.cancel_reason IS NOT NULL AND t.intent_delivered_at_ms IS NULL));
   RETURN QUERY
-  SELECT c.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
-         CASE WHEN f.why IS NULL THEN l.expires_at_ms END, v_now,
-         CASE WHEN f.why IS NULL THEN r.cancel_reason::text END,
-         CASE WHEN f.why IS NULL THEN r.cancel_requested_at_ms END,
-         CASE WHEN f.why IS NULL THEN r.deadline_at_ms END
-    FROM {_calls()}
-    CROSS JOIN LATERAL (SELECT {_FENCE} AS why) f
-   ORDER BY c.attempt_id, c.i;
+  WITH f AS (
+    SELECT c.i, c.attempt_id, l.expires_at_ms AS expires, r.cancel_reason AS cancel,
+           r.cancel_requested_at_ms AS cancel_at, r.deadline_at_ms AS deadline, {_FENCE} AS why
+      FROM {_calls()}
+  ), upd AS (
+    UPDATE ql_attempt_lease t
+       SET status = CASE WHEN t.status = 'claimed' THEN 'starting' ELSE t.status END,
+           started_at_ms = CASE WHEN t.status = 'claimed' THEN v_now ELSE t.started_at_ms END,
+           version = t.version + CASE WHEN t.status = 'claimed' THEN 1 ELSE 0 END,
+           intent_delivered_at_ms = CASE WHEN g.cancel IS NOT NULL
+                                         THEN coalesce(t.intent_delivered_at_ms, v_now)
+                                         ELSE t.intent_delivered_at_ms END
+      FROM (SELECT DISTINCT f.attempt_id, f.cancel FROM f WHERE f.why IS NULL) g
+     WHERE t.attempt_id = g.attempt_id
+       AND (t.status = 'claimed' OR (g.cancel IS NOT NULL AND t.intent_delivered_at_ms IS NULL))
+  )
+  SELECT f.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
+         CASE WHEN f.why IS NULL THEN f.expires END, v_now,
+         CASE WHEN f.why IS NULL THEN f.cancel::text END,
+         CASE WHEN f.why IS NULL THEN f.cancel_at END,
+         CASE WHEN f.why IS NULL THEN f.deadline END
+    FROM f ORDER BY f.attempt_id, f.i;
 END $$;
 """
 
 _RUNNING = f"""
--- ql_running for every call: a starting lease -> running (attempt running with its clamped start,
--- deadline = db now + timeout, event attempt.spawned, the run's deadline), and the cancel intent's
--- first delivery, under the fence; a claimed lease is fenced NOT_STARTED; a replay changes
--- nothing. An attempt named twice is written once, for its first call (as the loop's first call
--- wrote it and the second was a replay). Answers from the rows after the write: the fence and the
--- answer read nothing running changes but the deadline, which is then the one just written.
+-- ql_running for every call, in ONE statement after the locks: a starting lease -> running
+-- (attempt running with its clamped start, deadline = db now + timeout, event attempt.spawned, the
+-- run's deadline), and the cancel intent's first delivery, under the fence; a claimed lease is
+-- fenced NOT_STARTED; a replay changes nothing. An attempt named twice is written once, for its
+-- first call (the loop's first call wrote it, the second was a replay). Answers from the rows as
+-- locked, but the deadline: the one this call (or the first call of its attempt) writes. Two live
+-- attempts of one run (never, under the locks) would write one event number twice: an error.
 CREATE OR REPLACE FUNCTION ql_running_many({_FENCE_ARRAYS}, p_started_at_ms bigint[])
 RETURNS TABLE({_LEASE_ANSWER})
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER {_SETTINGS} AS $$
 #variable_conflict use_column
 DECLARE
   v_now bigint;
-  v_spawned integer;
-  v_runs integer;
 BEGIN
   PERFORM ql__batch_check(p_attempt_ids, {_LENGTHS}, array_length(p_started_at_ms, 1));
   PERFORM ql__lock_attempts(p_attempt_ids, p_worker_ids);
   v_now := ql__clock_ms();
-  WITH go AS (
-    SELECT DISTINCT ON (c.attempt_id) c.attempt_id, c.started_at_ms, a.created_at_ms, r.id AS run_id,
-           r.event_seq, r.cancel_reason, l.status = 'starting' AS spawn,
-           CASE WHEN r.timeout_ms IS NULL THEN NULL ELSE v_now + r.timeout_ms END AS deadline
+  RETURN QUERY
+  WITH f AS (
+    SELECT c.i, c.attempt_id, c.started_at_ms AS started, a.created_at_ms AS created, r.id AS run,
+           r.event_seq, r.cancel_reason AS cancel, r.cancel_requested_at_ms AS cancel_at,
+           l.expires_at_ms AS expires, l.status = 'starting' AS spawn,
+           CASE WHEN l.status <> 'starting' THEN r.deadline_at_ms
+                WHEN r.timeout_ms IS NOT NULL THEN v_now + r.timeout_ms END AS deadline,
+           coalesce(x.fenced, CASE WHEN l.status = 'claimed' THEN 'NOT_STARTED' END) AS why
       FROM {_calls(", p_started_at_ms", ", started_at_ms")}
-     WHERE {_FENCE} IS NULL AND l.status <> 'claimed'
-     ORDER BY c.attempt_id, c.i
+      CROSS JOIN LATERAL (SELECT {_FENCE} AS fenced) x
+  ), go AS (
+    SELECT DISTINCT ON (f.attempt_id) f.* FROM f WHERE f.why IS NULL ORDER BY f.attempt_id, f.i
   ), spawned AS (
     SELECT * FROM go WHERE go.spawn
   ), lease AS (
@@ -184,40 +190,31 @@ BEGIN
        SET status = CASE WHEN go.spawn THEN 'running' ELSE t.status END,
            running_at_ms = CASE WHEN go.spawn THEN v_now ELSE t.running_at_ms END,
            version = t.version + CASE WHEN go.spawn THEN 1 ELSE 0 END,
-           intent_delivered_at_ms = CASE WHEN go.cancel_reason IS NOT NULL
+           intent_delivered_at_ms = CASE WHEN go.cancel IS NOT NULL
                                          THEN coalesce(t.intent_delivered_at_ms, v_now)
                                          ELSE t.intent_delivered_at_ms END
       FROM go
      WHERE t.attempt_id = go.attempt_id
-       AND (go.spawn OR (go.cancel_reason IS NOT NULL AND t.intent_delivered_at_ms IS NULL))
+       AND (go.spawn OR (go.cancel IS NOT NULL AND t.intent_delivered_at_ms IS NULL))
   ), att AS (
     UPDATE ql_run_attempt t
-       SET status = 'running', started_at_ms = ql__clamp_ms(s.started_at_ms, v_now, s.created_at_ms),
+       SET status = 'running', started_at_ms = ql__clamp_ms(s.started, v_now, s.created),
            deadline_at_ms = s.deadline, version = t.version + 1
       FROM spawned s WHERE t.id = s.attempt_id
   ), ev AS (
     INSERT INTO ql_run_event (run_id, seq, type, attempt_id, status, exit_code, reason, at_ms)
-    SELECT s.run_id, s.event_seq + 1, 'attempt.spawned', s.attempt_id, 'running', NULL, NULL, v_now FROM spawned s
-  ), run AS (
+    SELECT s.run, s.event_seq + 1, 'attempt.spawned', s.attempt_id, 'running', NULL, NULL, v_now FROM spawned s
+  ), upd AS (
     UPDATE ql_run t
        SET deadline_at_ms = s.deadline, updated_at_ms = v_now, version = t.version + 1, event_seq = t.event_seq + 1
-      FROM spawned s WHERE t.id = s.run_id
-    RETURNING t.id
+      FROM spawned s WHERE t.id = s.run
   )
-  SELECT (SELECT count(*) FROM spawned), (SELECT count(*) FROM run) INTO v_spawned, v_runs;
-  IF v_spawned <> v_runs THEN  -- two live attempts of one run: never, under the locks
-    RAISE EXCEPTION 'ql: run changed under its lock' USING ERRCODE = '40001';
-  END IF;
-  RETURN QUERY
-  SELECT c.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
-         CASE WHEN f.why IS NULL THEN l.expires_at_ms END, v_now,
-         CASE WHEN f.why IS NULL THEN r.cancel_reason::text END,
-         CASE WHEN f.why IS NULL THEN r.cancel_requested_at_ms END,
-         CASE WHEN f.why IS NULL THEN r.deadline_at_ms END
-    FROM {_calls()}
-    CROSS JOIN LATERAL (SELECT CASE WHEN {_FENCE} IS NOT NULL THEN {_FENCE}
-                                    WHEN l.status = 'claimed' THEN 'NOT_STARTED' END AS why) f
-   ORDER BY c.attempt_id, c.i;
+  SELECT f.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
+         CASE WHEN f.why IS NULL THEN f.expires END, v_now,
+         CASE WHEN f.why IS NULL THEN f.cancel::text END,
+         CASE WHEN f.why IS NULL THEN f.cancel_at END,
+         CASE WHEN f.why IS NULL THEN f.deadline END
+    FROM f ORDER BY f.attempt_id, f.i;
 END $$;
 """
 
