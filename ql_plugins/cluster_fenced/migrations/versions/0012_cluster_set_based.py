@@ -262,13 +262,18 @@ BEGIN
                   p_completion_digests)
            WITH ORDINALITY AS c(worker_id, worker_generation, session, attempt_id, lease_generation, lease_token,
                                 exit_code, started_at_ms, finished_at_ms, signalled, completion_digest, i)
-  ), live AS (
-    SELECT c.i, c.attempt_id, c.exit_code, c.completion_digest, r.id AS run_id, r.event_seq, r.cancel_reason,
-           r.cancel_requested_at_ms, r.timeout_ms, l.status = 'starting' AS unspawned, t.started,
+  ), found AS MATERIALIZED (
+    -- Every row by its key only; the conditions below filter these rows afterwards (MATERIALIZED:
+    -- pushed down, a condition on a status would let the planner scan a status index instead).
+    SELECT c.i, c.named, c.attempt_id, c.exit_code, c.completion_digest, r.id AS run_id, r.event_seq,
+           r.cancel_reason, r.cancel_requested_at_ms, r.timeout_ms, l.status = 'starting' AS unspawned, t.started,
            ql__clamp_ms(c.finished_at_ms, v_now, greatest(t.started, a.created_at_ms)) AS finished,
            CASE WHEN l.status = 'starting' AND r.timeout_ms IS NOT NULL THEN t.started + r.timeout_ms
                 ELSE r.deadline_at_ms END AS deadline,
-           coalesce(c.signalled, false) AND l.intent_delivered_at_ms IS NOT NULL AS signalled
+           coalesce(c.signalled, false) AND l.intent_delivered_at_ms IS NOT NULL AS signalled,
+           l.status IN ('starting', 'running') AND {_FENCE} IS NULL
+             AND r.current_attempt_id = c.attempt_id AND r.status = 'running'
+             AND a.status IN ('starting', 'running') AS applies
       FROM calls c
       JOIN ql_attempt_lease l ON l.attempt_id = c.attempt_id
       JOIN ql_run_attempt a ON a.id = c.attempt_id
@@ -276,8 +281,8 @@ BEGIN
       LEFT JOIN ql_worker w ON w.id = c.worker_id
       CROSS JOIN LATERAL (SELECT coalesce(a.started_at_ms,
                                           ql__clamp_ms(c.started_at_ms, v_now, a.created_at_ms)) AS started) t
-     WHERE c.named = 1 AND l.status IN ('starting', 'running') AND {_FENCE} IS NULL
-       AND r.current_attempt_id = c.attempt_id AND r.status = 'running' AND a.status IN ('starting', 'running')
+  ), live AS (
+    SELECT * FROM found WHERE found.named = 1 AND found.applies IS TRUE
   ), go AS (
     SELECT x.*, x.event_seq + CASE WHEN x.moot THEN 1 ELSE 0 END AS base
       FROM (SELECT live.*, o.status AS new_status, o.reason AS new_reason, o.moot,
@@ -343,14 +348,17 @@ _CLAIM = r"""
 -- the answers (with each run's sealed copy) returned by the same statement. Same rows, same
 -- values: attempt numbers and the sealed copy's ordinal counted before the new attempts exist,
 -- lease generations drawn oldest run first, one token per attempt. The checks, the queue scan and
--- the lock order (runs, then the worker FOR SHARE) are 0011's, statement for statement.
+-- the lock order (runs, then the worker FOR SHARE) are 0011's, statement for statement. Planned as
+-- the batch functions (key lookups only): without statistics the planner hashed the locked runs
+-- against a sequential scan of all of ql_run (auto_explain, 3,000 queued runs, autovacuum off).
 CREATE OR REPLACE FUNCTION ql_claim(p_worker_id text, p_generation bigint, p_session text, p_max_n integer,
                                     p_free_slots integer, p_executor text, p_attempt_ids text[],
                                     p_log_ids text[], p_lease_ttl_ms bigint)
 RETURNS TABLE(answer text, run_id text, attempt_id text, attempt_no integer, lease_generation bigint,
               lease_token text, spec_key_id text, spec_ordinal integer, sealed_spec bytea, timeout_ms bigint,
               lease_expires_at_ms bigint, db_now_ms bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 8 SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 8 SET search_path = pg_catalog, public
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now bigint;
