@@ -141,3 +141,39 @@ def test_set_based_batches_answer_and_write_what_the_single_calls_do(cluster: Cl
     assert cluster.run(set_runs[6])["deadline_at_ms"] is not None
     assert "attempt.completion_fenced" in cluster.event_types(set_runs[1])
     assert "attempt.late_callback_ignored" in cluster.event_types(set_runs[7])
+
+
+def test_the_batched_calls_read_by_key_even_without_statistics(cluster: Cluster) -> None:
+    # Every plan inside claim / start_many / running_many / complete_many, from auto_explain (nested
+    # statements, sent to this client): on tables the planner has no statistics for (autovacuum off,
+    # never analyzed), none scans a whole table or a status index — a batch reads its rows by key.
+    for table in ("ql_run", "ql_run_attempt", "ql_attempt_lease", "ql_run_event", "ql_run_spec", "ql_worker"):
+        cluster.sql.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    from ql_plugins.cluster_fenced.control_db import QueuedSubmit
+    from tests.cluster.support import seal
+
+    for _ in range(12):  # 3,000 queued runs: a whole-table or status-index scan costs more than a key lookup
+        cluster.db.submit_many([QueuedSubmit(r, seal(r)) for r in (new_id() for _ in range(250))])
+    w = cluster.worker()
+    conn = cluster.db._connection()
+    plans: list[str] = []
+    conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                    "client_min_messages = log"):
+        conn.execute(f"SET {setting}")
+    for _ in range(7):  # past the plan cache's first five custom plans: the generic plans too
+        fences = [c.fence(w) for c in cluster.claim(w, 8)]
+        cluster.db.start_many(fences)
+        cluster.db.running_many([(f, 0) for f in fences])
+        now = cluster.now()
+        assert {r.answer.value for r in cluster.db.complete_many([(f, _completion(f.attempt_id, 0, now))
+                                                                  for f in fences])} == {"applied"}
+    conn.execute("RESET client_min_messages")
+    assert any("ql_complete_many" in p or "WITH calls" in p for p in plans), "auto_explain showed no plan"
+    scans = [p for p in plans if "status = 'queued'" not in p  # the queue: an ordered scan, LIMIT n (0011)
+             and any(bad in p for bad in ("Seq Scan on ql_", "Bitmap Heap Scan on ql_", "Hash Join", "Merge Join",
+                                          "using ix_ql_run_status", "using ix_ql_attempt_live",
+                                          "using ix_ql_attempt_active", "using ix_ql_attempt_deadline",
+                                          "using ix_ql_lease_live_expiry"))]
+    assert scans == []
