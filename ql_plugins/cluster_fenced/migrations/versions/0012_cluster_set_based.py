@@ -5,9 +5,11 @@ their signatures, owners and grants — ``CREATE OR REPLACE``):
 
 0011's ``ql_start_many``, ``ql_running_many`` and ``ql_complete_many`` called the single function
 once per attempt: for a batch of 8, 8 x (4 row locks + fence + 3-9 writes) statements, each one
-started, planned-from-cache and finished by the PL/pgSQL executor on its own. Measured with
-pg_stat_statements (track = all) on the protocol bench: ~45 statements per attempt, 1.05 ms of
-server CPU per completed run, where a bare ``UPDATE … RETURNING`` costs 0.13 ms.
+started, planned-from-cache and finished by the PL/pgSQL executor on its own; ``ql_claim`` ran
+~10 statements per claimed run. Measured with pg_stat_statements (track = all) on the protocol
+bench (claim, start, running, complete; 8 runs per claim): 52 statements inside the functions per
+completed run, ~1 ms of backend CPU per completion, where a bare ``UPDATE … RETURNING`` row costs
+~0.1 ms. With this revision: 12 statements per run; see docs/cluster.md for the CPU.
 
 Now each batch:
 
@@ -18,7 +20,8 @@ Now each batch:
    against the rows it just locked, and writes all the calls that pass with one statement per
    table (``UPDATE … FROM``, ``INSERT … SELECT``) — the same rows, columns and events the single
    function writes;
-3. answers each call from the rows as they are then.
+3. answers each call from those rows (start and running in the statement that writes: they
+   change nothing an answer reads but the deadline, computed once for both).
 
 ``ql_start_many`` and ``ql_running_many`` are set-based for every call: a fenced call writes
 nothing, whatever it is fenced for. ``ql_complete_many`` applies set-based the common case — the
@@ -26,12 +29,15 @@ holder's completion of a live, consistent attempt, its attempt named once in the
 every other call (replays, late or fenced completions with their audit events, unknown attempts,
 an attempt named twice) to the single ``ql_complete`` afterwards, in attempt-id order as before:
 those paths are rare and keep exactly one implementation. ``ql_renew_many`` stays 0011's loop
-(one lease write per call, no events). ``ql_claim`` is unchanged.
+(one lease write per call, no events). ``ql_claim`` writes the attempts, leases, events and run
+updates of all the runs it locked in one statement (its checks, queue scan and lock order are
+0011's).
 
-The batch functions plan under ``enable_seqscan``/``enable_bitmapscan``/``enable_hashjoin``/
-``enable_mergejoin`` off: every row they read is found by key from the call arrays (at most
-``MAX_BATCH``), and on tables without statistics (a fresh database) the planner would otherwise
-consider a sequential scan of ``ql_run_attempt`` per batch — no unbounded scan.
+The batch functions and ``ql_claim`` plan under ``enable_seqscan``/``enable_bitmapscan``/
+``enable_hashjoin``/``enable_mergejoin`` off: every row they read is found by key from the call
+arrays (at most ``MAX_BATCH``); on tables without statistics (a fresh database, a burst before
+autovacuum's ANALYZE) the planner otherwise hashed the claimed runs against a sequential scan of
+``ql_run`` (auto_explain) — no unbounded scan (tests/cluster/test_set_based_batches.py).
 
 One database clock reading per batch (after the locks) where the loop read it per call.
 
