@@ -25,6 +25,7 @@ from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, Run
 from .journal_sql import ATTEMPT_COLUMNS, shared_statements
 from .keep_wal import keep_wal_on_close
 from .sqlite_events import SELECT_EVENTS
+from .sqlite_runs import SELECT_RUNS_NEWEST
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
 
@@ -100,7 +101,7 @@ class SqliteReads:
             if status:
                 found = c.execute(_SQL["SELECT_RUNS_NEWEST_BY_STATUS"], (status, limit))
             else:
-                found = c.execute(_SQL["SELECT_RUNS_NEWEST"], (limit,))
+                found = c.execute(SELECT_RUNS_NEWEST, (limit,))
             runs = [RunRecord(*r) for r in found]
             by_run: dict[str, list[AttemptRecord]] = {r.id: [] for r in runs}
             if runs:

@@ -23,6 +23,9 @@ globals().update(shared_statements("?"))
 # -- events: under their run's integer key, one rowid range per run (revision 0011) ----------------
 from ql_core.db.sqlite_events import INSERT_EVENT, PURGE_EVENTS, SELECT_EVENTS  # noqa: E402,F401
 
+# -- runs in order: the per-state ranges of ix_ql_run_status, merged (revision 0012) ----------------
+from ql_core.db.sqlite_runs import OLDEST_ENDED_RUNS, OLDEST_RUNS, SELECT_RUNS_NEWEST  # noqa: E402,F401
+
 # -- create ------------------------------------------------------------------------------
 # The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
 # run — running with it (ql_core.ports.journal.create_facts decides which).
@@ -64,11 +67,9 @@ ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log
 
 # -- history retention ------------------------------------------------------------------------
 # How many runs exist (ql_tally, kept by triggers): the excess over history_max_runs is known
-# without counting; the oldest runs are then read in index order, as many as are in excess.
+# without counting; the oldest runs are then read in index order (OLDEST_RUNS, above), as many as
+# are in excess. By age: OLDEST_ENDED_RUNS, one ended state at a time.
 RUN_COUNT = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'runs'), 0)"
-OLDEST_RUNS = "SELECT id, status FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms, id LIMIT ?"
-OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run INDEXED BY ix_ql_run_ended WHERE status IN {ENDED} "
-                     "AND finished_at_ms < ? ORDER BY finished_at_ms, id LIMIT ?")
 RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id = ?"
 # A run's logs are its attempts' logs (ix_ql_attempt_run, then the log's key): no index of the log
 # table by run is written per task (migration 0010).

@@ -148,17 +148,18 @@ class SqliteJournal(SqlJournalKernel):
     # -- history retention (ql_core.ports.journal.HistoryRetention) -------------------------------
     def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
                            limit: int) -> dict[str, list[str]]:
-        # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window in
-        # finish order; the run count from ql_tally, and — only when it exceeds keep_newest — the
-        # oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
+        # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window, the
+        # oldest created first; the run count from ql_tally, and — only when it exceeds keep_newest —
+        # the oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
         # those are kept (never purged), so up to OLDEST_SLACK pages of them are stepped over.
         out: dict[str, list[str]] = {}
         with self._db.read() as c:
-            ids = [r[0] for r in c.execute(statements.OLD_FINISHED_RUNS, (finished_before_ms, limit))]
+            ids = self._ended_before(c, finished_before_ms, limit)
             excess = int(c.execute(statements.RUN_COUNT).fetchone()[0]) - keep_newest
             if excess > 0 and len(ids) < limit:
                 seen = set(ids)
-                for run_id, status in c.execute(statements.OLDEST_RUNS, (min(excess, OLDEST_SLACK * limit),)):
+                for run_id, status, _created in c.execute(statements.OLDEST_RUNS,
+                                                          (min(excess, OLDEST_SLACK * limit),)):
                     if len(ids) >= limit:
                         break
                     if status in RUN_TERMINAL and run_id not in seen:
@@ -171,6 +172,24 @@ class SqliteJournal(SqlJournalKernel):
                     continue  # a receipt may still exist: the journal row goes first
                 out[run_id] = [r[0] for r in c.execute(statements.LIVE_LOGS_OF_RUN, (run_id,))]
         return out
+
+    @staticmethod
+    def _ended_before(c: sqlite3.Connection, cutoff_ms: int, limit: int) -> list[str]:
+        """At most ``limit`` ended runs that finished before ``cutoff_ms``, the oldest created first.
+
+        Each ended state's range of ix_ql_run_status, in creation order, up to the cutoff (a run
+        that finished before it was created before it): at most OLDEST_SLACK pages per state are
+        read. A run there that finished after the cutoff was live at the cutoff and is stepped over;
+        it is purged once the cutoff has passed its end. (A clock set back between a run's creation
+        and its end can make it finish "before" it was created: it then goes when the cutoff passes
+        its creation.)"""
+        found: list[tuple[int, str]] = []
+        for state in sorted(RUN_TERMINAL):
+            for run_id, finished, created in c.execute(statements.OLDEST_ENDED_RUNS,
+                                                       (state, cutoff_ms, OLDEST_SLACK * limit)):
+                if finished is not None and finished < cutoff_ms:
+                    found.append((created, run_id))
+        return [run_id for _created, run_id in sorted(found)[:limit]]
 
     def purge_runs(self, run_ids: list[str]) -> int:
         # One transaction for the whole page; each statement runs over the page under its index.
