@@ -119,8 +119,9 @@ class RunAttempt(QlTable, table=True):
         # PostgreSQL only since 0009: on SQLite the live attempts are read through the partial
         # ix_ql_attempt_live, deadlines through ix_ql_attempt_deadline, joins through the key.
         Index("ix_ql_attempt_active", "runtime_owner", "status", "id", info={"ql_dialects": ("postgresql",)}),
-        # A run's attempts in order (0007: attempt_no added; reads and purges of a run).
-        Index("ix_ql_attempt_run", "run_id", "attempt_no"),
+        # A run's attempts in order (0007: attempt_no added; reads and purges of a run). PostgreSQL
+        # only since 0012: on SQLite a run's attempts are one range of their key (attempt_key).
+        Index("ix_ql_attempt_run", "run_id", "attempt_no", info={"ql_dialects": ("postgresql",)}),
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
         Index("ix_ql_attempt_live", "runtime_owner", "id",
               postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
@@ -273,9 +274,11 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
     return tuple(dialects) if dialects else None
 
 
-#: SQLite's own integer keys (revision 0011, :mod:`ql_core.db.sqlite_events`): columns the SQLite
+#: SQLite's own integer keys (revisions 0011 and 0012, :mod:`ql_core.db.sqlite_events`,
+#: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
-SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key")})
+SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
+                                 ("ql_run_attempt", "attempt_key")})
 #: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
 NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
 

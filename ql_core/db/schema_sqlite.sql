@@ -68,7 +68,7 @@ CREATE TABLE "ql_run" (
 )
 ;
 CREATE TABLE "ql_run_attempt" (
-	id VARCHAR(36) NOT NULL, 
+	id VARCHAR(36) NOT NULL UNIQUE, 
 	run_id VARCHAR(36) NOT NULL, 
 	attempt_no INTEGER NOT NULL, 
 	executor VARCHAR(64) NOT NULL, 
@@ -86,8 +86,9 @@ CREATE TABLE "ql_run_attempt" (
 	version INTEGER NOT NULL, 
 	handle VARCHAR(512), 
 	host_handle VARCHAR(512), 
-	PRIMARY KEY (id), 
-	FOREIGN KEY(run_id) REFERENCES ql_run (id)
+	attempt_key INTEGER PRIMARY KEY, 
+	FOREIGN KEY(run_id) REFERENCES ql_run (id), 
+	CHECK (attempt_no BETWEEN 1 AND 255 AND (attempt_key & 255) = attempt_no)
 )
 ;
 CREATE TABLE "ql_run_event" (
@@ -109,8 +110,6 @@ CREATE TABLE ql_tally (name VARCHAR(80) NOT NULL PRIMARY KEY, value BIGINT NOT N
 CREATE INDEX ix_ql_attempt_deadline ON ql_run_attempt (status, deadline_at_ms) WHERE deadline_at_ms IS NOT NULL
 ;
 CREATE INDEX ix_ql_attempt_live ON ql_run_attempt (runtime_owner, id) WHERE status IN ('starting', 'running')
-;
-CREATE INDEX ix_ql_attempt_run ON ql_run_attempt (run_id, attempt_no)
 ;
 CREATE INDEX ix_ql_dispatch_due ON ql_cancel_dispatch (state, next_attempt_at_ms)
 ;

@@ -21,9 +21,10 @@ life is three commits: create, spawned, terminal.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 from ql_core.db.journal_kernel import FLUSH_BATCH, MAX_NOTED, SqlJournalKernel
+from ql_core.db.sqlite_runs import attempts_of_runs
 from ql_core.states import RUN_TERMINAL
 
 from . import statements
@@ -111,14 +112,18 @@ class SqliteJournal(SqlJournalKernel):
 
     def _execute(self, c: sqlite3.Connection, statement: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         cur = c.execute(statement, params)
-        if statement is statements.INSERT_EVENT and cur.rowcount != 1:
-            raise _event_of_no_run()
+        if statement in _KEYED_BY_RUN and cur.rowcount != 1:
+            raise _row_of_no_run()
         return cur
 
     def _execute_many(self, c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         cur = c.executemany(statement, rows)
-        if statement is statements.INSERT_EVENT and cur.rowcount != len(rows):
-            raise _event_of_no_run()
+        if statement in _KEYED_BY_RUN and cur.rowcount != len(rows):
+            raise _row_of_no_run()
+
+    def _attempts_of_runs(self, c: sqlite3.Connection, run_ids: list[str]) -> Iterable[Sequence[Any]]:
+        # Each run's attempts are one range of the attempt key (revision 0012), through the run's row.
+        return c.execute(attempts_of_runs(len(run_ids)), run_ids)
 
     # -- a page of decisions in one transaction (ql_core.ports.journal.BatchTransitions) -----------
     def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
@@ -203,10 +208,14 @@ class SqliteJournal(SqlJournalKernel):
             return c.executemany(statements.PURGE_RUN, params).rowcount
 
 
-def _event_of_no_run() -> Exception:
-    """An event INSERT that inserted nothing: its run is not there (ql_core.db.sqlite_events takes
-    the event's key from the run's row). Never expected — the run is written or read first in the same
-    transaction —; failing the transaction keeps every event filed under its run."""
+#: INSERTs that take their row's key from the run's row (ql_core.db.sqlite_events, .sqlite_runs).
+_KEYED_BY_RUN = (statements.INSERT_EVENT, statements.INSERT_ATTEMPT)
+
+
+def _row_of_no_run() -> Exception:
+    """An event or attempt INSERT that inserted nothing: its run is not there (the row's key comes
+    from the run's row). Never expected — the run is written or read first in the same transaction —;
+    failing the transaction keeps every event and attempt filed under its run."""
     from ql_core.ports.journal import StoreError
 
-    return StoreError("a run event's run is missing from the run database")
+    return StoreError("a run event's or attempt's run is missing from the run database")
