@@ -164,7 +164,7 @@ def median_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
     return statistics.median(cpu_of(argv, env) for _ in range(n))
 
 
-def floor_script(db: Path, sql: str, arg: str | None) -> list[str]:
+def floor_script(db: Path, sql: str, arg: object = None) -> list[str]:
     params = "()" if arg is None else repr((arg,))
     return [PY, "-c", "import json, sqlite3\n"
             f"c = sqlite3.connect('file:{db}?mode=ro', uri=True)\n"
@@ -312,6 +312,7 @@ def main() -> None:
         run_id = json.loads(done.stdout.splitlines()[0])["run_id"]
         db = data / "ql.db"
         from ql_core.db.journal_sql import EVENT_COLUMNS, RUN_COLUMNS
+        from ql_core.db.sqlite_runs import SELECT_RUNS_NEWEST
 
         log_path = subprocess.run(QL + ["--data-dir", str(data), "--json", "status", run_id], env=env,
                                   capture_output=True, text=True, check=True)
@@ -319,9 +320,10 @@ def main() -> None:
         floor = median_cpu(floor_status, env, nreads)
         reads = {
             "ql status": (QL + ["--data-dir", str(data), "--json", "status", run_id], floor_status),
+            # The same SELECT as `ql list` runs (the merge of ix_ql_run_status's per-state ranges,
+            # ql_core.db.sqlite_runs): the floor reads what ql reads, no more, no less.
             "ql list": (QL + ["--data-dir", str(data), "--json", "list"],
-                        floor_script(db, f"SELECT {RUN_COLUMNS} FROM ql_run ORDER BY created_at_ms DESC, id DESC "
-                                         "LIMIT 50", None)),
+                        floor_script(db, SELECT_RUNS_NEWEST, 50)),
             "ql events": (QL + ["--data-dir", str(data), "--json", "events", run_id],
                           floor_script(db, f"SELECT {EVENT_COLUMNS} FROM ql_run_event WHERE run_id = ? ORDER BY seq",
                                        run_id)),

@@ -66,8 +66,9 @@ def update(rt: Any, table: str, key: str, **values: Any) -> int:
 
 
 def insert(rt: Any, table: str, records: list[dict[str, Any]]) -> None:
-    """INSERT many rows in one transaction. An event gets its key from its run as the store files it
-    (``ql_core.db.sqlite_events``: ``event_key = run_key << 20 | seq``)."""
+    """INSERT many rows in one transaction. An event or attempt gets its key from its run as the store
+    files it (``ql_core.db.sqlite_events``: ``event_key = run_key << 20 | seq``; ``ql_core.db.sqlite_runs``:
+    ``attempt_key = run_key << 8 | attempt_no``)."""
     if not records:
         return
     columns = list(records[0])
@@ -79,10 +80,16 @@ def insert(rt: Any, table: str, records: list[dict[str, Any]]) -> None:
         values = (f"SELECT (SELECT run_key FROM ql_run WHERE id = v.run_id) << {EVENT_KEY_BITS} | v.seq, v.* FROM "
                   f"(SELECT {', '.join(f'? AS {c}' for c in columns)}) v")
         columns = ["event_key", *columns]
+    if table == "ql_run_attempt" and "attempt_key" not in columns:
+        from ql_core.db.sqlite_runs import ATTEMPT_KEY_BITS
+
+        values = (f"SELECT (SELECT run_key FROM ql_run WHERE id = v.run_id) << {ATTEMPT_KEY_BITS} | v.attempt_no, v.* "
+                  f"FROM (SELECT {', '.join(f'? AS {c}' for c in columns)}) v")
+        columns = ["attempt_key", *columns]
     with closing(_connect(rt)) as conn:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) {values}",
-                         [tuple(r[c] for c in columns if c != "event_key") for r in records])
+                         [tuple(r[c] for c in columns if c not in ("event_key", "attempt_key")) for r in records])
         conn.execute("COMMIT")
 
 

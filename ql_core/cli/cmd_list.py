@@ -1,7 +1,8 @@
 """``ql list [--status S] [--limit N]``: runs, newest first; every row is settled or marked unverified.
 
-Costs O(limit) whatever the history: the runs come from an index in order (``ix_ql_run_created`` or
-``ix_ql_run_status``), their attempts by ``ix_ql_attempt_run``, and at most ``page_size``
+Costs O(limit) whatever the history: the runs come from an index in order (``ix_ql_run_status``; on
+SQLite without ``--status`` the merge of its per-state ranges, ``ql_core.db.sqlite_runs``), their
+attempts by their run (SQLite: the run's key range; PostgreSQL: ``ix_ql_attempt_run``), and at most ``page_size``
 non-terminal rows are settled. A non-terminal row beyond that budget (or whose settling found the
 run store busy) is printed with ``verified: false`` and a ``?`` marker: what the store says, not yet
 checked against its receipt or process.

@@ -71,17 +71,20 @@ class Run(QlTable, table=True):
     __tablename__ = "ql_run"
     __table_args__ = (
                       # Newest first / oldest first with a total order (0007: id added, so an ORDER BY
-                      # created_at_ms, id ... LIMIT n reads n entries and never sorts).
-                      Index("ix_ql_run_created", "created_at_ms", "id"),
-                      # `ql list --status S`: the newest n runs in one state, read in order (0007).
+                      # created_at_ms, id ... LIMIT n reads n entries and never sorts). PostgreSQL only
+                      # since 0012: SQLite merges the per-state ranges of ix_ql_run_status instead.
+                      Index("ix_ql_run_created", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
+                      # `ql list --status S`: the newest n runs in one state, read in order (0007); on
+                      # SQLite also every run in creation order and the ended runs by age (0012).
                       Index("ix_ql_run_status", "status", "created_at_ms", "id"),
                       # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of
                       # every statement), and each run's create and end wrote it.
                       Index("ix_ql_run_finished", "status", "finished_at_ms", info={"ql_dialects": ("postgresql",)}),
                       # History retention by age: ended runs, oldest finish first (0007; partial, so the
-                      # five ended states are one ordered range, not five merged ones).
-                      Index("ix_ql_run_ended", "finished_at_ms", "id",
-                            postgresql_where=text(f"status IN {ENDED_SQL}"), sqlite_where=text(f"status IN {ENDED_SQL}")),
+                      # five ended states are one ordered range, not five merged ones). PostgreSQL only
+                      # since 0012: each task's end wrote it; SQLite reads ix_ql_run_status's ended ranges.
+                      Index("ix_ql_run_ended", "finished_at_ms", "id", postgresql_where=text(f"status IN {ENDED_SQL}"),
+                            info={"ql_dialects": ("postgresql",)}),
                       # The queue, oldest first (cluster claim; 0003).
                       Index("ix_ql_run_queued", "created_at_ms", "id",
                             postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")))
@@ -116,8 +119,9 @@ class RunAttempt(QlTable, table=True):
         # PostgreSQL only since 0009: on SQLite the live attempts are read through the partial
         # ix_ql_attempt_live, deadlines through ix_ql_attempt_deadline, joins through the key.
         Index("ix_ql_attempt_active", "runtime_owner", "status", "id", info={"ql_dialects": ("postgresql",)}),
-        # A run's attempts in order (0007: attempt_no added; reads and purges of a run).
-        Index("ix_ql_attempt_run", "run_id", "attempt_no"),
+        # A run's attempts in order (0007: attempt_no added; reads and purges of a run). PostgreSQL
+        # only since 0012: on SQLite a run's attempts are one range of their key (attempt_key).
+        Index("ix_ql_attempt_run", "run_id", "attempt_no", info={"ql_dialects": ("postgresql",)}),
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
         Index("ix_ql_attempt_live", "runtime_owner", "id",
               postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
@@ -210,10 +214,10 @@ class CompletionReceiptJournal(QlTable, table=True):
     """Which attempt may have a receipt, where (relative), and its retention clock."""
 
     __tablename__ = "ql_receipt_journal"
-    # The state index is PostgreSQL's only since 0010 (no statement of the SQLite store reads it);
-    # WITHOUT ROWID on SQLite (0010), clustered on the key.
-    __table_args__ = (Index("ix_ql_journal_state", "state", "attempt_id", info={"ql_dialects": ("postgresql",)}),
-                      WITHOUT_ROWID)
+    # The state index is PostgreSQL's only since 0010 (no statement of the SQLite store reads it).
+    # A rowid table on SQLite again since 0012: WITHOUT ROWID (0010) spilled every row into an
+    # overflow page at 512-byte pages, rewritten by the terminal commit and freed by the delete.
+    __table_args__ = (Index("ix_ql_journal_state", "state", "attempt_id", info={"ql_dialects": ("postgresql",)}),)
 
     attempt_id: str = Field(primary_key=True, max_length=36)
     run_id: str = Field(max_length=36)
@@ -270,9 +274,11 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
     return tuple(dialects) if dialects else None
 
 
-#: SQLite's own integer keys (revision 0011, :mod:`ql_core.db.sqlite_events`): columns the SQLite
+#: SQLite's own integer keys (revisions 0011 and 0012, :mod:`ql_core.db.sqlite_events`,
+#: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
-SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key")})
+SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
+                                 ("ql_run_attempt", "attempt_key")})
 #: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
 NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, RunView, log_facts_of, run_view
 
-from .journal_sql import ATTEMPT_COLUMNS, shared_statements
+from .journal_sql import shared_statements
 from .keep_wal import keep_wal_on_close
 from .sqlite_events import SELECT_EVENTS
+from .sqlite_runs import SELECT_ATTEMPTS_OF_RUN, SELECT_RUNS_NEWEST, attempts_of_runs
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
 
@@ -89,7 +90,7 @@ class SqliteReads:
             row = c.execute(_SQL["SELECT_RUN"], (run_id,)).fetchone()
             if row is None:
                 return None
-            attempts = [AttemptRecord(*a) for a in c.execute(_SQL["SELECT_ATTEMPTS_OF_RUN"], (run_id,))]
+            attempts = [AttemptRecord(*a) for a in c.execute(SELECT_ATTEMPTS_OF_RUN, (run_id,))]
         finally:
             self._end()
         return run_view(RunRecord(*row), attempts)
@@ -100,14 +101,11 @@ class SqliteReads:
             if status:
                 found = c.execute(_SQL["SELECT_RUNS_NEWEST_BY_STATUS"], (status, limit))
             else:
-                found = c.execute(_SQL["SELECT_RUNS_NEWEST"], (limit,))
+                found = c.execute(SELECT_RUNS_NEWEST, (limit,))
             runs = [RunRecord(*r) for r in found]
             by_run: dict[str, list[AttemptRecord]] = {r.id: [] for r in runs}
             if runs:
-                marks = ", ".join("?" for _ in by_run)
-                query = (f"SELECT {ATTEMPT_COLUMNS} FROM ql_run_attempt WHERE run_id IN ({marks}) "
-                         "ORDER BY run_id, attempt_no")
-                for a in c.execute(query, list(by_run)):
+                for a in c.execute(attempts_of_runs(len(by_run)), list(by_run)):
                     by_run[a[1]].append(AttemptRecord(*a))
         finally:
             self._end()

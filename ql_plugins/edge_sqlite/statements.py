@@ -23,6 +23,12 @@ globals().update(shared_statements("?"))
 # -- events: under their run's integer key, one rowid range per run (revision 0011) ----------------
 from ql_core.db.sqlite_events import INSERT_EVENT, PURGE_EVENTS, SELECT_EVENTS  # noqa: E402,F401
 
+# -- runs in order: the per-state ranges of ix_ql_run_status, merged (revision 0012) ----------------
+from ql_core.db.sqlite_runs import OLDEST_ENDED_RUNS, OLDEST_RUNS, SELECT_RUNS_NEWEST  # noqa: E402,F401
+
+# -- a run's attempts: one range of their key, through the run's row (revision 0012) ---------------
+from ql_core.db.sqlite_runs import ATTEMPTS_OF, INSERT_ATTEMPT, SELECT_ATTEMPTS_OF_RUN  # noqa: E402,F401
+
 # -- create ------------------------------------------------------------------------------
 # The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
 # run — running with it (ql_core.ports.journal.create_facts decides which).
@@ -64,21 +70,21 @@ ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log
 
 # -- history retention ------------------------------------------------------------------------
 # How many runs exist (ql_tally, kept by triggers): the excess over history_max_runs is known
-# without counting; the oldest runs are then read in index order, as many as are in excess.
+# without counting; the oldest runs are then read in index order (OLDEST_RUNS, above), as many as
+# are in excess. By age: OLDEST_ENDED_RUNS, one ended state at a time.
 RUN_COUNT = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'runs'), 0)"
-OLDEST_RUNS = "SELECT id, status FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms, id LIMIT ?"
-OLD_FINISHED_RUNS = (f"SELECT id FROM ql_run INDEXED BY ix_ql_run_ended WHERE status IN {ENDED} "
-                     "AND finished_at_ms < ? ORDER BY finished_at_ms, id LIMIT ?")
-RUN_ATTEMPTS_OWNERS = "SELECT id, runtime_owner FROM ql_run_attempt WHERE run_id = ?"
-# A run's logs are its attempts' logs (ix_ql_attempt_run, then the log's key): no index of the log
-# table by run is written per task (migration 0010).
-LIVE_LOGS_OF_RUN = ("SELECT l.id FROM ql_run_attempt a INDEXED BY ix_ql_attempt_run CROSS JOIN ql_log_artifact l "
-                    "ON l.id = a.log_artifact_id WHERE a.run_id = ? AND l.deleted_at_ms IS NULL")
+RUN_ATTEMPTS_OWNERS = ("SELECT a.id, a.runtime_owner FROM ql_run r CROSS JOIN ql_run_attempt a "
+                       f"ON {ATTEMPTS_OF} WHERE r.id = ?")
+# A run's logs are its attempts' logs (the attempts' key range, then the log's key): no index of the
+# log table by run is written per task (migration 0010), nor of attempts by run (0012).
+LIVE_LOGS_OF_RUN = (f"SELECT l.id FROM ql_run r CROSS JOIN ql_run_attempt a ON {ATTEMPTS_OF} "
+                    "CROSS JOIN ql_log_artifact l ON l.id = a.log_artifact_id WHERE r.id = ? AND l.deleted_at_ms IS NULL")
 _ENDED_RUN = f"(SELECT id FROM ql_run WHERE id = ? AND status IN {ENDED})"
 PURGE_DISPATCH = f"DELETE FROM ql_cancel_dispatch WHERE run_id IN {_ENDED_RUN}"
-PURGE_LOGS = ("DELETE FROM ql_log_artifact WHERE id IN (SELECT log_artifact_id FROM ql_run_attempt "
-              f"INDEXED BY ix_ql_attempt_run WHERE run_id IN {_ENDED_RUN})")
-PURGE_ATTEMPTS = f"DELETE FROM ql_run_attempt WHERE run_id IN {_ENDED_RUN}"
+PURGE_LOGS = (f"DELETE FROM ql_log_artifact WHERE id IN (SELECT a.log_artifact_id FROM ql_run r CROSS JOIN "
+              f"ql_run_attempt a ON {ATTEMPTS_OF} WHERE r.id = ? AND r.status IN {ENDED})")
+PURGE_ATTEMPTS = (f"DELETE FROM ql_run_attempt WHERE attempt_key IN (SELECT a.attempt_key FROM ql_run r CROSS JOIN "
+                  f"ql_run_attempt a ON {ATTEMPTS_OF} WHERE r.id = ? AND r.status IN {ENDED})")
 PURGE_RUN = f"DELETE FROM ql_run WHERE id = ? AND status IN {ENDED}"
 
 __all__ = [name for name in dir() if name.isupper() and not name.startswith("_")]

@@ -21,9 +21,10 @@ life is three commits: create, spawned, terminal.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 from ql_core.db.journal_kernel import FLUSH_BATCH, MAX_NOTED, SqlJournalKernel
+from ql_core.db.sqlite_runs import attempts_of_runs
 from ql_core.states import RUN_TERMINAL
 
 from . import statements
@@ -111,14 +112,18 @@ class SqliteJournal(SqlJournalKernel):
 
     def _execute(self, c: sqlite3.Connection, statement: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         cur = c.execute(statement, params)
-        if statement is statements.INSERT_EVENT and cur.rowcount != 1:
-            raise _event_of_no_run()
+        if statement in _KEYED_BY_RUN and cur.rowcount != 1:
+            raise _row_of_no_run()
         return cur
 
     def _execute_many(self, c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         cur = c.executemany(statement, rows)
-        if statement is statements.INSERT_EVENT and cur.rowcount != len(rows):
-            raise _event_of_no_run()
+        if statement in _KEYED_BY_RUN and cur.rowcount != len(rows):
+            raise _row_of_no_run()
+
+    def _attempts_of_runs(self, c: sqlite3.Connection, run_ids: list[str]) -> Iterable[Sequence[Any]]:
+        # Each run's attempts are one range of the attempt key (revision 0012), through the run's row.
+        return c.execute(attempts_of_runs(len(run_ids)), run_ids)
 
     # -- a page of decisions in one transaction (ql_core.ports.journal.BatchTransitions) -----------
     def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
@@ -148,17 +153,18 @@ class SqliteJournal(SqlJournalKernel):
     # -- history retention (ql_core.ports.journal.HistoryRetention) -------------------------------
     def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
                            limit: int) -> dict[str, list[str]]:
-        # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window in
-        # finish order; the run count from ql_tally, and — only when it exceeds keep_newest — the
-        # oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
+        # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window, the
+        # oldest created first; the run count from ql_tally, and — only when it exceeds keep_newest —
+        # the oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
         # those are kept (never purged), so up to OLDEST_SLACK pages of them are stepped over.
         out: dict[str, list[str]] = {}
         with self._db.read() as c:
-            ids = [r[0] for r in c.execute(statements.OLD_FINISHED_RUNS, (finished_before_ms, limit))]
+            ids = self._ended_before(c, finished_before_ms, limit)
             excess = int(c.execute(statements.RUN_COUNT).fetchone()[0]) - keep_newest
             if excess > 0 and len(ids) < limit:
                 seen = set(ids)
-                for run_id, status in c.execute(statements.OLDEST_RUNS, (min(excess, OLDEST_SLACK * limit),)):
+                for run_id, status, _created in c.execute(statements.OLDEST_RUNS,
+                                                          (min(excess, OLDEST_SLACK * limit),)):
                     if len(ids) >= limit:
                         break
                     if status in RUN_TERMINAL and run_id not in seen:
@@ -172,6 +178,24 @@ class SqliteJournal(SqlJournalKernel):
                 out[run_id] = [r[0] for r in c.execute(statements.LIVE_LOGS_OF_RUN, (run_id,))]
         return out
 
+    @staticmethod
+    def _ended_before(c: sqlite3.Connection, cutoff_ms: int, limit: int) -> list[str]:
+        """At most ``limit`` ended runs that finished before ``cutoff_ms``, the oldest created first.
+
+        Each ended state's range of ix_ql_run_status, in creation order, up to the cutoff (a run
+        that finished before it was created before it): at most OLDEST_SLACK pages per state are
+        read. A run there that finished after the cutoff was live at the cutoff and is stepped over;
+        it is purged once the cutoff has passed its end. (A clock set back between a run's creation
+        and its end can make it finish "before" it was created: it then goes when the cutoff passes
+        its creation.)"""
+        found: list[tuple[int, str]] = []
+        for state in sorted(RUN_TERMINAL):
+            for run_id, finished, created in c.execute(statements.OLDEST_ENDED_RUNS,
+                                                       (state, cutoff_ms, OLDEST_SLACK * limit)):
+                if finished is not None and finished < cutoff_ms:
+                    found.append((created, run_id))
+        return [run_id for _created, run_id in sorted(found)[:limit]]
+
     def purge_runs(self, run_ids: list[str]) -> int:
         # One transaction for the whole page; each statement runs over the page under its index.
         if not run_ids:
@@ -184,10 +208,14 @@ class SqliteJournal(SqlJournalKernel):
             return c.executemany(statements.PURGE_RUN, params).rowcount
 
 
-def _event_of_no_run() -> Exception:
-    """An event INSERT that inserted nothing: its run is not there (ql_core.db.sqlite_events takes
-    the event's key from the run's row). Never expected — the run is written or read first in the same
-    transaction —; failing the transaction keeps every event filed under its run."""
+#: INSERTs that take their row's key from the run's row (ql_core.db.sqlite_events, .sqlite_runs).
+_KEYED_BY_RUN = (statements.INSERT_EVENT, statements.INSERT_ATTEMPT)
+
+
+def _row_of_no_run() -> Exception:
+    """An event or attempt INSERT that inserted nothing: its run is not there (the row's key comes
+    from the run's row). Never expected — the run is written or read first in the same transaction —;
+    failing the transaction keeps every event and attempt filed under its run."""
     from ql_core.ports.journal import StoreError
 
-    return StoreError("a run event's run is missing from the run database")
+    return StoreError("a run event's or attempt's run is missing from the run database")

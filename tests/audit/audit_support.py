@@ -40,10 +40,13 @@ def insert_attempt(engine: Any, attempt_id: str, status: str, journal: str | Non
         conn.execute(text(
             "INSERT INTO ql_run (id, status, version, event_seq, created_at_ms, updated_at_ms) "
             "VALUES (:id, :status, 1, 0, :now, :now)"), {"id": run_id, "status": status, "now": now_ms})
+        # On SQLite an attempt's key is its run's key and its number (ql_core.db.sqlite_runs).
+        key, key_of = ("attempt_key, ", "(SELECT (run_key << 8) + 1 FROM ql_run WHERE id = :run), ") \
+            if engine.dialect.name == "sqlite" else ("", "")
         conn.execute(text(
-            "INSERT INTO ql_run_attempt (id, run_id, attempt_no, executor, runtime_owner, status, "
+            f"INSERT INTO ql_run_attempt ({key}id, run_id, attempt_no, executor, runtime_owner, status, "
             "log_artifact_id, callback_token_hash, callback_sequence, created_at_ms, version) "
-            "VALUES (:id, :run, 1, 'local', 'node', :status, :log, :hash, 0, :now, 1)"),
+            f"VALUES ({key_of}:id, :run, 1, 'local', 'node', :status, :log, :hash, 0, :now, 1)"),
             {"id": attempt_id, "run": run_id, "status": status, "log": new_id(), "hash": "0" * 64,
              "now": now_ms})
         if journal is not None:

@@ -96,15 +96,21 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         assert _rows(db, old_columns) == before  # every row kept, byte for byte
         conn = sqlite3.connect(db)
         try:
-            # The rebuilt tables are clustered on their keys; their indexes and triggers are back.
-            for table in ("ql_log_artifact", "ql_receipt_journal"):
+            # The rebuilt tables are clustered on their keys (the journal a rowid table again since
+            # 0012: its rows overflowed an index B-tree's cell); their indexes and triggers are back.
+            for table, without_rowid in (("ql_log_artifact", True), ("ql_receipt_journal", False)):
                 sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
-                assert sql.rstrip().endswith("WITHOUT ROWID"), table
+                assert sql.rstrip().endswith("WITHOUT ROWID") == without_rowid, table
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")}
             assert {"ix_ql_log_unsized", "ix_ql_log_kept", "ux_ql_event_dedupe", "ql_tally_log_update",
-                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_run", "ix_ql_run_created",
+                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_live", "ix_ql_run_status",
                     "ql_tally_run_insert", "ql_tally_run_delete", "ql_event_fixed"} <= names
-            assert not {"ix_ql_log_run", "ix_ql_journal_state"} & names
+            # 0012: runs in order come from ix_ql_run_status's ranges alone.
+            assert not {"ix_ql_log_run", "ix_ql_journal_state", "ix_ql_run_created", "ix_ql_run_ended",
+                        "ix_ql_attempt_run"} & names
+            # 0012: each attempt under its run's key and its number.
+            assert conn.execute("SELECT count(*) FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id "
+                                "WHERE a.attempt_key = (r.run_key << 8) + a.attempt_no").fetchone()[0] == 60
             # 0011: runs numbered in creation order; each event under its run's key and seq.
             keys = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY run_key")]
             assert keys == sorted(keys, key=lambda k: int(k.split("-")[1]))

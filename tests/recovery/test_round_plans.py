@@ -21,11 +21,8 @@ from ql_plugins.edge_sqlite.history_fill import fill_history
 
 #: Plan steps that read no history, by the statement they appear in (matched by a fragment of it).
 ALLOWED: dict[str, tuple[str, str]] = {
-    # Ordered reads of LIMIT entries of an index whose order is the ORDER BY: n entries, whatever the history.
-    "FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms DESC":
-        ("SCAN ql_run USING INDEX ix_ql_run_created", "newest LIMIT n runs in index order"),
-    "FROM ql_run INDEXED BY ix_ql_run_created ORDER BY created_at_ms, id":
-        ("SCAN ql_run USING INDEX ix_ql_run_created", "oldest LIMIT min(excess, 4 pages) runs"),
+    # (The newest / oldest runs of any state are a merge of ix_ql_run_status's per-state ranges, which
+    # SQLite reads in order and stops after LIMIT rows: SEARCH steps and no sort, nothing to allow.)
     "FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
     "WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL AND a.runtime_owner":
         ("SCAN l USING INDEX ix_ql_log_unsized", "partial index: running logs and the sizing queue only"),

@@ -67,8 +67,9 @@ def _finished_runs(rt, n: int) -> list[str]:  # type: ignore[no-untyped-def]
 def test_history_is_forgotten_by_age_bounded_per_round(open_rt) -> None:
     rt = open_rt(page_size=2, pages_per_round=1, history_retention_s=60.0, terminal_journal_retention_s=0.0)
     old = _finished_runs(rt, 5)
-    for run_id in old:  # finished two minutes ago
-        dbview.rows(rt, "UPDATE ql_run SET finished_at_ms = finished_at_ms - 120000 WHERE id = ?", (run_id,))
+    for run_id in old:  # created and finished two minutes ago (SQLite reads ended runs by age in creation order)
+        dbview.rows(rt, "UPDATE ql_run SET created_at_ms = created_at_ms - 120000, "
+                        "finished_at_ms = finished_at_ms - 120000 WHERE id = ?", (run_id,))
     fresh = _finished_runs(rt, 1)
     go = Path(rt.config.data_dir) / "go"
     live = rt.submit(["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done'])

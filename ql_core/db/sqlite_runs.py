@@ -1,0 +1,87 @@
+"""SQLite's ordered reads of runs: every run from ``ix_ql_run_status`` alone (revision 0012_sqlite_lean_runs).
+
+On SQLite a run is in one ordered index, ``ix_ql_run_status (status, created_at_ms, id)``: each
+state is a range of it in creation order. The newest (or oldest) n runs of any state are the merge
+of the seven ranges (:data:`ql_core.states.RUN_ACTIVE` and :data:`~ql_core.states.RUN_TERMINAL`),
+written as a compound SELECT whose ORDER BY is the index's: SQLite runs each range as a co-routine
+and merges them (``MERGE (UNION ALL)`` in the plan, no sort), stopping after ``LIMIT`` rows — n rows
+and seven seeks, whatever the history, in the order ``ix_ql_run_created`` gave before. The ended
+runs by age are the five ended ranges (:data:`OLDEST_ENDED_RUNS`, one state per call).
+
+Every write of a run used to move it in three ordered indexes (created, status, ended) plus its
+key's; now in one plus its key's: about two WAL frames fewer per awaited task at 512-byte pages,
+where an index's page splits cost as much as its entries (``bench/wal_pages.py``).
+
+A run's attempts are one range of ``ql_run_attempt``'s rowid, ``attempt_key = run_key << 8 |
+attempt_no`` (as a run's events are of theirs, :mod:`ql_core.db.sqlite_events`): every read of a run's
+attempts goes through its run's row (:data:`ATTEMPTS_OF`), and no index of attempts by run id is
+written per task (two more frames). :data:`INSERT_ATTEMPT` takes the key from the run's row.
+
+A run's state is always one of the seven (core writes no other), so every run is in one range.
+PostgreSQL keeps ``ix_ql_run_created`` and ``ix_ql_run_ended`` and the shared statements.
+"""
+
+from __future__ import annotations
+
+from ql_core.states import RUN_ACTIVE, RUN_TERMINAL
+
+from .journal_sql import ATTEMPT_COLUMNS, RUN_COLUMNS
+
+__all__ = ["RUN_STATES", "SELECT_RUNS_NEWEST", "OLDEST_RUNS", "OLDEST_ENDED_RUNS"]
+
+#: Every state a run can be in, in a fixed order (the arms of the merges).
+RUN_STATES = tuple(sorted(RUN_ACTIVE | RUN_TERMINAL))
+
+
+def _merged(columns: str, descending: bool) -> str:
+    order = "DESC" if descending else "ASC"
+    # `?1` in every arm: one parameter, the limit. Each arm is one state's range of the index (the
+    # hint keeps it there); the compound's ORDER BY is that range's order, so SQLite merges, not sorts.
+    arms = " UNION ALL ".join(f"SELECT {columns} FROM ql_run INDEXED BY ix_ql_run_status WHERE status = '{s}'"
+                              for s in RUN_STATES)
+    return f"{arms} ORDER BY created_at_ms {order}, id {order} LIMIT ?1"
+
+
+#: ``ql list`` without ``--status``: the newest ``?1`` runs (parameters: limit).
+SELECT_RUNS_NEWEST = _merged(RUN_COLUMNS, descending=True)
+#: History by count: the oldest ``?1`` runs, with their states (parameters: limit).
+OLDEST_RUNS = _merged("id, status, created_at_ms", descending=False)
+#: History by age, one ended state at a time: its oldest runs created before the cutoff, at most a
+#: bounded number (parameters: state, cutoff, limit). The caller keeps those that also *finished*
+#: before the cutoff: a run that ended after it is stepped over (only runs that were live at the
+#: cutoff, never history), and the next page comes once the cutoff has moved past it.
+OLDEST_ENDED_RUNS = ("SELECT id, finished_at_ms, created_at_ms FROM ql_run INDEXED BY ix_ql_run_status "
+                     "WHERE status = ? AND created_at_ms < ? ORDER BY created_at_ms, id LIMIT ?")
+
+# -- a run's attempts: one range of the attempt key (revision 0012_sqlite_lean_runs) ----------------
+#: ``ql_run_attempt.attempt_key = run_key << ATTEMPT_KEY_BITS | attempt_no``: a run's attempts are one
+#: range of the attempt table's rowid (no index of attempts by run id is written per task; a CHECK
+#: keeps ``attempt_no`` in the key's low bits — ql allows at most 100 attempts).
+ATTEMPT_KEY_BITS = 8
+_SPAN = (1 << ATTEMPT_KEY_BITS) - 1
+#: ``a.attempt_key`` within run ``r``'s range (``r`` and ``a`` are the statement's aliases).
+ATTEMPTS_OF = f"a.attempt_key BETWEEN r.run_key << {ATTEMPT_KEY_BITS} AND (r.run_key << {ATTEMPT_KEY_BITS}) + {_SPAN}"
+#: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a``.
+ATTEMPT_COLUMNS_A = ", ".join(f"a.{c.strip()}" for c in ATTEMPT_COLUMNS.split(","))
+
+#: The create's attempt, its key taken from its run's row (written first, in the same transaction):
+#: the parameters of the shared INSERT_ATTEMPT, in its order; no run row, nothing inserted (the
+#: store checks that it inserted the attempt).
+INSERT_ATTEMPT = ("INSERT INTO ql_run_attempt (attempt_key, id, run_id, attempt_no, executor, runtime_owner, status, "
+                  "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
+                  "started_at_ms, handle, host_handle, version) "
+                  f"SELECT (r.run_key << {ATTEMPT_KEY_BITS}) + 1, ?1, r.id, 1, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, "
+                  "?12, 1 FROM ql_run r WHERE r.id = ?2")
+SELECT_ATTEMPTS_OF_RUN = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run r CROSS JOIN ql_run_attempt a ON {ATTEMPTS_OF} "
+                          "WHERE r.id = ? ORDER BY a.attempt_key")
+
+
+def attempts_of_runs(count: int) -> str:
+    """The attempts of ``count`` runs (their ids the parameters), by run id then attempt number."""
+    marks = ", ".join("?" for _ in range(count))
+    return (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run r CROSS JOIN ql_run_attempt a ON {ATTEMPTS_OF} "
+            f"WHERE r.id IN ({marks}) ORDER BY r.id, a.attempt_key")
+
+
+__all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT", "SELECT_ATTEMPTS_OF_RUN",
+            "attempts_of_runs"]

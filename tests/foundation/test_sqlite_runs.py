@@ -1,0 +1,82 @@
+"""SQLite's ordered reads of runs from ix_ql_run_status alone, and a run's attempts by their key (0012).
+
+Real SQLite files and the real store: runs in every state, created out of id order, listed newest
+first and oldest first across the states; ended runs by age; a run's attempts through its key.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ql_core.db.sqlite_runs import RUN_STATES
+from ql_core.testing.journal_support import new_run
+from ql_plugins.edge_sqlite import statements
+from ql_plugins.edge_sqlite.store import SqliteJournal
+
+
+def test_every_state_a_run_can_be_in_is_an_arm_of_the_merged_reads() -> None:
+    from ql_core.cli.cmd_list import RUN_STATES as LISTED
+
+    assert set(RUN_STATES) == set(LISTED)  # a state missing here would hide its runs from `ql list`
+
+
+def test_newest_and_oldest_runs_merge_the_states_in_creation_order(tmp_path: Path) -> None:
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        # Creation times interleave the states; two runs share a time (the id breaks the tie).
+        made = [new_run(created_at_ms=10_000 + (i // 2 if i < 4 else i) * 7) for i in range(3 * len(RUN_STATES))]
+        for new in made:
+            store.create(new)
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        for i, new in enumerate(made):
+            state = RUN_STATES[(i * 3) % len(RUN_STATES)]
+            conn.execute("UPDATE ql_run SET status = ?, finished_at_ms = created_at_ms + 1 WHERE id = ?",
+                         (state, new.run_id))
+        conn.commit()
+        expected = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY created_at_ms, id")]
+        conn.close()
+        assert len({r.created_at_ms for r in made}) < len(made)  # the tie is there
+        for limit in (1, 5, len(made), len(made) + 3):
+            newest = [v.run_id for v in store.list_views(status=None, limit=limit)]
+            assert newest == expected[::-1][:limit]
+        with store.connections.read() as c:
+            oldest = [r[0] for r in c.execute(statements.OLDEST_RUNS, (6,))]
+        assert oldest == expected[:6]
+        # By age: ended runs that finished before the cutoff, oldest created first, at most `limit`.
+        cutoff = made[10].created_at_ms
+        with store.connections.read() as c:
+            aged = store._ended_before(c, cutoff, 100)
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        want = [r[0] for r in conn.execute(
+            "SELECT id FROM ql_run WHERE status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') "
+            "AND finished_at_ms < ? ORDER BY created_at_ms, id", (cutoff,))]
+        conn.close()
+        assert aged == want and want
+        with store.connections.read() as c:
+            assert store._ended_before(c, cutoff, 2) == want[:2]
+    finally:
+        store.close()
+
+
+def test_a_runs_attempts_are_its_key_range(tmp_path: Path) -> None:
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        made = [new_run(created_at_ms=1_000 + i) for i in range(3)]
+        for new in made:
+            store.create(new)
+        for new in made:
+            view = store.view(new.run_id)
+            assert view is not None and [a.attempt_id for a in view.attempts] == [new.attempt_id]
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        keys = conn.execute("SELECT a.attempt_key, r.run_key FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id "
+                            "ORDER BY a.attempt_key").fetchall()
+        assert keys == [((run_key << 8) + 1, run_key) for _key, run_key in keys]
+        # A row written by anything else must carry its key: a number outside the key is refused.
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute("UPDATE ql_run_attempt SET attempt_no = 2 WHERE attempt_key = ?", (keys[0][0],))
+        conn.close()
+    finally:
+        store.close()
