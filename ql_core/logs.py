@@ -70,6 +70,8 @@ __all__ = [
     "enforce_log_quotas",
     "finalize_log",
     "finalize_own_log",
+    "EmptyLog",
+    "open_empty_log",
     "delete_log",
     "finalize_logs",
     "Finalized",
@@ -131,6 +133,8 @@ class _LogDir:
     def __init__(self, data_dir: Path, log_artifact_id: str) -> None:
         shard, self.name = log_relative_path(log_artifact_id).split("/")
         self.fd: int | None = None
+        #: The file's stat as :meth:`open` checked it (its last open).
+        self.st: os.stat_result | None = None
         root = -1
         try:
             root = os.open(logs_root(data_dir), DIR_FLAGS)
@@ -166,7 +170,7 @@ class _LogDir:
                 raise UnsafePathError(f"log artifact {self.name} is not a regular file; refusing it") from None
             raise
         try:
-            _require_regular(fd, self.name)
+            self.st = _require_regular(fd, self.name)
         except BaseException:
             os.close(fd)
             raise
@@ -287,34 +291,85 @@ def drop_if_empty(data_dir: Path, log_artifact_id: str) -> bool:
 
 def _drop_in(d: _LogDir) -> bool:
     """:func:`drop_if_empty` in a log directory opened already."""
-    import fcntl
-    import signal
-
     fd = d.open(os.O_RDONLY)
     if fd is None:
         return False
     try:
         if os.fstat(fd).st_size != 0:
             return False
-        setlease = getattr(fcntl, "F_SETLEASE", _F_SETLEASE)
-        try:
-            # A lease break (an open by another process while we hold it) signals the holder,
-            # SIGIO by default — which would end this process. SIGURG is ignored by default.
-            fcntl.fcntl(fd, getattr(fcntl, "F_SETSIG", _F_SETSIG), signal.SIGURG)
-            fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
-        except OSError:
-            return False  # held open elsewhere, or no leases here: keep it
-        try:
-            # While we hold the lease another open waits for us (the lease-break grace), so the
-            # name goes before anyone else can get a descriptor of it.
-            if os.fstat(fd).st_size != 0:
-                return False
-            os.unlink(d.name, dir_fd=d.fd)
-        finally:
-            fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
-        return True
+        return _drop_open(d, fd)
     finally:
         os.close(fd)
+
+
+def _drop_open(d: _LogDir, fd: int) -> bool:
+    """Unlink the log open as ``fd`` (``O_RDONLY``) in ``d`` if it is empty under a write lease."""
+    import fcntl
+    import signal
+
+    setlease = getattr(fcntl, "F_SETLEASE", _F_SETLEASE)
+    try:
+        # A lease break (an open by another process while we hold it) signals the holder,
+        # SIGIO by default — which would end this process. SIGURG is ignored by default.
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETSIG", _F_SETSIG), signal.SIGURG)
+        fcntl.fcntl(fd, setlease, fcntl.F_WRLCK)
+    except OSError:
+        return False  # held open elsewhere, or no leases here: keep it
+    try:
+        # While we hold the lease another open waits for us (the lease-break grace), so the
+        # name goes before anyone else can get a descriptor of it.
+        if os.fstat(fd).st_size != 0:
+            return False
+        os.unlink(d.name, dir_fd=d.fd)
+    finally:
+        fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
+    return True
+
+
+class EmptyLog:
+    """An ended attempt's log found empty, held open from that look until it is dropped or closed.
+
+    The waiting host looks before its terminal commit (the size, 0, rides in it where the run store
+    can take it: :class:`~ql_core.ports.journal.TerminalLogSize`) and drops the file after that
+    commit through the same descriptor: one walk of the log's directories for both, no read of the
+    run store, no commit of its own."""
+
+    def __init__(self, d: _LogDir, fd: int) -> None:
+        self._dir, self._fd = d, fd
+
+    def drop(self) -> bool | None:
+        """Unlink the file if it is still empty and nobody else has it open (:func:`drop_if_empty`),
+        then close it. True: dropped; False: kept, still empty (held open elsewhere, or no leases
+        here); None: it grew since the look (a descendant of the task wrote), size it again."""
+        try:
+            if _drop_open(self._dir, self._fd):
+                return True
+            return None if os.fstat(self._fd).st_size else False
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._dir.close()
+
+
+def open_empty_log(data_dir: Path, log_artifact_id: str) -> EmptyLog | None:
+    """The log, open (``O_RDONLY``, never following a link, a regular file), when it is empty now;
+    None when it is not empty or does not exist."""
+    d = _LogDir(data_dir, log_artifact_id)
+    try:
+        fd = d.open(os.O_RDONLY)
+    except BaseException:
+        d.close()
+        raise
+    if fd is not None and d.st is not None and d.st.st_size == 0:
+        return EmptyLog(d, fd)
+    if fd is not None:
+        os.close(fd)
+    d.close()
+    return None
 
 
 # -- facts from the run store -----------------------------------------------------------

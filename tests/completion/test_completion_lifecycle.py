@@ -29,6 +29,7 @@ from tests.completion.completion_support import (
 from tests.dbview import is_log_size_commit
 
 from ql_core.completion import CompletionOutcome, CompletionRejection
+from ql_core.paths import log_path
 from ql_core.consumer import ConsumeOutcome
 from ql_core.submit import create
 
@@ -81,6 +82,33 @@ def test_a_task_lifecycle_is_two_write_commits_with_a_standby(runtime: Any, subm
     view = runtime.wait(submit(["sh", "-c", "exit 0"]))
     assert view.status == "succeeded"
     assert _kinds(commits.writes) == ["create+spawned", "terminal", "log size"], commits.writes
+
+
+def test_an_awaited_task_that_printed_nothing_is_two_commits_in_all(runtime: Any, submit: Any,
+                                                                    commits: CommitLog) -> None:
+    """``awaited`` (``rt.run``, ``ql run``): the host commits the end itself, and the log the task left
+    empty has its size (0) recorded in that terminal commit — no commit of its own after it — and its
+    file is gone after it."""
+    sub = submit(["sh", "-c", "exit 0"], awaited=True)
+    view = runtime.wait(sub)
+    assert view.status == "succeeded"
+    assert _kinds(commits.writes) == ["create+spawned", "terminal"], commits.writes
+    assert "UPDATE ql_log_artifact" in commits.writes[1]
+    assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 0
+    assert not log_path(runtime.config.data_dir, sub.log_artifact_id).exists()
+
+
+def test_an_awaited_log_with_output_is_sized_after_the_terminal_commit(runtime: Any, submit: Any,
+                                                                       commits: CommitLog) -> None:
+    """Only an empty log rides in the terminal commit; one with output is cut to its quota and sized
+    after it (its own unsynced commit), and kept."""
+    sub = submit(["sh", "-c", "echo out"], awaited=True)
+    view = runtime.wait(sub)
+    assert view.status == "succeeded"
+    assert _kinds(commits.writes) == ["create+spawned", "terminal", "log size"], commits.writes
+    assert "UPDATE ql_log_artifact" not in commits.writes[1]
+    assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 4
+    assert log_path(runtime.config.data_dir, sub.log_artifact_id).read_bytes() == b"out\n"
 
 
 def test_a_classic_task_lifecycle_is_three_write_commits(classic_runtime: Any, tasks: list[Any]) -> None:
