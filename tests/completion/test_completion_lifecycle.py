@@ -241,3 +241,23 @@ def test_recovery_applies_a_page_of_receipts_in_one_commit(runtime: Any, commits
     for i, sub in enumerate(subs):
         assert_one_terminal(runtime, sub.run_id, "succeeded" if i % 7 == 0 else "failed", i % 7)
         assert not receipt_path(data_dir, sub.attempt_id).exists()
+
+
+def test_an_offered_log_size_rides_in_the_terminal_commit_until_withdrawn(runtime: Any, submit: Any,
+                                                                          commits: CommitLog) -> None:
+    """The edge store's ``TerminalLogSize``: an offered size is written by the attempt's terminal
+    transition (whichever path ends it), nothing once withdrawn."""
+    offered = submit(["sh", "-c", "exit 0"])
+    runtime.journal.offer_log_size(offered.attempt_id, offered.log_artifact_id, 7)
+    try:
+        runtime.complete_from_wait(offered, runtime.executor.wait(offered.task, 60))
+    finally:
+        runtime.journal.withdraw_log_size(offered.attempt_id)
+    assert runtime.journal.log_facts(offered.log_artifact_id).size_bytes == 7
+    withdrawn = submit(["sh", "-c", "exit 0"])
+    runtime.journal.offer_log_size(withdrawn.attempt_id, withdrawn.log_artifact_id, 7)
+    runtime.journal.withdraw_log_size(withdrawn.attempt_id)
+    commits.commits.clear()
+    runtime.complete_from_wait(withdrawn, runtime.executor.wait(withdrawn.task, 60))
+    assert "UPDATE ql_log_artifact" not in commits.writes[0]
+    assert runtime.journal.log_facts(withdrawn.log_artifact_id).size_bytes is None
