@@ -76,7 +76,8 @@ def wait(node: Node, sub: Submission | str, *, on_tick: Callable[[], None] | Non
         finally:
             if empty is not None:
                 node.journal.withdraw_log_size(sub.attempt_id)  # type: ignore[attr-defined]
-        view = node.view(sub.run_id)
+        # The view our own terminal commit left (no read of the run); any other ending: read it.
+        view = result.view if result is not None and result.view is not None else node.view(sub.run_id)
         if not view.terminal:
             # Our child (the launcher) is gone but the run is not over: its command runs on in its
             # process group, or its end is still being proven. Watch it like a re-attached host.

@@ -261,3 +261,14 @@ def test_an_offered_log_size_rides_in_the_terminal_commit_until_withdrawn(runtim
     runtime.complete_from_wait(withdrawn, runtime.executor.wait(withdrawn.task, 60))
     assert "UPDATE ql_log_artifact" not in commits.writes[0]
     assert runtime.journal.log_facts(withdrawn.log_artifact_id).size_bytes is None
+
+
+@pytest.mark.parametrize("command", [["sh", "-c", "exit 0"], ["sh", "-c", "echo out; exit 3"]], ids=["ok", "exit3"])
+def test_the_waiting_host_returns_the_view_its_terminal_commit_left(runtime: Any, command: list[str],
+                                                                   commits: CommitLog) -> None:
+    """An awaited run's view comes from the rows the terminal transaction read and the change it wrote,
+    not from a read after it: it must be exactly what the store holds."""
+    view = runtime.run(command)
+    assert view.terminal and view.status == ("succeeded" if command[-1] == "exit 0" else "failed")
+    assert view == runtime.status(view.run_id)
+    assert view.as_dict() == runtime.status(view.run_id).as_dict()
