@@ -31,7 +31,7 @@ from .tokens import hash_token, same_hash
 if TYPE_CHECKING:
     from .ports.journal import JournalBackend
     from .receipts.codec import Receipt
-    from .records import AttemptRecord
+    from .records import AttemptRecord, RunView
 
 __all__ = [
     "CompletionOutcome",
@@ -72,6 +72,10 @@ class CompletionResult:
     #: A valid claim that arrived after another path had already ended the attempt.
     late: bool = False
     events: tuple[RunEventInfo, ...] = ()
+    #: ``complete(..., bound=True)`` APPLIED: the run as this commit left it, built from the rows the
+    #: transaction read and the change it wrote (the waiting host returns it without reading the run
+    #: again); None when the attempt is not the run's only one.
+    view: RunView | None = None
 
 
 def _rejected(reason: CompletionRejection) -> tuple[CompletionResult, None]:
@@ -106,7 +110,8 @@ class CompletionService:
         """One retried store transaction; observers hear about its events only after the commit."""
         result, events = retrying(lambda: self._store.transition(attempt_id, decide), retries=self._retries)
         if events:
-            result = CompletionResult(result.outcome, result.status, result.rejection, result.late, tuple(events))
+            result = CompletionResult(result.outcome, result.status, result.rejection, result.late, tuple(events),
+                                      result.view)
             if self._notify is not None:
                 for event in events:
                     self._notify(event)
@@ -186,7 +191,14 @@ class CompletionService:
             run={"status": verdict.status, "exit_code": claim.exit_code, "reason": verdict.reason,
                  "finished_at_ms": max(finished, run.created_at_ms)},
             events=events, terminal=True, crash_point="completion.before_commit")
-        return CompletionResult(CompletionOutcome.APPLIED, status=verdict.status), change
+        view = None
+        if bound and attempt.attempt_no == 1:
+            # The run's only attempt (a later one would be the current one): the view after this
+            # commit is fully known here, as these rows with the change applied.
+            from .records import run_view
+
+            view = run_view(run._replace(**change.run), [attempt._replace(**change.attempt)])
+        return CompletionResult(CompletionOutcome.APPLIED, status=verdict.status, view=view), change
 
     def _verify(self, attempt: AttemptRecord, claim: Receipt, executor: str | None) -> CompletionRejection | None:
         if attempt.run_id != claim.run_id:

@@ -24,6 +24,7 @@ from .log import logger
 
 if TYPE_CHECKING:
     from .completion import CompletionResult
+    from .logs import EmptyLog
     from .node import Node
     from .ports.executor import Executor, ExitObservation
     from .receipts.codec import Receipt
@@ -64,13 +65,32 @@ def wait(node: Node, sub: Submission | str, *, on_tick: Callable[[], None] | Non
         raise
     if on_tick is not None:
         on_tick()
-    complete_from_wait(node, sub, observed)
-    view = node.view(sub.run_id)
-    if not view.terminal:
-        # Our child (the launcher) is gone but the run is not over: its command runs on in its
-        # process group, or its end is still being proven. Watch it like a re-attached host.
-        view = watch(node, sub.run_id, on_tick=on_tick)
-    _finalize_log(node, sub.log_artifact_id)
+    from .completion import CompletionOutcome
+
+    # Only where this host commits the end itself (the acknowledged path): there an APPLIED result
+    # is our own terminal commit, the one that carried the offered size.
+    empty = _offer_empty_log(node, sub) if observed.held_receipt and observed.exit_code is not None else None
+    try:
+        try:
+            result = complete_from_wait(node, sub, observed)
+        finally:
+            if empty is not None:
+                node.journal.withdraw_log_size(sub.attempt_id)  # type: ignore[attr-defined]
+        # The view our own terminal commit left (no read of the run); any other ending: read it.
+        view = result.view if result is not None and result.view is not None else node.view(sub.run_id)
+        if not view.terminal:
+            # Our child (the launcher) is gone but the run is not over: its command runs on in its
+            # process group, or its end is still being proven. Watch it like a re-attached host.
+            view = watch(node, sub.run_id, on_tick=on_tick)
+        if empty is not None and result is not None and result.outcome is CompletionOutcome.APPLIED:
+            # Our terminal commit recorded the size (0): the file may go now, if it is still empty.
+            drop, empty = empty, None
+            if _drop_empty(drop) is not None:
+                return view
+        _finalize_log(node, sub.log_artifact_id)
+    finally:
+        if empty is not None:
+            empty.close()
     return view
 
 
@@ -310,6 +330,35 @@ def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code
         if not publishing or time.monotonic() >= end:
             return False
         time.sleep(0.01)
+
+
+def _offer_empty_log(node: Node, sub: Submission) -> EmptyLog | None:
+    """The reaped task's log, held open, when it is empty and the run store records that size in the
+    terminal commit (``ports.journal.TerminalLogSize``; offered here): the usual awaited task then
+    needs no commit of its own for its log, nor a read of it. None: :func:`_finalize_log` does it
+    after the terminal commit, as for a store without the capability."""
+    offer = getattr(node.journal, "offer_log_size", None)
+    if offer is None:
+        return None
+    from .logs import open_empty_log
+
+    assert sub.attempt_id is not None and sub.log_artifact_id is not None
+    try:
+        empty = open_empty_log(node.config.data_dir, sub.log_artifact_id)
+    except Exception:  # noqa: BLE001 - an unsafe or unreadable log: _finalize_log reports it
+        return None
+    if empty is not None:
+        offer(sub.attempt_id, sub.log_artifact_id, 0)
+    return empty
+
+
+def _drop_empty(empty: EmptyLog) -> bool | None:
+    """:meth:`EmptyLog.drop`, best effort: None when the log must be sized again (it grew since it
+    was found empty, or the drop failed)."""
+    try:
+        return empty.drop()
+    except Exception:  # noqa: BLE001 - kept: _finalize_log looks at it again
+        return None
 
 
 def _finalize_log(node: Node, log_artifact_id: str) -> None:

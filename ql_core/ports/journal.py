@@ -95,6 +95,7 @@ __all__ = [
     "HistoryRetention",
     "BatchTransitions",
     "RunningCreate",
+    "TerminalLogSize",
     "CreateFacts",
     "create_facts",
 ]
@@ -442,6 +443,27 @@ class RunningCreate(Protocol):
         writes, but the attempt ``running`` with ``handle`` and ``started_at_ms = created_at_ms``,
         the run ``running``, and the events ``run.created`` (1) and ``attempt.spawned`` (2, status
         ``running``). Same crash point (``create.before_commit``) and all-or-nothing rule."""
+        ...
+
+
+@runtime_checkable
+class TerminalLogSize(Protocol):
+    """A run store that can record an ended attempt's log size inside that attempt's terminal commit.
+
+    A waiting host that reaped its task finds its log empty (most awaited tasks print nothing) before
+    it commits the end: the size (0) then rides in the terminal transaction instead of a commit of
+    its own after it. Only a size already true when it is offered may be offered (the launcher has
+    exited); whoever offers it withdraws it once the terminal commit was tried, whatever its outcome.
+    Without this capability the size is recorded after the terminal commit (``record_log_sizes``).
+    """
+
+    def offer_log_size(self, attempt_id: str, log_id: str, size: int) -> None:
+        """Write ``size`` as ``log_id``'s ``size_bytes`` in any terminal transition of ``attempt_id``
+        made before :meth:`withdraw_log_size` (an attempt that ends otherwise is sized as before)."""
+        ...
+
+    def withdraw_log_size(self, attempt_id: str) -> None:
+        """Forget what :meth:`offer_log_size` offered for ``attempt_id`` (nothing offered: nothing)."""
         ...
 
 

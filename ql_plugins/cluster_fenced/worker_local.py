@@ -65,6 +65,7 @@ class WorkerLocalStore(SqliteJournal):
         mark_launching_in(c, new.attempt_id)
 
     def _terminal_also(self, c: Any, attempt_id: str) -> None:
+        super()._terminal_also(c, attempt_id)  # the edge store's own: an offered log size
         row = lease_row_in(c, attempt_id)
         if row is None or row.state not in ("claimed", "launching"):
             return  # not a claimed attempt, or its payload is fixed already

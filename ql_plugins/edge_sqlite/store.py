@@ -61,6 +61,8 @@ class SqliteJournal(SqlJournalKernel):
         from ql_core.db.migrate import SCHEMA_HEAD
 
         super().__init__()
+        #: Log sizes offered for attempts' terminal commits (ports.journal.TerminalLogSize), by attempt.
+        self._terminal_sizes: dict[str, tuple[str, int]] = {}
         self.path = sqlite_path(url)
         if refuse_fresh and (not self.path.exists() or self.path.stat().st_size == 0):
             from ql_core.errors import DatabaseError
@@ -133,6 +135,20 @@ class SqliteJournal(SqlJournalKernel):
                 run, attempt, now = self._rows_of_attempt(c, attempt_id)
                 out.append(self._decide_and_apply(c, run, attempt, decide, now))
             return out
+
+    # -- an ended attempt's log size in its terminal commit (ql_core.ports.journal.TerminalLogSize) --
+    def offer_log_size(self, attempt_id: str, log_id: str, size: int) -> None:
+        self._terminal_sizes[attempt_id] = (log_id, size)
+
+    def withdraw_log_size(self, attempt_id: str) -> None:
+        self._terminal_sizes.pop(attempt_id, None)
+
+    def _terminal_also(self, c: Any, attempt_id: str) -> None:
+        # Read, not taken: a transaction rolled back and retried writes it again; the offerer
+        # withdraws it after the terminal commit was tried.
+        sized = self._terminal_sizes.get(attempt_id)
+        if sized is not None:
+            self._execute(c, self.sql.SET_LOG_SIZE, (sized[1], sized[0]))
 
     # -- log sizes: the one commit that skips the WAL fsync ----------------------------------------
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:

@@ -29,6 +29,7 @@ from tests.completion.completion_support import (
 from tests.dbview import is_log_size_commit
 
 from ql_core.completion import CompletionOutcome, CompletionRejection
+from ql_core.paths import log_path
 from ql_core.consumer import ConsumeOutcome
 from ql_core.submit import create
 
@@ -81,6 +82,33 @@ def test_a_task_lifecycle_is_two_write_commits_with_a_standby(runtime: Any, subm
     view = runtime.wait(submit(["sh", "-c", "exit 0"]))
     assert view.status == "succeeded"
     assert _kinds(commits.writes) == ["create+spawned", "terminal", "log size"], commits.writes
+
+
+def test_an_awaited_task_that_printed_nothing_is_two_commits_in_all(runtime: Any, submit: Any,
+                                                                    commits: CommitLog) -> None:
+    """``awaited`` (``rt.run``, ``ql run``): the host commits the end itself, and the log the task left
+    empty has its size (0) recorded in that terminal commit — no commit of its own after it — and its
+    file is gone after it."""
+    sub = submit(["sh", "-c", "exit 0"], awaited=True)
+    view = runtime.wait(sub)
+    assert view.status == "succeeded"
+    assert _kinds(commits.writes) == ["create+spawned", "terminal"], commits.writes
+    assert "UPDATE ql_log_artifact" in commits.writes[1]
+    assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 0
+    assert not log_path(runtime.config.data_dir, sub.log_artifact_id).exists()
+
+
+def test_an_awaited_log_with_output_is_sized_after_the_terminal_commit(runtime: Any, submit: Any,
+                                                                       commits: CommitLog) -> None:
+    """Only an empty log rides in the terminal commit; one with output is cut to its quota and sized
+    after it (its own unsynced commit), and kept."""
+    sub = submit(["sh", "-c", "echo out"], awaited=True)
+    view = runtime.wait(sub)
+    assert view.status == "succeeded"
+    assert _kinds(commits.writes) == ["create+spawned", "terminal", "log size"], commits.writes
+    assert "UPDATE ql_log_artifact" not in commits.writes[1]
+    assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 4
+    assert log_path(runtime.config.data_dir, sub.log_artifact_id).read_bytes() == b"out\n"
 
 
 def test_a_classic_task_lifecycle_is_three_write_commits(classic_runtime: Any, tasks: list[Any]) -> None:
@@ -213,3 +241,34 @@ def test_recovery_applies_a_page_of_receipts_in_one_commit(runtime: Any, commits
     for i, sub in enumerate(subs):
         assert_one_terminal(runtime, sub.run_id, "succeeded" if i % 7 == 0 else "failed", i % 7)
         assert not receipt_path(data_dir, sub.attempt_id).exists()
+
+
+def test_an_offered_log_size_rides_in_the_terminal_commit_until_withdrawn(runtime: Any, submit: Any,
+                                                                          commits: CommitLog) -> None:
+    """The edge store's ``TerminalLogSize``: an offered size is written by the attempt's terminal
+    transition (whichever path ends it), nothing once withdrawn."""
+    offered = submit(["sh", "-c", "exit 0"])
+    runtime.journal.offer_log_size(offered.attempt_id, offered.log_artifact_id, 7)
+    try:
+        runtime.complete_from_wait(offered, runtime.executor.wait(offered.task, 60))
+    finally:
+        runtime.journal.withdraw_log_size(offered.attempt_id)
+    assert runtime.journal.log_facts(offered.log_artifact_id).size_bytes == 7
+    withdrawn = submit(["sh", "-c", "exit 0"])
+    runtime.journal.offer_log_size(withdrawn.attempt_id, withdrawn.log_artifact_id, 7)
+    runtime.journal.withdraw_log_size(withdrawn.attempt_id)
+    commits.commits.clear()
+    runtime.complete_from_wait(withdrawn, runtime.executor.wait(withdrawn.task, 60))
+    assert "UPDATE ql_log_artifact" not in commits.writes[0]
+    assert runtime.journal.log_facts(withdrawn.log_artifact_id).size_bytes is None
+
+
+@pytest.mark.parametrize("command", [["sh", "-c", "exit 0"], ["sh", "-c", "echo out; exit 3"]], ids=["ok", "exit3"])
+def test_the_waiting_host_returns_the_view_its_terminal_commit_left(runtime: Any, command: list[str],
+                                                                   commits: CommitLog) -> None:
+    """An awaited run's view comes from the rows the terminal transaction read and the change it wrote,
+    not from a read after it: it must be exactly what the store holds."""
+    view = runtime.run(command)
+    assert view.terminal and view.status == ("succeeded" if command[-1] == "exit 0" else "failed")
+    assert view == runtime.status(view.run_id)
+    assert view.as_dict() == runtime.status(view.run_id).as_dict()

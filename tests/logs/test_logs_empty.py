@@ -33,3 +33,136 @@ def test_an_empty_log_held_open_elsewhere_is_kept(runtime) -> None:
         assert path.exists() and path.stat().st_size == 0
     finally:
         os.close(held)
+
+
+def test_an_awaited_empty_log_held_open_elsewhere_is_kept_and_sized(runtime) -> None:
+    """The acknowledged path records the size (0) in its terminal commit; the file it then cannot
+    drop (another descriptor of it is open) stays, empty, with that size."""
+    from ql_core.logs import log_facts
+
+    sub = runtime.submit(["sh", "-c", "sleep 0.5"], awaited=True)
+    path = runtime.log_path(sub.run_id)
+    held = os.open(path, os.O_RDONLY)
+    try:
+        assert runtime.wait(sub).status == "succeeded"
+        assert path.exists() and path.stat().st_size == 0
+        assert log_facts(runtime.node, sub.log_artifact_id).size_bytes == 0
+    finally:
+        os.close(held)
+
+
+def test_a_log_found_empty_that_grew_before_its_drop_is_kept(runtime, tmp_path) -> None:
+    """An ``EmptyLog`` is dropped only if it is still empty then: a descendant of the task that wrote
+    after the look keeps the file, and the caller is told to size it again."""
+    from ql_core.ids import new_id
+    from ql_core.logs import open_empty_log, open_log_artifact
+    from ql_core.paths import log_path
+
+    data, log_id = runtime.node.config.data_dir, new_id()
+    writer = open_log_artifact(data, log_id)
+    try:
+        empty = open_empty_log(data, log_id)
+        assert empty is not None
+        os.write(writer, b"late\n")  # after the look, before the drop
+        assert empty.drop() is None
+    finally:
+        os.close(writer)
+    assert log_path(data, log_id).read_bytes() == b"late\n"
+    quiet = open_empty_log(data, new_id())
+    assert quiet is None  # no such log: nothing to drop
+
+
+def _spare(runtime):
+    from ql_core.logs import SPARE_LOG
+    from ql_core.paths import logs_root
+
+    return logs_root(runtime.node.config.data_dir) / SPARE_LOG
+
+
+def test_a_dropped_empty_log_becomes_the_next_log(runtime) -> None:
+    """The empty log's name goes to the spare (no inode freed), and the next new log is that file:
+    a rename instead of an inode allocation. It is as new: empty, 0600, one name."""
+    quiet = runtime.run(["true"])
+    assert not runtime.log_path(quiet.run_id).exists()
+    spare = _spare(runtime)
+    ino = spare.stat().st_ino
+    spoke = runtime.run(["sh", "-c", "echo hello"])
+    path = runtime.log_path(spoke.run_id)
+    st = path.stat()
+    assert st.st_ino == ino and not spare.exists()
+    assert path.read_bytes() == b"hello\n" and st.st_mode & 0o7777 == 0o600 and st.st_nlink == 1
+
+
+def test_a_spare_a_task_changed_is_never_used(runtime) -> None:
+    """A task may have changed the file that was its stdout (made it readable to others, kept a second
+    name, written to it by that name later): such a spare is unlinked, and the new log created afresh."""
+    from ql_core.ids import new_id
+    from ql_core.logs import open_log_artifact
+    from ql_core.paths import log_path
+
+    data = runtime.node.config.data_dir
+    spare = _spare(runtime)
+    for change in ("chmod", "link", "write"):
+        runtime.run(["true"])
+        assert spare.exists()
+        if change == "chmod":
+            spare.chmod(0o644)
+        elif change == "link":
+            os.link(spare, spare.with_name("other-name"))
+        else:
+            spare.write_bytes(b"stale")
+        log_id = new_id()
+        fd = open_log_artifact(data, log_id)
+        os.close(fd)
+        st = log_path(data, log_id).stat()
+        # (Not compared by inode number: the unlinked spare's number may be given to the new file.)
+        assert st.st_size == 0 and st.st_mode & 0o7777 == 0o600 and st.st_nlink == 1, change
+        assert not spare.exists(), change
+    other = spare.with_name("other-name")
+    assert other.stat().st_nlink == 1  # the changed spare lives on under its other name only
+    os.unlink(other)
+
+
+def test_an_existing_log_is_reopened_never_replaced_by_the_spare(runtime) -> None:
+    from ql_core.ids import new_id
+    from ql_core.logs import open_log_artifact
+    from ql_core.paths import log_path
+
+    data, log_id = runtime.node.config.data_dir, new_id()
+    fd = open_log_artifact(data, log_id)
+    os.write(fd, b"first\n")
+    os.close(fd)
+    runtime.run(["true"])  # leaves a spare
+    fd = open_log_artifact(data, log_id)  # a replayed preparation of the same artifact
+    os.write(fd, b"second\n")
+    os.close(fd)
+    assert log_path(data, log_id).read_bytes() == b"first\nsecond\n"
+    assert _spare(runtime).exists()
+
+
+def test_a_spare_still_under_its_droppers_lease_is_not_taken(runtime) -> None:
+    """Another thread or host drops its empty log under a write lease and renames it to the spare
+    before it lets the lease go: a new log made in that moment cannot open the spare (a non-blocking
+    open is refused while the lease is held) and is created afresh instead — never an error."""
+    import fcntl
+    import signal
+
+    from ql_core.ids import new_id
+    from ql_core.logs import open_log_artifact
+    from ql_core.paths import log_path
+
+    runtime.run(["true"])
+    spare = _spare(runtime)
+    held = os.open(spare, os.O_RDONLY)
+    try:
+        fcntl.fcntl(held, 10, signal.SIGURG)  # F_SETSIG: a lease break must not end this process
+        fcntl.fcntl(held, 1024, fcntl.F_WRLCK)  # F_SETLEASE, as the dropper holds it
+        data, log_id = runtime.node.config.data_dir, new_id()
+        fd = open_log_artifact(data, log_id)
+        os.write(fd, b"fresh\n")
+        os.close(fd)
+        fcntl.fcntl(held, 1024, fcntl.F_UNLCK)
+        assert os.fstat(held).st_size == 0 and os.fstat(held).st_nlink == 0  # the old spare: no name
+        assert log_path(data, log_id).read_bytes() == b"fresh\n"
+    finally:
+        os.close(held)
