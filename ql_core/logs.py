@@ -140,14 +140,6 @@ def _take_spare(root: Path, path: Path, flags: int) -> int | None:
         return None
     try:
         fd = os.open(path, flags & ~os.O_CREAT)
-    except BlockingIOError:
-        # The host that dropped it still holds its write lease (its name goes before the lease):
-        # a non-blocking open is refused, so it is no spare of ours yet. Its name goes again.
-        try:
-            os.unlink(path)
-        except OSError:
-            pass  # the caller's create reports what is there
-        return None
     except OSError:
         return None  # gone or replaced meanwhile: the caller's create decides (and reports)
     st = os.fstat(fd)

@@ -138,31 +138,3 @@ def test_an_existing_log_is_reopened_never_replaced_by_the_spare(runtime) -> Non
     os.close(fd)
     assert log_path(data, log_id).read_bytes() == b"first\nsecond\n"
     assert _spare(runtime).exists()
-
-
-def test_a_spare_still_under_its_droppers_lease_is_not_taken(runtime) -> None:
-    """Another thread or host drops its empty log under a write lease and renames it to the spare
-    before it lets the lease go: a new log made in that moment cannot open the spare (a non-blocking
-    open is refused while the lease is held) and is created afresh instead — never an error."""
-    import fcntl
-    import signal
-
-    from ql_core.ids import new_id
-    from ql_core.logs import open_log_artifact
-    from ql_core.paths import log_path
-
-    runtime.run(["true"])
-    spare = _spare(runtime)
-    held = os.open(spare, os.O_RDONLY)
-    try:
-        fcntl.fcntl(held, 10, signal.SIGURG)  # F_SETSIG: a lease break must not end this process
-        fcntl.fcntl(held, 1024, fcntl.F_WRLCK)  # F_SETLEASE, as the dropper holds it
-        data, log_id = runtime.node.config.data_dir, new_id()
-        fd = open_log_artifact(data, log_id)
-        os.write(fd, b"fresh\n")
-        os.close(fd)
-        fcntl.fcntl(held, 1024, fcntl.F_UNLCK)
-        assert os.fstat(held).st_size == 0 and os.fstat(held).st_nlink == 0  # the old spare: no name
-        assert log_path(data, log_id).read_bytes() == b"fresh\n"
-    finally:
-        os.close(held)
