@@ -78,7 +78,6 @@ __all__ = [
     "enforce_log_retention",
     "delete_log_file",
     "drop_if_empty",
-    "SPARE_LOG",
 ]
 
 #: Largest chunk one read returns (bounded memory per follower).
@@ -94,20 +93,17 @@ def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
     and checked to be a regular file; the task gets a plain blocking descriptor.
     """
     path = log_path(data_dir, log_artifact_id)
-    root = logs_root(data_dir)
-    ensure_private_dir(root)
+    ensure_private_dir(logs_root(data_dir))
     ensure_private_dir(path.parent)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    fd = _take_spare(root, path, flags)
-    if fd is None:
-        try:
-            fd = os.open(path, flags, FILE_MODE)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a symlink sits where the log belongs
-                raise UnsafePathError(f"log artifact {log_artifact_id} is a symlink; refusing to follow it") from None
-            if exc.errno == errno.ENXIO:  # a FIFO without reader
-                raise UnsafePathError(f"log artifact {log_artifact_id} is a FIFO, not a file; refusing it") from None
-            raise
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink sits where the log belongs
+            raise UnsafePathError(f"log artifact {log_artifact_id} is a symlink; refusing to follow it") from None
+        if exc.errno == errno.ENXIO:  # a FIFO without reader
+            raise UnsafePathError(f"log artifact {log_artifact_id} is a FIFO, not a file; refusing it") from None
+        raise
     try:
         _require_regular(fd, log_artifact_id)
         os.set_blocking(fd, True)
@@ -115,45 +111,6 @@ def open_log_artifact(data_dir: Path, log_artifact_id: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-#: The spare log: the last empty log an ended task left (``logs/.spare``), renamed there instead of
-#: unlinked (:func:`_drop_open`) and renamed to the next new log's path (:func:`_take_spare`). Making
-#: a file costs an inode allocation — about 0.25 ms of CPU on ext4 here, the largest single cost of
-#: an awaited ``true`` task — a rename a few microseconds. Not a shard name: nothing else reads it.
-SPARE_LOG = ".spare"
-
-
-def _take_spare(root: Path, path: Path, flags: int) -> int | None:
-    """The spare log renamed to ``path`` (which must not exist: an existing log is only ever
-    reopened, never replaced) and opened with ``flags``, if it is as new: a regular file of ours,
-    mode ``FILE_MODE``, empty, with no other name. None: no spare (another host may have taken it
-    first), or it was not as new (then it is unlinked): the caller creates the file as always."""
-    try:
-        os.lstat(path)
-        return None
-    except FileNotFoundError:
-        pass
-    try:
-        os.rename(root / SPARE_LOG, path)
-    except OSError:
-        return None
-    try:
-        fd = os.open(path, flags & ~os.O_CREAT)
-    except OSError:
-        return None  # gone or replaced meanwhile: the caller's create decides (and reports)
-    st = os.fstat(fd)
-    # The last task had this file as its stdout and may have changed it (fchmod): only a file no
-    # task could tell from a new one is used again.
-    if (stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1 and st.st_uid == os.geteuid()
-            and stat.S_IMODE(st.st_mode) == FILE_MODE):
-        return fd
-    os.close(fd)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass  # the caller's create reopens it, and checks it is a regular file
-    return None
 
 
 def _require_regular(fd: int, log_artifact_id: str) -> os.stat_result:
@@ -178,19 +135,20 @@ class _LogDir:
         self.fd: int | None = None
         #: The file's stat as :meth:`open` checked it (its last open).
         self.st: os.stat_result | None = None
-        #: The logs root, open while this is (the spare log lives there: :func:`_drop_open`).
-        self.root = -1
+        root = -1
         try:
-            self.root = os.open(logs_root(data_dir), DIR_FLAGS)
-            self.fd = os.open(shard, DIR_FLAGS, dir_fd=self.root)
+            root = os.open(logs_root(data_dir), DIR_FLAGS)
+            self.fd = os.open(shard, DIR_FLAGS, dir_fd=root)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            self.close()
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafePathError(f"the log directory of {log_artifact_id} is not a real directory "
                                       f"(symlink?); refusing to use it") from None
             raise
+        finally:
+            if root >= 0:
+                os.close(root)
 
     def open(self, flags: int) -> int | None:
         """Open the log file itself; None if it does not exist.
@@ -222,9 +180,6 @@ class _LogDir:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        if self.root >= 0:
-            os.close(self.root)
-            self.root = -1
 
     def __enter__(self) -> _LogDir:
         return self
@@ -365,22 +320,10 @@ def _drop_open(d: _LogDir, fd: int) -> bool:
         # name goes before anyone else can get a descriptor of it.
         if os.fstat(fd).st_size != 0:
             return False
-        _unlink_to_spare(d)
+        os.unlink(d.name, dir_fd=d.fd)
     finally:
         fcntl.fcntl(fd, setlease, fcntl.F_UNLCK)
     return True
-
-
-def _unlink_to_spare(d: _LogDir) -> None:
-    """Take the (empty, leased) log's name away: renamed to the spare log, which the next new log
-    becomes (replacing the spare there was, if any), else unlinked."""
-    if d.root >= 0:
-        try:
-            os.rename(d.name, SPARE_LOG, src_dir_fd=d.fd, dst_dir_fd=d.root)
-            return
-        except OSError:
-            pass
-    os.unlink(d.name, dir_fd=d.fd)
 
 
 class EmptyLog:
