@@ -30,8 +30,13 @@ out=$(cd "$out" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# One sdist build at a time per source tree: setuptools assembles it in ./ql_runner-<version>/ and
+# removes that when done, so a second build running at once (two test workers) loses its files.
+mkdir -p build
+if command -v flock >/dev/null 2>&1; then exec 9>build/.sdist.lock && flock 9; fi
 "$python" -m build --sdist --outdir "$work/sdist" . >"$work/sdist.log" 2>&1 \
   || { cat "$work/sdist.log" >&2; echo "build_wheels.sh: the sdist did not build" >&2; exit 1; }
+exec 9>&-
 sdist=$(ls "$work"/sdist/ql_runner-*.tar.gz)
 native=$(uname -m)
 for target in "${targets[@]}"; do
