@@ -212,8 +212,14 @@ def test_history_max_runs_holds_under_a_continuous_load_of_tasks(rt_factory) -> 
     assert supervisor.failures == 0
     report = Reconciler(rt.node).round()
     assert "retention_more" not in report.counts
-    assert _run_count(rt) == 50
-    assert [r for r in runs if rt.journal.view(r) is not None] == runs[-50:]
+    left = [r for r in runs if rt.journal.view(r) is not None]
+    # Beyond the newest 50, only runs whose receipt may still exist are kept (the journal row goes
+    # first, docs/recovery.md): on a loaded machine a launcher that saw no acknowledgement in time
+    # publishes its receipt, and that run's row waits for terminal_journal_retention_s.
+    held = [r for r in left if r not in runs[-50:]]
+    assert all(journal_row(rt, rt.journal.view(r).attempts[-1].attempt_id) is not None for r in held), held
+    assert left == sorted(held, key=runs.index) + runs[-50:]
+    assert _run_count(rt) == 50 + len(held)
     assert count_rows(rt, "ql_run_attempt") == count_rows(rt, "ql_log_artifact") == 50
     assert count_rows(rt, "ql_run_event") == 50 * 4
     assert dbview_tally(rt, "runs") == 50
