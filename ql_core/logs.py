@@ -8,7 +8,7 @@ Quota (``log_max_bytes``, per attempt; see ``docs/logs.md``)
 -----------------------------------------------------------
 Nothing sits between the task and its file, so the quota is enforced *after
 the fact*, by whoever looks at the log: a supervisor round (through
-:class:`LogKeeper`), a follower (every state look), and the end of the run
+:class:`ql_core.log_retention.LogKeeper`), a follower (every state look), and the end of the run
 (:func:`finalize_log`). Enforcing means ``ftruncate(fd, quota)`` when the file
 is longer. Because every write of the task goes through an ``O_APPEND``
 descriptor, it lands at the *current* end of the file: bytes ``[0, quota)``
@@ -32,7 +32,7 @@ a cut lands at ``quota`` and is cut again next time. Readers never read past
 The task is never blocked, signalled or slowed, and other files it writes are
 not limited (which is why ``RLIMIT_FSIZE`` is not used).
 
-Retention (:func:`enforce_log_retention`) deletes logs of *terminal* attempts
+Retention (:func:`ql_core.log_retention.enforce_log_retention`) deletes logs of *terminal* attempts
 of this node by age (``log_retention_s``) and by total size
 (``log_total_max_bytes``), in pages until the round's ``retention_budget_ms``
 is spent; the log of an active or blocked attempt is never deleted.
@@ -43,10 +43,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .dirfd import DIR_FLAGS
 from .errors import UnsafePathError
@@ -61,7 +60,6 @@ __all__ = [
     "LOG_CHUNK_BYTES",
     "QUOTA_REASON",
     "LogFacts",
-    "LogKeeper",
     "open_log_artifact",
     "read_log_chunk",
     "log_size",
@@ -72,12 +70,10 @@ __all__ = [
     "finalize_own_log",
     "EmptyLog",
     "open_empty_log",
-    "delete_log",
     "finalize_logs",
     "Finalized",
-    "enforce_log_retention",
-    "delete_log_file",
     "drop_if_empty",
+    "unlink_log_file",
 ]
 
 #: Largest chunk one read returns (bounded memory per follower).
@@ -253,7 +249,7 @@ def _cut_in(d: _LogDir, max_bytes: int) -> tuple[int | None, bool]:
         os.close(fd)
 
 
-def _unlink(data_dir: Path, log_artifact_id: str) -> bool:
+def unlink_log_file(data_dir: Path, log_artifact_id: str) -> bool:
     """Remove the log file (never following a symlink); True if it is gone now."""
     with _LogDir(data_dir, log_artifact_id) as d:
         if d.fd is None:
@@ -530,122 +526,6 @@ def enforce_log_quotas(node: Node, limit: int, *, cursor: str = "") -> tuple[Cou
             _warn(f"log quota of {facts.id} not enforced this round: {type(exc).__name__}")
     next_cursor = rows[-1].id if len(rows) == limit else ""
     return counts, next_cursor
-
-
-def delete_log_file(node: Node, log_artifact_id: str) -> None:
-    """Remove one log file (never following a link, never a directory); gone already is fine."""
-    _unlink(node.config.data_dir, log_artifact_id)
-
-
-def delete_log(node: Node, facts: LogFacts, now: int) -> None:
-    """Delete an ended attempt's log: unlink first, then record: a crash in between leaves a row whose file is already gone."""
-    _unlink(node.config.data_dir, facts.id)
-    node.journal.mark_log_deleted(facts.id, now, facts.size_bytes if facts.size_bytes is not None else 0)
-
-
-def enforce_log_retention(node: Node, limit: int, *, deadline: float | None = None) -> Counter[str]:
-    """A retention pass over this node's logs of *terminal* attempts, in pages of ``limit``.
-
-    Three steps, oldest first, each read from a partial index (never a walk of history):
-    1. size logs of ended attempts left unsized (a crash between the terminal commit and the
-       sizing; normally the process that ended the run sized it);
-    2. delete logs older than ``log_retention_s``;
-    3. while the recorded total (``ql_tally``, kept by the store) exceeds ``log_total_max_bytes``,
-       delete the oldest.
-    Each step goes on to a next page while its pages come back full and ``time.monotonic()`` is
-    before ``deadline`` (None: one page per step). Logs of running, starting or blocked attempts
-    are never deleted (and not counted in the total: each is bounded by its own quota). Returns
-    counts: ``log_finalized``, ``log_truncated``, ``log_expired``, ``log_evicted``, ``log_errors``
-    and ``retention_more`` (the deadline stopped a step with work left).
-    """
-    from .clock import now_ms
-
-    counts: Counter[str] = Counter()
-    if limit <= 0:
-        return counts
-    owner = node.node_id
-
-    def pages(fetch: Callable[[], list[LogFacts]]) -> Iterator[list[LogFacts]]:
-        while True:
-            rows = fetch()
-            if rows:
-                yield rows
-            if len(rows) < limit:
-                return
-            if deadline is None or time.monotonic() >= deadline:
-                counts["retention_more"] = 1
-                return
-
-    # 1. size: cut each to its quota, then record the page's sizes in one transaction
-    seen: set[str] = set()
-    for page in pages(lambda: node.journal.ended_logs(owner, unsized=True, limit=limit)):
-        fresh = [f.id for f in page if f.id not in seen]
-        if not fresh:
-            break  # every log of the page failed before: next round
-        seen.update(fresh)
-        counts.update(finalize_logs(node, fresh))
-
-    # 2. age
-    now = now_ms()
-    cutoff = now - int(node.profile.log_retention_s * 1000)
-    failed: set[str] = set()
-    for page in pages(lambda: node.journal.ended_logs(owner, created_before_ms=cutoff, limit=limit)):
-        if all(f.id in failed for f in page):
-            break
-        for facts in page:
-            if facts.id in failed:
-                continue
-            try:
-                delete_log(node, facts, now)
-                counts["log_expired"] += 1
-            except (OSError, UnsafePathError) as exc:
-                failed.add(facts.id)
-                counts["log_errors"] += 1
-                _warn(f"expired log {facts.id} not deleted this round: {type(exc).__name__}")
-
-    # 3. total size
-    excess = node.journal.ended_log_bytes(owner) - node.profile.log_total_max_bytes
-    failed.clear()
-    for page in pages(lambda: node.journal.ended_logs(owner, sized=True, limit=limit) if excess > 0 else []):
-        if all(f.id in failed for f in page):
-            break
-        for facts in page:
-            if excess <= 0:
-                break
-            if facts.id in failed:
-                continue
-            try:
-                delete_log(node, facts, now)
-            except (OSError, UnsafePathError) as exc:
-                failed.add(facts.id)
-                counts["log_errors"] += 1
-                _warn(f"log {facts.id} not evicted this round: {type(exc).__name__}")
-                continue
-            counts["log_evicted"] += 1
-            excess -= facts.size_bytes or 0
-    return counts
-
-
-class LogKeeper:
-    """Log quota and retention for a periodic round; holds the quota pass's cursor.
-
-    Wiring (in the reconciler's round, after the receipts)::
-
-        counts = self.log_keeper.round(limit)     # limit = page_size * pages_per_round
-        report.counts.update(counts)
-
-    ``round`` never raises for a database or file-system problem of one log; it
-    counts it (``log_errors``) and the next round retries.
-    """
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.cursor = ""
-
-    def round(self, limit: int, *, deadline: float | None = None) -> Counter[str]:
-        counts, self.cursor = enforce_log_quotas(self.node, limit, cursor=self.cursor)
-        counts.update(enforce_log_retention(self.node, limit, deadline=deadline))
-        return counts
 
 
 def _warn(message: str) -> None:

@@ -25,7 +25,7 @@ One round, in this fixed order, every step capped by the profile
    are replayed (``already_terminal``, then cleaned), blocked attempts get
    their late receipts, and retention purges terminal rows whose receipt is
    gone and quarantined files, after the profile's windows;
-5. log artifacts (:class:`ql_core.logs.LogKeeper`): quota of running logs,
+5. log artifacts (:class:`ql_core.log_retention.LogKeeper`): quota of running logs,
    sizes of ended logs a crash left unsized, retention of ended ones by age
    and total size only — consuming a receipt never deletes a log (the logs of
    attempts a round ends are sized right after they end, in step 3);
@@ -466,7 +466,7 @@ class Reconciler:
             logger.warning("history retention deferred: {}", type(exc).__name__)
 
     def _purge_page(self, candidates: dict[str, list[str]], report: RoundReport) -> int:
-        from .logs import delete_log_file
+        from .log_retention import delete_log_file
 
         ready = []
         for run_id, log_ids in candidates.items():
@@ -565,7 +565,7 @@ def _log_keeper(node: Node) -> Any:
     """The log quota/retention keeper of a node that runs local processes (None otherwise)."""
     if node.receipts is None:
         return None
-    from .logs import LogKeeper
+    from .log_retention import LogKeeper
 
     return LogKeeper(node)
 

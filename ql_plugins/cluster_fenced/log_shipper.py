@@ -537,7 +537,7 @@ class LogShipper:
 
     def _delete_shipped(self) -> None:
         """Local copies of acknowledged logs, once the keep time passed (bounded page)."""
-        from ql_core.logs import delete_log
+        from ql_core.log_retention import delete_log
 
         cutoff = now_ms() - self.keep_ms
         for row in self.table.due_deletions(cutoff):

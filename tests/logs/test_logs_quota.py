@@ -36,7 +36,8 @@ def truncation_events(rt, run_id: str) -> list[dict]:
 
 
 def test_ten_times_the_quota_keeps_the_true_exit_code_and_exactly_the_quota(runtime) -> None:
-    from ql_core.logs import enforce_log_retention, log_facts
+    from ql_core.log_retention import enforce_log_retention
+    from ql_core.logs import log_facts
 
     sub = runtime.submit(writer(code=3), log_max_bytes=QUOTA)
     view = runtime.wait(sub)  # the fast path cuts the log after the terminal commit
@@ -56,7 +57,8 @@ def test_ten_times_the_quota_keeps_the_true_exit_code_and_exactly_the_quota(runt
 def test_between_rounds_the_file_holds_at_most_quota_plus_what_was_written_since(runtime, tmp_path) -> None:
     """The task and the test take turns: chunk k is written, one enforcement round runs, and only
     then may the task write chunk k+1 — so the documented bound can be checked exactly."""
-    from ql_core.logs import LogKeeper, log_facts
+    from ql_core.log_retention import LogKeeper
+    from ql_core.logs import log_facts
 
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -133,7 +135,8 @@ def test_the_quota_limits_only_the_log_not_other_files_and_sends_no_signal(runti
 
 
 def test_under_the_quota_nothing_is_cut_and_the_size_is_recorded(runtime) -> None:
-    from ql_core.logs import enforce_log_retention, log_facts
+    from ql_core.log_retention import enforce_log_retention
+    from ql_core.logs import log_facts
 
     sub = runtime.submit(["sh", "-c", "echo hello"], log_max_bytes=QUOTA)
     runtime.wait(sub)

@@ -29,7 +29,7 @@ def facts_of(rt, run_id: str):
 
 
 def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_runtime) -> None:
-    from ql_core.logs import enforce_log_retention
+    from ql_core.log_retention import enforce_log_retention
 
     rt = make_runtime(limits={"log_retention_s": 3600})
     ended = [finished(rt, ["sh", "-c", f"echo run {i}"]) for i in range(3)]
@@ -55,7 +55,7 @@ def test_old_logs_of_ended_runs_are_deleted_active_and_blocked_ones_never(make_r
 
 
 def test_each_call_deletes_at_most_limit_logs(make_runtime) -> None:
-    from ql_core.logs import enforce_log_retention
+    from ql_core.log_retention import enforce_log_retention
 
     rt = make_runtime(limits={"log_retention_s": 3600})
     runs = [finished(rt, ["true"]) for _ in range(5)]
@@ -64,7 +64,7 @@ def test_each_call_deletes_at_most_limit_logs(make_runtime) -> None:
 
 
 def test_the_total_size_cap_evicts_the_oldest_first(make_runtime) -> None:
-    from ql_core.logs import enforce_log_retention
+    from ql_core.log_retention import enforce_log_retention
 
     rt = make_runtime(limits={"log_total_max_bytes": 1024 * 1024})
     write = [PY, "-c", "import os\nos.write(1, b'z' * 400 * 1024)\n"]
@@ -99,7 +99,7 @@ def test_the_process_that_ends_a_run_records_its_log_size(make_runtime) -> None:
 def test_a_log_left_unsized_by_a_crash_is_sized_by_the_next_pass(make_runtime) -> None:
     """A crash between the terminal commit and the sizing leaves the log in the sizing queue
     (ix_ql_log_unsized); the next retention pass cuts and sizes it."""
-    from ql_core.logs import enforce_log_retention
+    from ql_core.log_retention import enforce_log_retention
 
     rt = make_runtime()
     sub = rt.submit([PY, "-c", "import os\nos.write(1, b'k' * 5000)\n"], log_max_bytes=2048)
@@ -119,7 +119,7 @@ def test_a_log_left_unsized_by_a_crash_is_sized_by_the_next_pass(make_runtime) -
 
 
 def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
-    from ql_core.logs import enforce_log_retention
+    from ql_core.log_retention import enforce_log_retention
 
     rt = make_runtime(limits={"log_retention_s": 3600})
     run_id = finished(rt, ["sh", "-c", "echo mine"])
@@ -136,7 +136,7 @@ def test_a_symlinked_shard_is_never_followed(make_runtime, tmp_path) -> None:
 
 
 def test_log_keeper_round_and_the_cli_note_for_a_deleted_log(make_runtime, ql_env, tmp_path) -> None:
-    from ql_core.logs import LogKeeper
+    from ql_core.log_retention import LogKeeper
 
     rt = make_runtime(limits={"log_retention_s": 3600})
     run_id = finished(rt, ["sh", "-c", "echo gone"])
