@@ -74,7 +74,7 @@ def downgrade() -> None:
 
 #: Every batch function's settings: its own pinned search_path, and key lookups as the only plans.
 _SETTINGS = ("SET search_path = pg_catalog, public SET enable_seqscan = off SET enable_bitmapscan = off "
-             "SET enable_hashjoin = off SET enable_mergejoin = off")
+             "SET enable_hashjoin = off SET enable_mergejoin = off SET plan_cache_mode = force_generic_plan")
 
 _LOCK = r"""
 -- Lock what the single functions lock, for all the calls of a batch at once: each attempt's run,
@@ -364,7 +364,8 @@ RETURNS TABLE(answer text, run_id text, attempt_id text, attempt_no integer, lea
               lease_token text, spec_key_id text, spec_ordinal integer, sealed_spec bytea, timeout_ms bigint,
               lease_expires_at_ms bigint, db_now_ms bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 8 SET search_path = pg_catalog, public
-SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
   v_now bigint;
