@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-__all__ = ["split_statements", "execute_statements", "REVOKE_QL_FUNCTIONS_FROM_PUBLIC"]
+__all__ = ["split_statements", "execute_statements", "execute_pinned_statements", "SEARCH_PATH_PLACEHOLDER",
+           "REVOKE_QL_FUNCTIONS_FROM_PUBLIC"]
 
 
 def split_statements(*blocks: str) -> list[str]:
@@ -41,6 +42,22 @@ def execute_statements(op: object, statements: Iterable[str], *,
             cursor.execute(rewrite(statement) if rewrite is not None else statement)
     finally:
         cursor.close()
+
+
+#: The ``search_path`` a revision's function bodies are written with; :func:`execute_pinned_statements`
+#: replaces it with this database's schema (revisions 0006 onwards).
+SEARCH_PATH_PLACEHOLDER = "pg_catalog, public"
+
+
+def execute_pinned_statements(op: object, statements: Iterable[str]) -> None:
+    """:func:`execute_statements` with every :data:`SEARCH_PATH_PLACEHOLDER` pinned to
+    ``pg_catalog, <current schema>, pg_temp``: pg_temp LAST, so a SECURITY DEFINER function never
+    resolves a name through a schema the caller can write to (0006)."""
+    bind = op.get_bind()  # type: ignore[attr-defined]
+    schema = bind.exec_driver_sql("SELECT quote_ident(current_schema())").scalar_one()
+    pinned = f"pg_catalog, {schema}, pg_temp"
+    execute_statements(op, statements,
+                       rewrite=lambda statement: statement.replace(SEARCH_PATH_PLACEHOLDER, pinned))
 
 
 #: Nobody but the owner executes a ql function until it is granted (PostgreSQL's default is

@@ -47,25 +47,17 @@ Revises: 0011_cluster_throughput
 
 from alembic import op
 
-from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_statements, split_statements
+from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_pinned_statements, split_statements
 
 revision = "0012_cluster_set_based"
 down_revision = "0011_cluster_throughput"
 branch_labels = None
 depends_on = None
 
-#: Placeholder in the function bodies below, replaced by :func:`upgrade` (as in 0006).
-SEARCH_PATH = "pg_catalog, public"
-
-
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    # pg_temp LAST (0006): a SECURITY DEFINER function never resolves a name through a schema the
-    # caller can write to.
-    schema = op.get_bind().exec_driver_sql("SELECT quote_ident(current_schema())").scalar_one()
-    execute_statements(op, SQL_STATEMENTS,
-                       rewrite=lambda statement: statement.replace(SEARCH_PATH, f"pg_catalog, {schema}, pg_temp"))
+    execute_pinned_statements(op, SQL_STATEMENTS)  # search_path pinned to this schema, pg_temp last
 
 
 def downgrade() -> None:
