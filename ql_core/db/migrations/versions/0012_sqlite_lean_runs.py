@@ -94,16 +94,23 @@ def upgrade() -> None:
     op.execute("DROP INDEX IF EXISTS ix_ql_run_created")
     op.execute("DROP INDEX IF EXISTS ix_ql_run_ended")
     _attempts_by_run_key(bind)
-    columns = ", ".join(r[1] for r in bind.exec_driver_sql('PRAGMA table_info("ql_receipt_journal")').fetchall())
-    op.execute(f"CREATE TABLE ql_receipt_journal_0012 {_JOURNAL}")
-    op.execute(f"INSERT INTO ql_receipt_journal_0012 ({columns}) SELECT {columns} FROM ql_receipt_journal "
-               "ORDER BY attempt_id")
-    kept = bind.exec_driver_sql("SELECT count(*) FROM ql_receipt_journal_0012").scalar()
-    had = bind.exec_driver_sql("SELECT count(*) FROM ql_receipt_journal").scalar()
+    columns = ", ".join(_columns(bind, "ql_receipt_journal"))
+    _rebuild(bind, "ql_receipt_journal", _JOURNAL,
+             f"({columns}) SELECT {columns} FROM ql_receipt_journal ORDER BY attempt_id",
+             "receipt-journal rows not copied")
+
+
+def _rebuild(bind, table: str, ddl: str, insert: str, lost: str) -> None:  # type: ignore[no-untyped-def]
+    """``table`` as ``ddl`` defines it, its rows copied by ``INSERT INTO <new> {insert}``; every row
+    must arrive (else the migration stops: ``lost`` names what went missing)."""
+    op.execute(f"CREATE TABLE {table}_0012 {ddl}")
+    op.execute(f"INSERT INTO {table}_0012 {insert}")
+    kept = bind.exec_driver_sql(f"SELECT count(*) FROM {table}_0012").scalar()
+    had = bind.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar()
     if kept != had:
-        raise RuntimeError(f"0012: {had - kept} receipt-journal rows not copied: restore ql.db from a backup")
-    op.execute("DROP TABLE ql_receipt_journal")
-    op.execute("ALTER TABLE ql_receipt_journal_0012 RENAME TO ql_receipt_journal")
+        raise RuntimeError(f"0012: {had - kept} {lost}: restore ql.db from a backup")
+    op.execute(f"DROP TABLE {table}")
+    op.execute(f"ALTER TABLE {table}_0012 RENAME TO {table}")
 
 
 def _attempts_by_run_key(bind) -> None:  # type: ignore[no-untyped-def]
@@ -118,16 +125,11 @@ def _attempts_by_run_key(bind) -> None:  # type: ignore[no-untyped-def]
     for name, in bind.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
         op.execute(f'DROP TRIGGER "{name}"')
     columns = _columns(bind, "ql_run_attempt")
-    op.execute(f"CREATE TABLE ql_run_attempt_0012 {_ATTEMPT}")
-    op.execute(f"INSERT INTO ql_run_attempt_0012 (attempt_key, {', '.join(columns)}) "
-               f"SELECT (r.run_key << {_BITS}) + a.attempt_no, {', '.join('a.' + c for c in columns)} "
-               "FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id ORDER BY r.run_key, a.attempt_no")
-    kept = bind.exec_driver_sql("SELECT count(*) FROM ql_run_attempt_0012").scalar()
-    had = bind.exec_driver_sql("SELECT count(*) FROM ql_run_attempt").scalar()
-    if kept != had:
-        raise RuntimeError(f"0012: {had - kept} attempts of no run: restore ql.db from a backup")
-    op.execute("DROP TABLE ql_run_attempt")
-    op.execute("ALTER TABLE ql_run_attempt_0012 RENAME TO ql_run_attempt")
+    _rebuild(bind, "ql_run_attempt", _ATTEMPT,
+             f"(attempt_key, {', '.join(columns)}) "
+             f"SELECT (r.run_key << {_BITS}) + a.attempt_no, {', '.join('a.' + c for c in columns)} "
+             "FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id ORDER BY r.run_key, a.attempt_no",
+             "attempts of no run")
     for sql in indexes + triggers:
         op.execute(sql)
 
