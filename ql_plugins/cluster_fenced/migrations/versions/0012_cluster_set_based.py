@@ -111,6 +111,14 @@ def _calls(extra: str = "", extra_columns: str = "") -> str:
 _FENCE = ("ql__fence(l, w, c.worker_id, c.worker_generation, c.session, c.lease_generation, "
           "ql__digest(c.lease_token), v_now, false)")
 
+#: start's and running's answers, one per call in attempt-id order, from the rows ``f`` as locked.
+_ANSWERS = """  SELECT f.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
+         CASE WHEN f.why IS NULL THEN f.expires END, v_now,
+         CASE WHEN f.why IS NULL THEN f.cancel::text END,
+         CASE WHEN f.why IS NULL THEN f.cancel_at END,
+         CASE WHEN f.why IS NULL THEN f.deadline END
+    FROM f ORDER BY f.attempt_id, f.i;"""
+
 _START = f"""
 -- ql_start for every call, in ONE statement after the locks: claimed -> starting, and the cancel
 -- intent's first delivery, under the fence; a replay (already starting/running) changes nothing.
@@ -142,12 +150,7 @@ BEGIN
      WHERE t.attempt_id = g.attempt_id
        AND (t.status = 'claimed' OR (g.cancel IS NOT NULL AND t.intent_delivered_at_ms IS NULL))
   )
-  SELECT f.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
-         CASE WHEN f.why IS NULL THEN f.expires END, v_now,
-         CASE WHEN f.why IS NULL THEN f.cancel::text END,
-         CASE WHEN f.why IS NULL THEN f.cancel_at END,
-         CASE WHEN f.why IS NULL THEN f.deadline END
-    FROM f ORDER BY f.attempt_id, f.i;
+{_ANSWERS}
 END $$;
 """
 
@@ -207,12 +210,7 @@ BEGIN
        SET deadline_at_ms = s.deadline, updated_at_ms = v_now, version = t.version + 1, event_seq = t.event_seq + 1
       FROM spawned s WHERE t.id = s.run
   )
-  SELECT f.i::integer, CASE WHEN f.why IS NULL THEN 'ok' ELSE 'fenced' END, f.why,
-         CASE WHEN f.why IS NULL THEN f.expires END, v_now,
-         CASE WHEN f.why IS NULL THEN f.cancel::text END,
-         CASE WHEN f.why IS NULL THEN f.cancel_at END,
-         CASE WHEN f.why IS NULL THEN f.deadline END
-    FROM f ORDER BY f.attempt_id, f.i;
+{_ANSWERS}
 END $$;
 """
 
