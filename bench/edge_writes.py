@@ -13,6 +13,8 @@ page-cache folio as it is dirtied, and on kernels whose page cache holds large f
 files (6.16+) a folio can be bigger than 4 KiB and its size depends on the machine's memory at
 the time; on a loaded machine the bench's figure for the same code moved between 28 and 36 KB per
 task from run to run. The model depends only on the calls made: use it to compare two versions.
+What a disk receives (the file system's journal and write-back included) is the bench's
+``device`` column (``bench_edge.py --bytes-only``, a fresh ext4 file system on a loop device).
 """
 
 from __future__ import annotations
