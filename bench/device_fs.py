@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 __all__ = ["DeviceFs", "device_fs_available"]
@@ -42,6 +44,10 @@ def device_fs_available() -> str | None:
     return None
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 class DeviceFs:
     """A fresh ext4 file system on a loop device (context manager); see the module docstring."""
 
@@ -51,8 +57,12 @@ class DeviceFs:
         self.mount: Path | None = None
         self._image: Path | None = None
         self._device: str | None = None
+        self._old_term: object = None
 
     def __enter__(self) -> "DeviceFs":
+        # A SIGTERM unwinds like Ctrl-C, so the mount, the loop device and the image go with the run.
+        if threading.current_thread() is threading.main_thread():
+            self._old_term = signal.signal(signal.SIGTERM, _interrupt)
         home = Path(tempfile.mkdtemp(dir=self.parent, prefix="ql-devfs-"))
         self._image = home / "fs.img"
         with open(self._image, "wb") as image:
@@ -85,6 +95,9 @@ class DeviceFs:
         return int(stat[6]) * 512  # field 7: sectors written, always in 512-byte units
 
     def __exit__(self, *_exc: object) -> None:
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
         if self.mount is not None and self.mount.is_mount():
             subprocess.run(["umount", str(self.mount)], check=False, capture_output=True)
         if self._device is not None:
