@@ -12,8 +12,9 @@ bytes written / syncs per task
     root; without it the column is empty. ``write_bytes``: of ``/proc/PID/io`` of a small *reaper*
     process (a child subreaper: every descendant — the host, its launchers, detached launchers — is
     reparented to it and reaped by it, so its counters hold them all): page-cache folios as they are
-    dirtied, NOT repeatable on kernels with large ext4 folios (22.6-36.1 KB per task for the same
-    code), shown for comparison only. Syncs: the ``fsync``/``fdatasync`` calls of the whole tree
+    dirtied (the checkpoint's included), not the file system's journal nor write-back's rounding to
+    blocks; with the former fresh-data-dir windows it moved 22.6-36.1 KB per task for the same code
+    (large ext4 folios), in the warmed windows below it repeats. Syncs: the ``fsync``/``fdatasync`` calls of the whole tree
     (``strace -f -c``). Each variant runs twice in a fresh data dir, with W + K1 and W + K2 tasks;
     the figure is (B - A) / (K2 - K1), so start-up, warm-up, schema creation and close cancel out.
     W (warm-up) puts the WAL in its steady state before the measured tasks: past its first
@@ -22,8 +23,10 @@ bytes written / syncs per task
     device for the first ~270 tasks of a new data dir against ~33 KB later — a one-off per data dir
     that would otherwise be most of the figure. K2 - K1 spans several checkpoints (one every
     ``WAL_CHECKPOINT_BYTES`` of WAL, ~270 awaited tasks), so their writes and syncs are counted
-    at their share. Repeated on one machine: the floor 10.58, 10.59, 10.59 KB, an awaited task
-    32.4, 33.6, 32.4 KB. ``ql run``'s window is short (30 processes): its bytes are indicative only.
+    at their share. Six runs, alternating main's code and the next commit's (the same ql code): the
+    floor 10.3 KB five times and 8.0 once, an awaited task 33.5, 33.5, 34.9, 34.3, 33.9, 34.5 KB
+    (write_bytes 28.9-29.0, the floor's 9.0). ``ql run``'s window is short (30 processes, no
+    checkpoint in it: its syncs are exact): its bytes moved 15.5-136.5 KB, indicative only.
     Variants: ``floor`` (one sqlite3 ``INSERT`` + ``COMMIT`` of a 300-byte row per task, WAL,
     ``synchronous=FULL``: what ql commits with; warmed past its own first checkpoint), ``awaited``
     (``rt.wait(rt.submit(["true"], awaited=True))``), ``not awaited`` (``submit`` without
@@ -36,6 +39,9 @@ bytes written / syncs per task
     journal's 5-second timer) carries the metadata of many tasks; seconds apart, each task's goes
     alone — its log file's inode and ``logs/<xx>/`` block, the WAL's inode times, the ``-shm``
     file's pages — which is what an SD card sees when tasks are seconds apart (``--pace 6``).
+    Exploratory, not yet understood: at ``--pace 6`` the floor measured 39.0 KB per commit on a
+    long-used file system without strace and 81.2 KB here, where the awaited task also measured
+    81.2: a cost driven by time, not by tasks, dominates both at that pace.
 first use
     CPU (user + sys, ``wait4`` rusage of the child, its reaped children included) of ``ql run --
     true`` on a new data dir against a later one on the same dir.
@@ -366,8 +372,8 @@ def main() -> None:
                         help="only the CPU figures (first use, read commands, ql run, embedded per task)")
     parser.add_argument("--bytes-only", action="store_true", help="only the bytes and syncs per task")
     parser.add_argument("--pace", type=float, default=0.0, metavar="SECONDS",
-                        help="bytes at a device's pace: the floor and an awaited task only, one task every "
-                             "SECONDS after the warm-up (try 6: past ext4's 5-second journal commit)")
+                        help="exploratory: bytes at a device's pace: the floor and an awaited task only, one task "
+                             "every SECONDS after the warm-up (try 6: past ext4's 5-second journal commit)")
     args = parser.parse_args()
     q = args.quick
     nreads = 5 if q else 15
