@@ -1,5 +1,9 @@
 """A throwaway PostgreSQL database for the cluster benchmarks: created from the DSN in
-``QL_BENCH_POSTGRES_DSN`` (else ``QL_TEST_POSTGRES_DSN``), migrated to ql's head, dropped at the end."""
+``QL_BENCH_POSTGRES_DSN`` (else ``QL_TEST_POSTGRES_DSN``), migrated to ql's head, dropped at the end.
+
+``QL_BENCH_PG_LOG=1``: after the migration, every statement of this database only is logged with its
+duration (``ALTER DATABASE … SET log_min_duration_statement = 0``: the server's log, its prefix names the
+database) — to count what a client sends per task without ``pg_stat_statements`` (needs a restart)."""
 
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ def scratch_database() -> Iterator[tuple[str, str]]:
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     try:
         migrate_url(url)
+        if os.environ.get("QL_BENCH_PG_LOG"):
+            with psycopg.connect(admin, autocommit=True) as conn:  # new sessions of this database only
+                conn.execute(f'ALTER DATABASE "{name}" SET log_min_duration_statement = 0')
+            print(f"# statements of database {name} are in the server's log", file=sys.stderr)
         yield url, conninfo(url)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
