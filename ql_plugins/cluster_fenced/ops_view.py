@@ -7,7 +7,7 @@ bounded (``LIMIT``) and served by an index where one exists:
 - the queue: ``ix_ql_run_queued`` (partial, ``status = 'queued'``) — depth counted up to
   :data:`QUEUE_COUNT_CAP`, the oldest by its ``created_at_ms`` order;
 - workers: at most :data:`WORKER_LIMIT` rows of ``ql_worker`` (primary key order), their held
-  attempts from the live leases (``ix_ql_lease_live_expiry``, partial on live statuses);
+  attempts from the live leases (``ix_ql_lease_live_expiry``, partial on ``ended_at_ms IS NULL``);
 - shipping: open artifacts of runs that already ended, at most :data:`SHIP_SCAN_LIMIT` looked at.
 
 Times use the database clock (the same clock leases and heartbeats are written with). Nothing here
@@ -38,7 +38,8 @@ _QUEUE = (f"SELECT {_NOW}, (SELECT count(*) FROM (SELECT 1 FROM ql_run WHERE sta
 _WORKERS = ("SELECT id, generation, status, slots, lease_expires_at_ms, heartbeat_at_ms, registered_at_ms "
             "FROM ql_worker ORDER BY id LIMIT %s")
 _HELD = ("SELECT worker_id, worker_generation, count(*) FROM ql_attempt_lease "
-         "WHERE status IN ('claimed', 'starting', 'running') GROUP BY worker_id, worker_generation "
+         "WHERE ended_at_ms IS NULL AND status IN ('claimed', 'starting', 'running') "
+         "GROUP BY worker_id, worker_generation "
          "ORDER BY worker_id LIMIT %s")
 _SHIPPING = ("SELECT count(*), min(r.finished_at_ms) FROM (SELECT run_id FROM ql_artifact WHERE status = 'open' "
              "LIMIT %s) a JOIN ql_run r ON r.id = a.run_id WHERE r.finished_at_ms IS NOT NULL")

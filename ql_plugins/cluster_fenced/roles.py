@@ -87,13 +87,15 @@ def grant_worker(conn: Any, role: str, *, functions: tuple[str, ...] = GRANTED_T
         if missing:
             raise ConfigError(f"the control database lacks {', '.join(missing)}: run `ql db upgrade` with this "
                               f"version of ql first")
-        pinned = f"search_path={schema}, pg_temp"
+        # The path the migrations pin (0014): one path for every function, or a backend's cached
+        # plans are re-planned each time its calls switch between two.
+        pinned = f"search_path=pg_catalog, {schema}, pg_temp"
         for sig, name, definer, config in procs:
             # Every statement names a catalogued signature (regprocedure text), never user input.
             fn = sql.SQL(sig)
-            if name in functions and not (definer and pinned in config):
-                conn.execute(sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = {}, pg_temp").format(
-                    fn, sql.Identifier(schema)))
+            if name in functions and not (definer and pinned in (config or [])):
+                conn.execute(sql.SQL("ALTER FUNCTION {} SECURITY DEFINER SET search_path = pg_catalog, {}, pg_temp")
+                             .format(fn, sql.Identifier(schema)))
             conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(fn))
             conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(fn, ident))
         for table, _kind in conn.execute(_TABLES).fetchall():

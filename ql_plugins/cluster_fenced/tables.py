@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text, text
+from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, LargeBinary, Text, text
 from sqlmodel import Field
 
 from ql_core.db.models import QlTable, ms_column
@@ -42,7 +42,8 @@ __all__ = [
 #: ``Table.info`` of a table that exists only on these dialects.
 POSTGRESQL_ONLY: dict[str, Any] = {"ql_dialects": ("postgresql",)}
 
-#: Lease states in which the lease still grants something (the partial index's predicate).
+#: Lease states in which the lease still grants something: exactly the rows with ``ended_at_ms IS
+#: NULL`` (``ck_ql_lease_ended``), the partial index's predicate since revision 0013.
 LIVE_LEASE_STATES = ("claimed", "starting", "running")
 
 
@@ -71,14 +72,19 @@ class Worker(QlTable, table=True):
 
 
 class AttemptLease(QlTable, table=True):
-    """The run lease of one attempt: claimed → starting → running → ended."""
+    """The run lease of one attempt: claimed → starting → running → ended.
+
+    Stored with ``fillfactor = 50`` (revision 0013): room on each page for the HOT updates of start
+    and running."""
 
     __tablename__ = "ql_attempt_lease"
     __table_args__ = (
-        Index("ix_ql_lease_live_expiry", "expires_at_ms",
-              postgresql_where=text("status IN ('claimed', 'starting', 'running')")),
-        Index("ix_ql_lease_ended", "ended_at_ms", postgresql_where=text("status = 'ended'")),
+        # Predicates on ended_at_ms, not status (0013): start and running change status only, and
+        # a column of an index predicate is indexed as far as HOT updates are concerned.
+        Index("ix_ql_lease_live_expiry", "expires_at_ms", postgresql_where=text("ended_at_ms IS NULL")),
+        Index("ix_ql_lease_ended", "ended_at_ms", postgresql_where=text("ended_at_ms IS NOT NULL")),
         Index("ux_ql_lease_generation", "lease_generation", unique=True),
+        CheckConstraint("(status = 'ended') = (ended_at_ms IS NOT NULL)", name="ck_ql_lease_ended"),
         {"info": POSTGRESQL_ONLY},
     )
 

@@ -178,7 +178,7 @@ def test_grant_worker_refuses_roles_it_cannot_make_least_privileged(cluster_dsn:
         assert rows and not any(public for *_x, public in rows)
         for name, definer, config, _public in rows:
             if name in GRANTED_TO_WORKERS:
-                assert definer and any(c.startswith("search_path=") and "pg_temp" in c for c in config), name
+                assert definer and "search_path=pg_catalog, public, pg_temp" in config, name  # one path (0014)
 
 
 def test_ql_worker_runs_a_task_to_its_end_connected_as_the_worker_role(harness: Harness, worker_role: str) -> None:
