@@ -8,6 +8,11 @@ and notes each thread's CPU (``time.thread_time``) when it ends. ``--n`` runs ar
 drained after a warm-up, the worker is stopped (SIGTERM: its threads end), and the report is CPU ms
 per task by thread role, then the top functions by own time over all threads. The profiler slows
 the worker (about 2x here): read the shares, not the absolute numbers (``bench_cluster.py`` has those).
+
+``--no-profile``: no profiler; each thread's CPU per task from ``/proc``, each of the worker's
+PostgreSQL backends', and the control-database calls per task by function (``track_functions``,
+when the role may set it) with the database's transactions per task. The counts, unlike CPU
+times, do not move with other load on a shared machine: compare them first.
 """
 
 from __future__ import annotations
@@ -112,13 +117,43 @@ def _backend_cpu(dsn: str) -> dict[tuple[int, str], float]:
     return {(pid, name): cpu for pid, name in rows if (cpu := _backend_cpu_s(pid)) is not None}
 
 
+def _track_functions(dsn: str) -> bool:
+    """Have the database count each worker function's calls (``pg_stat_user_functions``): needs a
+    role that may set ``track_functions``; False (no counts) otherwise."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            db = conn.execute("SELECT current_database()").fetchone()[0]
+            conn.execute(f'ALTER DATABASE "{db}" SET track_functions = \'all\'')
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _calls(dsn: str) -> tuple[dict[str, int], int]:
+    """Calls of each ``ql_`` function so far (batched ones count once per batch), and the
+    database's committed + rolled back transactions: counts, which other load does not move."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        calls = dict(conn.execute("SELECT funcname, sum(calls)::bigint FROM pg_stat_user_functions"
+                                  " WHERE funcname LIKE 'ql%%' AND funcname NOT LIKE 'ql\\_\\_%%'"
+                                  " GROUP BY funcname").fetchall())
+        xacts = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                             " WHERE datname = current_database()").fetchone()[0]
+    return calls, int(xacts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=400, help="tasks to run")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-profile", action="store_true",
-                        help="no cProfile: only each thread's CPU from /proc (threads named by role)")
+                        help="no cProfile: each thread's CPU from /proc (threads named by role), each "
+                             "backend's, and the control-database calls per task by function")
     parser.add_argument("--save", help="also write the merged profile here (for pstats: print_callees ...)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
@@ -137,15 +172,22 @@ def main() -> None:
         try:
             key_file = tmp / "spec.key"
             new_key_file(key_file)
+            counting = args.no_profile and _track_functions(dsn)  # before the worker connects
             workers = Workers(dsn, 1, tmp, key_file, prefix=(sys.executable, __file__, "--child", str(out)))
             try:
                 workers.wait_registered(args.timeout)
                 end_to_end(workers, 8, key_file, args.timeout)
+                if counting:
+                    time.sleep(0.6)  # the statistics collector's delay: the warm-up's counts are in
+                    calls0, xacts0 = _calls(dsn)
                 before = _thread_cpu(workers.procs[0].pid)
                 backends0 = _backend_cpu(dsn)
                 rate = end_to_end(workers, args.n, key_file, args.timeout)
                 after = _thread_cpu(workers.procs[0].pid)
                 backends1 = _backend_cpu(dsn)
+                if counting:
+                    time.sleep(0.6)
+                    calls1, xacts1 = _calls(dsn)
                 if args.no_profile:
                     print(f"# CPU ms per task by thread, {args.n} tasks at {rate:.0f}/s, no profiler "
                           f"(/proc/PID/task; a runner thread that ended mid-run is missing)")
@@ -156,6 +198,15 @@ def main() -> None:
                     for (pid, name), cpu in sorted(backends1.items(), key=lambda kv: kv[0][1]):
                         if (pid, name) in backends0:  # connected for the whole measurement
                             print(f"  {name or '(unnamed)':>28}: {(cpu - backends0[(pid, name)]) * 1000 / args.n:7.3f}")
+                    if counting:
+                        # ql_submit is this script's own queueing; the transactions include its
+                        # drain polls (one every 50 ms) and the statistics reads.
+                        print("# control-database calls per task, by function (a batched function counts once per batch; pipelined calls and the functions a call runs count each), and transactions")
+                        for fn in sorted(calls1):
+                            n = calls1[fn] - calls0.get(fn, 0)
+                            if n:
+                                print(f"  {fn:>28}: {n / args.n:7.3f}")
+                        print(f"  {'transactions':>28}: {(xacts1 - xacts0) / args.n:7.3f}")
                     return
             finally:
                 workers.stop()

@@ -6,6 +6,13 @@ thread kept from an earlier attempt when one is idle: :mod:`.runner_threads`) mi
 claim's ids, then ``start``: log artifact, receipt location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
 which also dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends
 locally. A runner never calls the control database.
+
+The runner always waits for what it spawned, so its attempts take the acknowledged path
+(``awaited``, docs/launcher.md): the launcher publishes no receipt while the worker lives — the
+runner commits the status the kernel reports (the local terminal commit, with the outbox row) and
+then tells the task's publisher it has nothing to publish. That is three fsyncs, a receipt file and
+its read-back fewer per task; a worker that dies (or a runner that stops waiting: ``detach``) at any
+step before the acknowledgement leaves the receipt to the task, replayed on restart as before.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ql_core.crashpoints import crashpoint
 from ql_core.errors import QlError
 from ql_core.log import logger
+from ql_core.wait import detach as detach_locally
 from ql_core.wait import wait as wait_locally
 
 from .control_db import WORKER_BATCH, ControlDBError, TransientError
@@ -41,11 +49,12 @@ __all__ = ["Runner", "spawn_claimed", "task_spec"]
 
 def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, token: str,
                   command: tuple[str, ...], shell: bool, cwd: str | None, env: dict[str, str] | None,
-                  before_spawn: Callable[[], None] | None = None) -> Submission:
+                  before_spawn: Callable[[], None] | None = None, awaited: bool = False) -> Submission:
     """Mirror a claimed attempt into the local store (same ids, the lease token as callback token)
     and spawn it through the node's own path (:func:`ql_core.submit.create`, then
     :func:`~ql_core.submit.start`: log, receipt location, executor, handle). The returned
-    submission's ``run_id`` is the *local* run id (see below)."""
+    submission's ``run_id`` is the *local* run id (see below). ``awaited``: the caller will
+    ``wait`` for it (or ``detach`` it) — the acknowledged path (module docstring)."""
     from ql_core.ids import new_id
     from ql_core.submit import RunIds, create, start
 
@@ -56,6 +65,7 @@ def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, toke
         run_id = new_id()
     # No local deadline: the control plane's lease and the worker's own timers bound the attempt.
     sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token))
+    sub.awaited = awaited
     if before_spawn is not None:
         before_spawn()
     return start(node, sub, command, shell=shell, cwd=cwd, env=env)
@@ -262,7 +272,7 @@ class Runner:
             command, shell, cwd, env = spec
             sub = spawn_claimed(self.node, run_id=held.run_id, attempt_id=attempt_id, log_id=held.log_id,
                                 token=held.fence.lease_token, command=command, shell=shell, cwd=cwd, env=env,
-                                before_spawn=lambda: crashpoint("worker.launch.before_spawn"))
+                                before_spawn=lambda: crashpoint("worker.launch.before_spawn"), awaited=True)
         except QlError as exc:
             # Nothing runs (spawn failed, handle not saved): the local terminal state is in the outbox.
             logger.warning("attempt {} did not start: {}", attempt_id, exc)
@@ -270,18 +280,22 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - the supervisor settles whatever was created
             logger.error("attempt {} launch failed: {}", attempt_id, type(exc).__name__)
             return
-        with self.held.lock:
-            held.sub = sub
-            held.state = "spawned"
-            stop_now = held.stop_reason is not None
-            intent = held.intent
-        if stop_now:
-            self.guard.signal(held, signal.SIGTERM)
-        elif intent is not None:
-            self.guard.apply_intent(held, intent)
-        self.guard.spawned(attempt_id)
         try:
-            wait_locally(self.node, sub)
+            with self.held.lock:
+                held.sub = sub
+                held.state = "spawned"
+                stop_now = held.stop_reason is not None
+                intent = held.intent
+            if stop_now:
+                self.guard.signal(held, signal.SIGTERM)
+            elif intent is not None:
+                self.guard.apply_intent(held, intent)
+            self.guard.spawned(attempt_id)
+        except BaseException:
+            detach_locally(self.node, sub)  # no wait follows: the task publishes its receipt itself
+            raise
+        try:
+            wait_locally(self.node, sub)  # detaches itself when it stops waiting on an error
         except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity
             logger.warning("waiting for attempt {} failed: {}", attempt_id, type(exc).__name__)
 

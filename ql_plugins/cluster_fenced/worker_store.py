@@ -275,6 +275,14 @@ class WorkerJournal:
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
         self.local.record_log_sizes(sizes)
 
+    # -- TerminalLogSize: a runner that reaped its task with an empty log (most print nothing) has its
+    # size (0) written in the terminal commit instead of a commit of its own after it ----------------
+    def offer_log_size(self, attempt_id: str, log_id: str, size: int) -> None:
+        self.local.offer_log_size(attempt_id, log_id, size)
+
+    def withdraw_log_size(self, attempt_id: str) -> None:
+        self.local.withdraw_log_size(attempt_id)
+
     def page_live_logs(self, owner: str, after: str, limit: int) -> list[LogFacts]:
         return self.local.page_live_logs(owner, after, limit)
 

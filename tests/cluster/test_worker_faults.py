@@ -77,10 +77,14 @@ CRASH_CASES = {
     # Inside the local terminal commit (the outbox row is written in it): both roll back, the
     # receipt is replayed on restart and its terminal commit writes the outbox row.
     "worker.outbox.before_insert": (True, "applied"),
+    # A runner waits for its task on the acknowledged path (no receipt while the worker lives):
+    # reaped, nothing committed — the task's publisher then publishes the receipt, replayed on restart.
+    "wait.after_exit": (True, "applied"),
     # The outbox row exists before these points: the control loop may have sent it already (then the
-    # restart's replay is answered already_completed) — either is the one true answer.
-    "consumer.after_commit": (True, ("applied", "already_completed")),
-    "consumer.after_delete": (True, ("applied", "already_completed")),
+    # restart's replay is answered already_completed) — either is the one true answer. Before the
+    # acknowledgement the publisher publishes the receipt, which the restart finds already applied.
+    "wait.before_ack": (True, ("applied", "already_completed")),
+    "wait.after_ack": (True, ("applied", "already_completed")),
     "worker.outbox.after_submit": (True, "already_completed"),  # the replay of a committed completion
 }
 
