@@ -34,6 +34,7 @@ from .ids import new_id
 from .log import logger
 from .paths import log_path, log_relative_path
 from .records import NewRun
+from .value_class import value_class
 
 if TYPE_CHECKING:
     from .node import Node
@@ -75,16 +76,24 @@ class Submission:
     log_max_bytes: int | None = None
 
 
-@dataclass(frozen=True)
+@value_class(hidden=("token",))  # as @dataclass(frozen=True), without its import-time code generation
 class RunIds:
     """Ids chosen before the create commit (a cluster claim's): the run, its attempt, its log
     artifact and the attempt's callback token (the lease token). Without them :func:`create`
     draws new ones."""
 
+    __slots__ = ("run_id", "attempt_id", "log_artifact_id", "token")
     run_id: str
     attempt_id: str
     log_artifact_id: str
-    token: str = field(repr=False)  # never in a log line or a traceback
+    token: str  # never in a log line or a traceback (left out of repr)
+
+    def __init__(self, run_id: str, attempt_id: str, log_artifact_id: str, token: str) -> None:
+        _set = object.__setattr__
+        _set(self, "run_id", run_id)
+        _set(self, "attempt_id", attempt_id)
+        _set(self, "log_artifact_id", log_artifact_id)
+        _set(self, "token", token)
 
 
 #: What ``env_add`` may name: a portable environment variable name (POSIX: letters, digits, ``_``).

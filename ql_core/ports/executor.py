@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from ql_core.value_class import value_class
+
 if TYPE_CHECKING:
     from .journal import TaskSpec
 
@@ -139,13 +141,18 @@ class SpawnRequest:
     started_boot_ms: int | None = None
 
 
-@dataclass(slots=True)
+@value_class(frozen=False, hidden=("live",))  # as @dataclass(slots=True), without its code generation
 class SpawnedTask:
     """A started task: its durable handle and, while the host is its parent, the executor's live object."""
 
+    __slots__ = ("handle", "live")
     handle: str | None
     #: Executor-private (e.g. a ``Popen``); only :meth:`Executor.wait`/:meth:`Executor.abort` use it.
-    live: Any = field(default=None, repr=False)
+    live: Any
+
+    def __init__(self, handle: str | None, live: Any = None) -> None:
+        self.handle = handle
+        self.live = live
 
 
 class ExitObservation(NamedTuple):

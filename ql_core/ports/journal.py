@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from ql_core.value_class import value_class
+
 if TYPE_CHECKING:
     from ..records import (
         AttemptRecord,
@@ -333,6 +335,7 @@ JOURNAL_PARTS: tuple[type, ...] = (RunJournal, ReceiptJournal, CancelDispatch, L
 # -- capabilities a journal backend may add (the cluster backend does) -----------------------
 
 
+# A dataclass: executor wrappers change it with ``dataclasses.replace`` (docs/plugins.md).
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """What to run: only ever handed to the node that runs it (never logged, never in an event)."""
@@ -346,18 +349,30 @@ class TaskSpec:
     env_add: Mapping[str, str] | None = field(default=None, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+# A value class, not a dataclass: see ql_core.value_class (start-up CPU of every command).
+@value_class()  # as @dataclass(frozen=True, slots=True)
 class QueuedRun:
     """A run submitted on a node that does not run tasks itself: it waits in a queue for a worker."""
 
+    __slots__ = ("run_id", "name", "created_at_ms", "spec", "timeout_ms", "max_attempts")
     run_id: str
     name: str | None
     created_at_ms: int
     spec: TaskSpec
     #: The task's time limit, counted from when its attempt starts running (None: none).
-    timeout_ms: int | None = None
+    timeout_ms: int | None
     #: 1 = never run twice; more only for tasks declared safe to run again after a lost attempt.
-    max_attempts: int = 1
+    max_attempts: int
+
+    def __init__(self, run_id: str, name: str | None, created_at_ms: int, spec: TaskSpec,
+                 timeout_ms: int | None = None, max_attempts: int = 1) -> None:
+        _set = object.__setattr__
+        _set(self, "run_id", run_id)
+        _set(self, "name", name)
+        _set(self, "created_at_ms", created_at_ms)
+        _set(self, "spec", spec)
+        _set(self, "timeout_ms", timeout_ms)
+        _set(self, "max_attempts", max_attempts)
 
 
 @runtime_checkable

@@ -1,0 +1,78 @@
+"""Internal value classes built without generating code (issue 25 item 3: CPU of ``ql run``).
+
+``@dataclass`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and frozen
+``__setattr__``/``__delattr__`` as source text and compiles it (``exec``) when its module is
+imported: 0.4-1 ms of CPU per class, and a one-shot ``ql run`` imports about twenty of them. A
+:func:`value_class` writes its ``__init__`` itself (its code is in the module's bytecode cache) and
+gets the other methods here: shared functions over the field names, so defining the class costs
+microseconds. They behave as ``@dataclass(frozen=True, slots=True)`` (or ``frozen=False``) does:
+the same ``repr`` text, equality only with the same class, field by field, the same hash, and
+:class:`dataclasses.FrozenInstanceError` on assignment.
+
+For values whose users only build them and read their fields: a type that callers (embedders,
+plugins, the docs' tutorials) change with ``dataclasses.replace`` or list with ``fields``
+(``Config``, ``Profile``, ``SpawnRequest``, ``TaskSpec``, ``ProcessHandle``) or that embedders
+receive (``Submission``) stays a dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import FrozenInstanceError
+from operator import attrgetter
+from typing import Any, Callable, TypeVar
+
+__all__ = ["value_class"]
+
+C = TypeVar("C", bound=type)
+
+
+def value_class(*, frozen: bool = True, hidden: tuple[str, ...] = ()) -> Callable[[C], C]:
+    """Class decorator: the fields are ``cls.__slots__``, in order (the ``__init__`` arguments'
+    order). ``frozen``: assignment and deletion raise ``FrozenInstanceError`` (``__init__`` then
+    sets fields with ``object.__setattr__``, as a frozen dataclass's does) and instances hash by
+    their fields; otherwise they are unhashable, as a mutable dataclass with ``eq``. ``hidden``:
+    fields left out of ``repr`` (a dataclass's ``field(repr=False)``), e.g. a token."""
+
+    def decorate(cls: C) -> C:
+        names = tuple(cls.__dict__["__slots__"])
+        shown = tuple(name for name in names if name not in hidden)
+        assert len(shown) + len(hidden) == len(names), f"{cls.__name__}: hidden names a field it lacks"
+        # The fields as one tuple (attrgetter of one name gives the value itself): compared and
+        # hashed as a dataclass's generated methods compare and hash theirs.
+        values = attrgetter(*names) if len(names) > 1 else (lambda obj, _get=attrgetter(names[0]): (_get(obj),))
+
+        def __repr__(self: Any) -> str:
+            return (f"{type(self).__qualname__}("
+                    + ", ".join(f"{name}={getattr(self, name)!r}" for name in shown) + ")")
+
+        def __eq__(self: Any, other: object) -> bool:
+            if other.__class__ is self.__class__:
+                return values(self) == values(other)
+            return NotImplemented
+
+        cls.__repr__ = __repr__  # type: ignore[assignment]
+        cls.__eq__ = __eq__  # type: ignore[assignment]
+        cls.__match_args__ = names  # type: ignore[attr-defined]
+        if not frozen:
+            cls.__hash__ = None  # type: ignore[assignment]
+            return cls
+
+        def __hash__(self: Any) -> int:
+            return hash(values(self))
+
+        def __setattr__(self: Any, name: str, value: object) -> None:
+            if type(self) is cls or name in names:
+                raise FrozenInstanceError(f"cannot assign to field {name!r}")
+            super(cls, self).__setattr__(name, value)
+
+        def __delattr__(self: Any, name: str) -> None:
+            if type(self) is cls or name in names:
+                raise FrozenInstanceError(f"cannot delete field {name!r}")
+            super(cls, self).__delattr__(name)
+
+        cls.__hash__ = __hash__  # type: ignore[assignment]
+        cls.__setattr__ = __setattr__  # type: ignore[assignment]
+        cls.__delattr__ = __delattr__  # type: ignore[assignment]
+        return cls
+
+    return decorate

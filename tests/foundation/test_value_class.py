@@ -1,0 +1,108 @@
+"""Value classes (``ql_core.value_class``) behave as the dataclasses they replaced.
+
+Each class is compared with a dataclass twin built from its ``__init__`` signature with the options
+the original ``@dataclass`` had: the same ``repr`` (the same fields hidden: a token, a command, an
+environment never show), equality, hash, frozen assignment and deletion, ``__match_args__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from ql_core.completion import CompletionOutcome, CompletionResult
+from ql_core.consumer import ConsumeOutcome, ConsumeResult
+from ql_core.outcome import Verdict
+from ql_core.ports.executor import SpawnedTask
+from ql_core.ports.journal import QueuedRun, TaskSpec
+from ql_core.ports.receipt_store import ReadStatus, ReceiptRead
+from ql_core.receipts.codec import Receipt, ReceiptRejection, RejectReason
+from ql_core.submit import RunIds
+from ql_core.value_class import value_class
+from ql_executors.local_process.containment import Containment
+from ql_executors.local_process.identity_source import ProcStat
+
+#: class -> (frozen, fields hidden from repr, sample positional values (one per field)).
+CASES: dict[type, tuple[bool, tuple[str, ...], tuple[object, ...]]] = {
+    Verdict: (True, (), ("failed", "timeout", "user")),
+    CompletionResult: (True, (), (CompletionOutcome.APPLIED, "succeeded", None, True, (1, 2), None)),
+    ConsumeResult: (True, (), (ConsumeOutcome.QUARANTINED, "failed", "why", True)),
+    RunIds: (True, ("token",), ("r", "a", "l", "SECRET-TOKEN")),
+    QueuedRun: (True, (), ("r", "n", 5, TaskSpec(("x",)), 7, 2)),
+    SpawnedTask: (False, ("live",), ("handle", object())),
+    Receipt: (True, (), (1, "r", "a", 2, "tok", 3, 4, 0)),
+    ReceiptRejection: (True, (), (RejectReason.BOM, "detail")),
+    ReceiptRead: (True, (), (ReadStatus.VALID, None, None)),
+    ProcStat: (True, (), ("R", 1, 2, 3, b"comm", 9)),
+    Containment: (True, (), ("/sys/fs/cgroup/x", "")),
+}
+
+
+def _twin(cls: type, frozen: bool, hidden: tuple[str, ...]) -> type:
+    """The dataclass the value class stands for, with the same name, fields and defaults."""
+    fields = []
+    for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        kwargs = {"repr": param.name not in hidden}
+        if param.default is not inspect.Parameter.empty:
+            kwargs["default"] = param.default
+        fields.append((param.name, object, dataclasses.field(**kwargs)))
+    twin = dataclasses.make_dataclass(cls.__name__, fields, frozen=frozen)
+    twin.__qualname__ = cls.__qualname__
+    return twin
+
+
+@pytest.mark.parametrize("cls", list(CASES), ids=lambda c: c.__name__)
+def test_a_value_class_behaves_as_its_dataclass(cls: type) -> None:
+    frozen, hidden, values = CASES[cls]
+    twin = _twin(cls, frozen, hidden)
+    assert tuple(cls.__slots__) == tuple(f.name for f in dataclasses.fields(twin))
+    ours, theirs = cls(*values), twin(*values)
+    assert repr(ours) == repr(theirs)
+    for name in hidden:  # what must never reach a log line or a traceback
+        assert repr(getattr(ours, name)) not in repr(ours) or getattr(ours, name) is None
+    assert ours == cls(*values) and not ours != cls(*values)
+    assert ours != theirs and (ours == values) is False  # only the same class compares equal
+    assert cls.__match_args__ == twin.__match_args__
+    changed = cls(*values[:-1], "other")
+    assert (ours == changed) is (theirs == twin(*values[:-1], "other"))
+    if frozen:
+        try:
+            expected: object = hash(theirs)
+        except TypeError:  # a field holds a dict (TaskSpec's env): unhashable, as the dataclass
+            expected = TypeError
+        if expected is TypeError:
+            with pytest.raises(TypeError):
+                hash(ours)
+        else:
+            assert hash(ours) == hash(cls(*values)) == expected
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
+            ours.__setattr__(cls.__slots__[0], "x")
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field"):
+            ours.__delattr__(cls.__slots__[0])
+    else:
+        assert cls.__hash__ is None and twin.__hash__ is None
+        ours.__setattr__(cls.__slots__[0], "x")
+        assert getattr(ours, cls.__slots__[0]) == "x"
+
+
+@pytest.mark.parametrize("cls", list(CASES), ids=lambda c: c.__name__)
+def test_defaults_are_the_dataclasses(cls: type) -> None:
+    """Built with only its required arguments, a value class holds its dataclass twin's defaults."""
+    frozen, hidden, values = CASES[cls]
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    required = [v for p, v in zip(params, values) if p.default is inspect.Parameter.empty]
+    assert repr(cls(*required)) == repr(_twin(cls, frozen, hidden)(*required))
+
+
+def test_a_single_field_class_compares_and_hashes_by_its_value() -> None:
+    @value_class()
+    class One:
+        __slots__ = ("x",)
+
+        def __init__(self, x: object) -> None:
+            object.__setattr__(self, "x", x)
+
+    assert One(1) == One(1) and One(1) != One(2) and hash(One(1)) == hash((1,))
+    assert repr(One("v")) == "test_a_single_field_class_compares_and_hashes_by_its_value.<locals>.One(x='v')"
