@@ -114,6 +114,38 @@ def _peek_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _plain_run(argv: Sequence[str]) -> argparse.Namespace | None:
+    """The arguments argparse would give ``ql [GLOBAL OPTIONS] run -- CMD [ARG...]`` (no option of
+    ``run`` itself), built without building the parser; None for any other command line, which the
+    parser then reads (and explains, when it is wrong).
+
+    Building the parser is ~2 ms of a one-shot ``ql run``'s CPU (argparse's objects, and the
+    gettext look-ups and locale import its first messages do; issue 25 item 3). Only the exact
+    spellings argparse accepts unambiguously are taken here: ``--data-dir``, ``--config`` and
+    ``--profile`` once each with a value that does not start with ``-``, ``--json``; an
+    abbreviation, an ``=value`` form or anything else goes to the parser
+    (tests/cli/test_plain_run.py compares the two on many command lines)."""
+    values: dict[str, object] = {"data_dir": None, "config": None, "profile": None, "json": False}
+    seen: set[str] = set()
+    i = 0
+    while i < len(argv) and argv[i] != "run":
+        option = argv[i]
+        if option == "--json":
+            values["json"] = True
+            i += 1
+        elif option in _VALUED and option not in seen and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            seen.add(option)
+            values[option[2:].replace("-", "_")] = argv[i + 1]
+            i += 2
+        else:
+            return None
+    command = list(argv[i + 1:])
+    if i >= len(argv) or len(command) < 2 or command[0] != "--":
+        return None
+    module = importlib.import_module(COMMANDS["run"])
+    return argparse.Namespace(**values, command=command, **module.DEFAULTS, _module=module)
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     """``--json`` among the options (before a ``--`` that starts a task's command)."""
     for arg in argv:
@@ -399,7 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get("QL_DEBUG", "") not in ("", "0")
     try:
         peeked = _peek_command(args_in)
-        args = build_parser(peeked).parse_args(args_in)
+        args = _plain_run(args_in) if peeked == "run" else None
+        if args is None:
+            args = build_parser(peeked).parse_args(args_in)
         command = args.command
         if early and command not in _EARLY_STOP_COMMANDS and not getattr(args._module, "STOPS_ON_SIGNALS", False):
             from ql_core.cli.common import release_early_stop
