@@ -11,8 +11,8 @@ the same ``repr`` text, equality only with the same class, field by field, the s
 
 For values whose users only build them and read their fields: a type that callers (embedders,
 plugins, the docs' tutorials) change with ``dataclasses.replace`` or list with ``fields``
-(``Config``, ``Profile``, ``SpawnRequest``, ``TaskSpec``, ``ProcessHandle``) or that embedders
-receive (``Submission``) stays a dataclass.
+(``Config``, ``SpawnRequest``, ``TaskSpec``, ``ProcessHandle``) or that embedders receive and may
+extend (``Submission``, mutable) stays a dataclass.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 from ql_core.completion import CompletionOutcome, CompletionResult
 from ql_core.consumer import ConsumeOutcome, ConsumeResult
 from ql_core.outcome import Verdict
+from ql_core.profiles import PROFILES, Profile
 from ql_core.ports.executor import SpawnedTask
 from ql_core.ports.journal import QueuedRun, TaskSpec
 from ql_core.ports.receipt_store import ReadStatus, ReceiptRead
@@ -37,6 +38,7 @@ CASES: dict[type, tuple[bool, tuple[str, ...], tuple[object, ...]]] = {
     ReceiptRead: (True, (), (ReadStatus.VALID, None, None)),
     ProcStat: (True, (), ("R", 1, 2, 3, b"comm", 9)),
     Containment: (True, (), ("/sys/fs/cgroup/x", "")),
+    Profile: (True, (), tuple(getattr(PROFILES["edge"], name) for name in Profile.__slots__)),
 }
 
 
@@ -94,6 +96,18 @@ def test_defaults_are_the_dataclasses(cls: type) -> None:
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     required = [v for p, v in zip(params, values) if p.default is inspect.Parameter.empty]
     assert repr(cls(*required)) == repr(_twin(cls, frozen, hidden)(*required))
+
+
+def test_a_profile_is_changed_and_listed_as_before() -> None:
+    """``with_overrides`` and ``limit_names`` (they used ``dataclasses.replace`` and ``fields``)."""
+    edge = PROFILES["edge"]
+    changed = edge.with_overrides({"page_size": 3, "cancel_grace_s": 1.5})
+    assert (changed.page_size, changed.cancel_grace_s, changed.name) == (3, 1.5, "edge")
+    assert edge.with_overrides({}) == edge and edge.page_size == 8
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_limit'"):
+        edge.with_overrides({"no_such_limit": 1})
+    assert Profile.limit_names()[:3] == ("scan_interval_s", "page_size", "pages_per_round")
+    assert Profile.limit_names()[-1] == "log_follow_unfinalized_s" and "name" not in Profile.limit_names()
 
 
 def test_a_single_field_class_compares_and_hashes_by_its_value() -> None:
