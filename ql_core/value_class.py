@@ -6,8 +6,8 @@ imported: 0.4-1 ms of CPU per class, and a one-shot ``ql run`` imports about twe
 :func:`value_class` writes its ``__init__`` itself (its code is in the module's bytecode cache) and
 gets the other methods here: shared functions over the field names, so defining the class costs
 microseconds. They behave as ``@dataclass(frozen=True, slots=True)`` (or ``frozen=False``) does:
-the same ``repr`` text, equality only with the same class, field by field, the same hash, and
-:class:`dataclasses.FrozenInstanceError` on assignment.
+the same ``repr`` text, equality only with the same class, field by field, the same hash,
+:class:`dataclasses.FrozenInstanceError` on assignment, and copies and pickles that round-trip.
 
 For values whose users only build them and read their fields: a type that callers (embedders,
 plugins, the docs' tutorials) change with ``dataclasses.replace`` or list with ``fields``
@@ -70,9 +70,20 @@ def value_class(*, frozen: bool = True, hidden: tuple[str, ...] = ()) -> Callabl
                 raise FrozenInstanceError(f"cannot delete field {name!r}")
             super(cls, self).__delattr__(name)
 
+        # pickle and copy restore a slotted instance through setattr, which a frozen class refuses:
+        # a frozen slotted dataclass has these two for the same reason.
+        def __getstate__(self: Any) -> list[object]:
+            return list(values(self))
+
+        def __setstate__(self: Any, state: list[object]) -> None:
+            for name, value in zip(names, state):
+                object.__setattr__(self, name, value)
+
         cls.__hash__ = __hash__  # type: ignore[assignment]
         cls.__setattr__ = __setattr__  # type: ignore[assignment]
         cls.__delattr__ = __delattr__  # type: ignore[assignment]
+        cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+        cls.__setstate__ = __setstate__  # type: ignore[attr-defined]
         return cls
 
     return decorate

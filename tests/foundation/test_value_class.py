@@ -7,8 +7,10 @@ environment never show), equality, hash, frozen assignment and deletion, ``__mat
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 
 import pytest
 
@@ -67,6 +69,11 @@ def test_a_value_class_behaves_as_its_dataclass(cls: type) -> None:
     assert ours == cls(*values) and not ours != cls(*values)
     assert ours != theirs and (ours == values) is False  # only the same class compares equal
     assert cls.__match_args__ == twin.__match_args__
+    for twin_of in (copy.copy(ours), copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        if cls is SpawnedTask:  # its live object (a plain object() here) is copied as itself or anew
+            assert twin_of.handle == ours.handle
+        else:
+            assert twin_of == ours and repr(twin_of) == repr(ours)
     changed = cls(*values[:-1], "other")
     assert (ours == changed) is (theirs == twin(*values[:-1], "other"))
     if frozen:
