@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .clock import boot_ms, now_ms
@@ -34,7 +34,7 @@ from .ids import new_id
 from .log import logger
 from .paths import log_path, log_relative_path
 from .records import NewRun
-from .value_class import value_class
+from .value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
     from .node import Node
@@ -50,7 +50,8 @@ _TASK_KEYS = frozenset({"command", "shell", "name", "timeout_s", "cwd", "env", "
                         "max_attempts"})
 
 
-@dataclass
+# A dataclass (embedders get it), without generated methods (ql_core.value_class.lean_dataclass).
+@lean_dataclass()
 class Submission:
     """A submitted run. ``task`` is set while this process is the task's parent (the live path).
 
@@ -74,6 +75,23 @@ class Submission:
     started_boot_ms: int | None = None
     #: The log artifact's quota (None: the profile's).
     log_max_bytes: int | None = None
+
+    def __init__(self, run_id: str, attempt_id: str | None, log_artifact_id: str | None, callback_sequence: int,
+                 started_at_ms: int, deadline_at_ms: int | None, executor: str | None, token: str = "",
+                 task: SpawnedTask | None = None, awaited: bool = False, started_boot_ms: int | None = None,
+                 log_max_bytes: int | None = None) -> None:
+        self.run_id = run_id
+        self.attempt_id = attempt_id
+        self.log_artifact_id = log_artifact_id
+        self.callback_sequence = callback_sequence
+        self.started_at_ms = started_at_ms
+        self.deadline_at_ms = deadline_at_ms
+        self.executor = executor
+        self.token = token
+        self.task = task
+        self.awaited = awaited
+        self.started_boot_ms = started_boot_ms
+        self.log_max_bytes = log_max_bytes
 
 
 @value_class(hidden=("token",))  # as @dataclass(frozen=True), without its import-time code generation

@@ -51,11 +51,11 @@ called from several threads at once (each call is its own transaction).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from ql_core.value_class import value_class
+from ql_core.value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
     from ..records import (
@@ -335,8 +335,9 @@ JOURNAL_PARTS: tuple[type, ...] = (RunJournal, ReceiptJournal, CancelDispatch, L
 # -- capabilities a journal backend may add (the cluster backend does) -----------------------
 
 
-# A dataclass: executor wrappers change it with ``dataclasses.replace`` (docs/plugins.md).
-@dataclass(frozen=True, slots=True)
+# A dataclass: executor wrappers change it with ``dataclasses.replace`` (docs/plugins.md); its
+# methods are not generated (ql_core.value_class.lean_dataclass: start-up CPU).
+@lean_dataclass(frozen=True, slots=True)
 class TaskSpec:
     """What to run: only ever handed to the node that runs it (never logged, never in an event)."""
 
@@ -347,6 +348,15 @@ class TaskSpec:
     #: Added to the environment the task gets where it runs (``env``, else that host's): a queued
     #: run's ``ql run --env`` (the worker merges it with its own environment).
     env_add: Mapping[str, str] | None = field(default=None, repr=False)
+
+    def __init__(self, command: tuple[str, ...], shell: bool = False, cwd: str | None = None,
+                 env: Mapping[str, str] | None = None, env_add: Mapping[str, str] | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "command", command)
+        _set(self, "shell", shell)
+        _set(self, "cwd", cwd)
+        _set(self, "env", env)
+        _set(self, "env_add", env_add)
 
 
 # A value class, not a dataclass: see ql_core.value_class (start-up CPU of every command).
