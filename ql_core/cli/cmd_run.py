@@ -8,7 +8,6 @@ When our stdout goes away (``ql run ... | head -1``), streaming stops and
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING
 from ql_core.cli.output import Output, silence_stdout
 
 if TYPE_CHECKING:
+    import argparse
+
     from ql_core.node import Node
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
@@ -36,6 +37,8 @@ DEFAULTS: dict[str, object] = {"timeout": None, "name": None, "detach": False, "
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    import argparse  # here: a plain ql run is read without argparse (ql_core.cli.main._plain_run)
+
     parser.add_argument("--timeout", type=float, default=DEFAULTS["timeout"], metavar="S",
                         help="persisted deadline in seconds")
     parser.add_argument("--name", default=DEFAULTS["name"], metavar="N", help="a label for the run")
