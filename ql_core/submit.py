@@ -115,7 +115,7 @@ class RunIds:
 
 
 #: What ``env_add`` may name: a portable environment variable name (POSIX: letters, digits, ``_``).
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,255}"
 #: At most this many variables in ``env_add``.
 MAX_ENV_ADD = 256
 
@@ -133,7 +133,7 @@ def check_env_add(env_add: dict[str, str] | None) -> None:
     for key, value in env_add.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError("env_add must map str to str; pass str(value)")
-        if not _ENV_NAME.fullmatch(key):
+        if not re.fullmatch(_ENV_NAME, key):  # compiled at the first use (re's cache): most runs add none
             raise UsageError("an env_add name is not a portable variable name: use letters, digits and _ , "
                              "not starting with a digit (e.g. BUILD_ID)")
 
