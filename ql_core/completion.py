@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from .outcome import clamp_times, decide_never_ran, decide_outcome, decide_without_receipt
@@ -27,6 +26,7 @@ from .ports.journal import EventSpec, Snapshot, Transition
 from .retrying import retrying
 from .states import RECOVERABLE_ATTEMPT, RUN_ACTIVE
 from .tokens import hash_token, same_hash
+from .value_class import value_class
 
 if TYPE_CHECKING:
     from .ports.journal import JournalBackend
@@ -64,18 +64,30 @@ class CompletionRejection(enum.StrEnum):
     INCONSISTENT_STATE = "inconsistent_state"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class()  # as @dataclass(frozen=True, slots=True), without its import-time code generation
 class CompletionResult:
+    __slots__ = ("outcome", "status", "rejection", "late", "events", "view")
     outcome: CompletionOutcome
-    status: str | None = None
-    rejection: CompletionRejection | None = None
+    status: str | None
+    rejection: CompletionRejection | None
     #: A valid claim that arrived after another path had already ended the attempt.
-    late: bool = False
-    events: tuple[RunEventInfo, ...] = ()
+    late: bool
+    events: tuple[RunEventInfo, ...]
     #: ``complete(..., bound=True)`` APPLIED: the run as this commit left it, built from the rows the
     #: transaction read and the change it wrote (the waiting host returns it without reading the run
     #: again); None when the attempt is not the run's only one.
-    view: RunView | None = None
+    view: RunView | None
+
+    def __init__(self, outcome: CompletionOutcome, status: str | None = None,
+                 rejection: CompletionRejection | None = None, late: bool = False,
+                 events: tuple[RunEventInfo, ...] = (), view: RunView | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "outcome", outcome)
+        _set(self, "status", status)
+        _set(self, "rejection", rejection)
+        _set(self, "late", late)
+        _set(self, "events", events)
+        _set(self, "view", view)
 
 
 def _rejected(reason: CompletionRejection) -> tuple[CompletionResult, None]:

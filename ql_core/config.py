@@ -41,7 +41,7 @@ key or the file and the fix; nothing is silently ignored.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,6 +49,7 @@ from .config_paths import DEFAULT_CONFIG_NAME, check_path_text as _check_path_te
 from .config_paths import default_config_path as _default_config_path
 from .errors import ConfigError, DataDirError, UnsafePathError
 from .profiles import LIMIT_RANGES, PROFILES, Profile
+from .value_class import FACTORY, lean_dataclass
 
 __all__ = ["Config", "load_config", "DEFAULT_CONFIG_NAME"]
 
@@ -63,7 +64,8 @@ _MAX_PLUGIN_DEPTH = 8
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+# A dataclass (embedders and tests change it with dataclasses.replace), without generated methods.
+@lean_dataclass(frozen=True, slots=True)
 class Config:
     """The validated settings of one ql runtime."""
 
@@ -97,6 +99,27 @@ class Config:
     #: them (hook ``ql_limit_names``); :func:`ql_core.plugins.check_config_plugins` refuses any key
     #: no installed plugin claims, as a typo.
     extra_limits: Mapping[str, Any] = field(default_factory=dict)
+
+    def __init__(self, profile: Profile, data_dir: Path, database_url: str, plugins: tuple[str, ...], source: str,
+                 executor: str | None = None, receipt_store: str | None = None, journal: str = "edge-sqlite",
+                 artifact_store: str | None = None, disabled_plugins: tuple[str, ...] = (),
+                 plugin_settings: Mapping[str, Mapping[str, Any]] = FACTORY, web_token_file: Path | None = None,
+                 data_dir_default: bool = False, extra_limits: Mapping[str, Any] = FACTORY) -> None:
+        _set = object.__setattr__
+        _set(self, "profile", profile)
+        _set(self, "data_dir", data_dir)
+        _set(self, "database_url", database_url)
+        _set(self, "plugins", plugins)
+        _set(self, "source", source)
+        _set(self, "executor", executor)
+        _set(self, "receipt_store", receipt_store)
+        _set(self, "journal", journal)
+        _set(self, "artifact_store", artifact_store)
+        _set(self, "disabled_plugins", disabled_plugins)
+        _set(self, "plugin_settings", {} if plugin_settings is FACTORY else plugin_settings)
+        _set(self, "web_token_file", web_token_file)
+        _set(self, "data_dir_default", data_dir_default)
+        _set(self, "extra_limits", {} if extra_limits is FACTORY else extra_limits)
 
     @property
     def is_sqlite(self) -> bool:

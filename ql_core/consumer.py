@@ -35,7 +35,6 @@ ended and exits right after; it is looked at again next round.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal
 
 from .clock import now_ms
@@ -44,6 +43,7 @@ from .crashpoints import crashpoint
 from .log import logger
 from .ports.journal import EventSpec
 from .ports.receipt_store import QuarantineConflictError, ReceiptStoreError, UnsafePathError
+from .value_class import value_class
 
 if TYPE_CHECKING:
     from .ports.journal import ReceiptJournal
@@ -79,14 +79,23 @@ class ConsumeOutcome(enum.StrEnum):
     DEFERRED = "deferred"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class()  # as @dataclass(frozen=True, slots=True), without its import-time code generation
 class ConsumeResult:
+    __slots__ = ("outcome", "status", "reason", "kept_in_place")
     outcome: ConsumeOutcome
-    status: str | None = None
-    reason: str | None = None
+    status: str | None
+    reason: str | None
     #: QUARANTINED, but the file could not be moved because the quarantine slot holds an earlier
     #: rejected file of the attempt (never overwritten): that earlier copy's retention still applies.
-    kept_in_place: bool = False
+    kept_in_place: bool
+
+    def __init__(self, outcome: ConsumeOutcome, status: str | None = None, reason: str | None = None,
+                 kept_in_place: bool = False) -> None:
+        _set = object.__setattr__
+        _set(self, "outcome", outcome)
+        _set(self, "status", status)
+        _set(self, "reason", reason)
+        _set(self, "kept_in_place", kept_in_place)
 
 
 class ReceiptConsumer:

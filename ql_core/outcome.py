@@ -34,7 +34,7 @@ the executor can measure it — so no wall clock of any host decides a verdict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .value_class import value_class
 
 __all__ = [
     "Verdict",
@@ -52,13 +52,20 @@ LOST_REASON = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 TIMEOUT_REASON = "timeout"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class()  # as @dataclass(frozen=True, slots=True), without its import-time code generation
 class Verdict:
     """How an attempt (and its run) ends; ``moot`` names a committed cancel reason the task beat."""
 
+    __slots__ = ("status", "reason", "moot")
     status: str
     reason: str | None
-    moot: str | None = None
+    moot: str | None
+
+    def __init__(self, status: str, reason: str | None, moot: str | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "status", status)
+        _set(self, "reason", reason)
+        _set(self, "moot", moot)
 
 
 def natural_status(exit_code: int) -> str:

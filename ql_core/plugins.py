@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 import pluggy
@@ -140,22 +139,34 @@ def _written_for_users(exc: Exception) -> bool:
     return isinstance(exc, (QlError, StoreError, ReceiptStoreError, ArtifactStoreError))
 
 
-# eq/repr off: a host is its plugin manager and registries, compared by identity anyway (none has an
-# __eq__), and a field-by-field repr of them says nothing; not generating the two methods saves
-# ~0.15 ms of every start that loads plugins (``ql run`` included).
-@dataclass(eq=False, repr=False)
 class PluginHost:
-    """The loaded plugins behind a small typed facade; core never calls ``pm.hook`` itself."""
+    """The loaded plugins behind a small typed facade; core never calls ``pm.hook`` itself.
 
-    pm: pluggy.PluginManager
-    loaded: tuple[str, ...]
-    #: The environment whose QL_PLUGINS / QL_DISABLE_PLUGINS applied (for explaining a missing name).
-    environ: Mapping[str, str] = field(default_factory=dict)
-    executors: Registry[Executor] = field(default_factory=lambda: Registry("executor"))
-    receipt_stores: Registry[ReceiptStore] = field(default_factory=lambda: Registry("receipt store"))
-    journal_backends: Registry[JournalBackend] = field(default_factory=lambda: Registry("journal backend"))
-    wakeup_sources: Registry[WakeupSource] = field(default_factory=lambda: Registry("wake-up source"))
-    artifact_stores: Registry[ArtifactStore] = field(default_factory=lambda: Registry("artifact store"))
+    A plain class (it was a ``@dataclass(eq=False, repr=False)``: the same ``__init__``, compared by
+    identity, the default repr): a dataclass compiles its ``__init__`` at import, ~0.4 ms of every
+    start that loads plugins (``ql run`` included)."""
+
+    def __init__(self, pm: pluggy.PluginManager, loaded: tuple[str, ...], environ: Mapping[str, str] | None = None,
+                 executors: Registry[Executor] | None = None, receipt_stores: Registry[ReceiptStore] | None = None,
+                 journal_backends: Registry[JournalBackend] | None = None,
+                 wakeup_sources: Registry[WakeupSource] | None = None,
+                 artifact_stores: Registry[ArtifactStore] | None = None,
+                 _failed_observers: set[str] | None = None) -> None:
+        self.pm = pm
+        self.loaded = loaded
+        #: The environment whose QL_PLUGINS / QL_DISABLE_PLUGINS applied (for explaining a missing name).
+        self.environ: Mapping[str, str] = {} if environ is None else environ
+        self.executors: Registry[Executor] = Registry("executor") if executors is None else executors
+        self.receipt_stores: Registry[ReceiptStore] = (Registry("receipt store") if receipt_stores is None
+                                                       else receipt_stores)
+        self.journal_backends: Registry[JournalBackend] = (Registry("journal backend") if journal_backends is None
+                                                           else journal_backends)
+        self.wakeup_sources: Registry[WakeupSource] = (Registry("wake-up source") if wakeup_sources is None
+                                                       else wakeup_sources)
+        self.artifact_stores: Registry[ArtifactStore] = (Registry("artifact store") if artifact_stores is None
+                                                         else artifact_stores)
+        #: Observers that raised once (logged once each).
+        self._failed_observers: set[str] = set() if _failed_observers is None else _failed_observers
 
     def _collect(self) -> None:
         """Run each registration hook plugin by plugin, so duplicates name their owner."""
@@ -173,8 +184,6 @@ class PluginHost:
                 caller = self.pm.subset_hook_caller(hook_name, remove_plugins=[
                     p for p in self.pm.get_plugins() if p is not plugin])
                 caller(register=registry.register)
-
-    _failed_observers: set[str] = field(default_factory=set)
 
     def notify_event(self, event: RunEventInfo) -> None:
         """Tell each observer about a committed event, one by one.

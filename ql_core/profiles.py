@@ -7,15 +7,24 @@ override can make a scan, a page or a retention window unbounded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from .value_class import value_class
 
 __all__ = ["Profile", "PROFILES", "LIMIT_RANGES", "SHIPPED_LOG_LIMITS", "profile_named"]
 
 
-@dataclass(frozen=True, slots=True)
+@value_class()  # as @dataclass(frozen=True, slots=True), without its import-time code generation
 class Profile:
     """Limits and switches of one deployment profile."""
+
+    __slots__ = ('name', 'database', 'runs_tasks', 'default_plugins', 'default_executor', 'default_receipt_store',
+                 'default_journal', 'scan_interval_s', 'page_size', 'pages_per_round', 'publish_grace_ms',
+                 'terminal_journal_retention_s', 'quarantine_retention_s', 'file_watcher', 'cancel_grace_s',
+                 'cancel_lease_s', 'cancel_backoff_cap_s', 'log_max_bytes', 'log_retention_s',
+                 'log_total_max_bytes', 'completion_retries', 'busy_timeout_ms', 'stop_drain_s',
+                 'history_retention_s', 'history_max_runs', 'retention_budget_ms', 'default_artifact_store',
+                 'log_follow_unfinalized_s')
 
     name: str
     #: Which run database stack the profile accepts: "sqlite" or "postgresql".
@@ -40,48 +49,89 @@ class Profile:
     #: "never" | "optional": may the watchfiles wake-up be enabled.
     file_watcher: str
     #: Grace between TERM and KILL when a run is cancelled or timed out.
-    cancel_grace_s: float = 10.0
+    cancel_grace_s: float
     #: Lease on a cancellation dispatch record.
-    cancel_lease_s: float = 30.0
+    cancel_lease_s: float
     #: Cap of the retry backoff of a cancellation dispatch.
-    cancel_backoff_cap_s: float = 60.0
+    cancel_backoff_cap_s: float
     #: Per-attempt log size past which output is dropped (bytes).
-    log_max_bytes: int = 64 * 1024 * 1024
+    log_max_bytes: int
     #: Log artifacts older than this are deleted by retention (seconds).
-    log_retention_s: float = 7 * 24 * 3600.0
+    log_retention_s: float
     #: Total size of all log artifacts past which the oldest are deleted (bytes).
-    log_total_max_bytes: int = 1024 * 1024 * 1024
+    log_total_max_bytes: int
     #: Compare-and-set conflicts or busy errors retried before giving up.
-    completion_retries: int = 5
+    completion_retries: int
     #: SQLite busy timeout (milliseconds).
-    busy_timeout_ms: int = 5000
+    busy_timeout_ms: int
     #: Time cap of the supervisor's drain on stop().
-    stop_drain_s: float = 5.0
+    stop_drain_s: float
     #: Terminal runs (with their attempts, events and logs) older than this are forgotten (seconds).
-    history_retention_s: float = 30 * 24 * 3600.0
+    history_retention_s: float
     #: At most this many runs are kept; the oldest terminal ones beyond it are forgotten.
-    history_max_runs: int = 100_000
+    history_max_runs: int
     #: Time one round may spend on retention (sizing ended logs left unsized by a crash, then
     #: purging history), in pages of ``page_size * pages_per_round`` — a budget of wall-clock time, not a
     #: count of runs. A round that stops at the budget with work left asks for the next round after a
     #: pause as long as the budget (retention may use at most half the time while a backlog drains).
-    retention_budget_ms: int = 500
+    retention_budget_ms: int
     # -- cluster logs (docs/logs.md "Cluster logs"; the cluster's own numbers are the cluster-fenced
     # plugin's, in [plugin.cluster-fenced]) --
     #: The artifact store workers ship logs to and ``ql logs`` reads from (None: local files only).
-    default_artifact_store: str | None = None
+    default_artifact_store: str | None
     #: ``ql logs -f`` of a run that ended but whose worker has not finalized its shipped log stops
     #: after this long without new bytes (the worker is gone; it finishes shipping when it returns).
-    log_follow_unfinalized_s: float = 120.0
+    log_follow_unfinalized_s: float
+
+    def __init__(self, name: str, database: str, runs_tasks: bool, default_plugins: tuple[str, ...],
+                 default_executor: str | None, default_receipt_store: str | None, default_journal: str,
+                 scan_interval_s: float, page_size: int, pages_per_round: int, publish_grace_ms: int,
+                 terminal_journal_retention_s: float, quarantine_retention_s: float, file_watcher: str,
+                 cancel_grace_s: float = 10.0, cancel_lease_s: float = 30.0, cancel_backoff_cap_s: float = 60.0,
+                 log_max_bytes: int = 64 * 1024 * 1024, log_retention_s: float = 7 * 24 * 3600.0,
+                 log_total_max_bytes: int = 1024 * 1024 * 1024, completion_retries: int = 5,
+                 busy_timeout_ms: int = 5000, stop_drain_s: float = 5.0,
+                 history_retention_s: float = 30 * 24 * 3600.0, history_max_runs: int = 100_000,
+                 retention_budget_ms: int = 500, default_artifact_store: str | None = None,
+                 log_follow_unfinalized_s: float = 120.0) -> None:
+        _set = object.__setattr__
+        _set(self, "name", name)
+        _set(self, "database", database)
+        _set(self, "runs_tasks", runs_tasks)
+        _set(self, "default_plugins", default_plugins)
+        _set(self, "default_executor", default_executor)
+        _set(self, "default_receipt_store", default_receipt_store)
+        _set(self, "default_journal", default_journal)
+        _set(self, "scan_interval_s", scan_interval_s)
+        _set(self, "page_size", page_size)
+        _set(self, "pages_per_round", pages_per_round)
+        _set(self, "publish_grace_ms", publish_grace_ms)
+        _set(self, "terminal_journal_retention_s", terminal_journal_retention_s)
+        _set(self, "quarantine_retention_s", quarantine_retention_s)
+        _set(self, "file_watcher", file_watcher)
+        _set(self, "cancel_grace_s", cancel_grace_s)
+        _set(self, "cancel_lease_s", cancel_lease_s)
+        _set(self, "cancel_backoff_cap_s", cancel_backoff_cap_s)
+        _set(self, "log_max_bytes", log_max_bytes)
+        _set(self, "log_retention_s", log_retention_s)
+        _set(self, "log_total_max_bytes", log_total_max_bytes)
+        _set(self, "completion_retries", completion_retries)
+        _set(self, "busy_timeout_ms", busy_timeout_ms)
+        _set(self, "stop_drain_s", stop_drain_s)
+        _set(self, "history_retention_s", history_retention_s)
+        _set(self, "history_max_runs", history_max_runs)
+        _set(self, "retention_budget_ms", retention_budget_ms)
+        _set(self, "default_artifact_store", default_artifact_store)
+        _set(self, "log_follow_unfinalized_s", log_follow_unfinalized_s)
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """Return a copy with validated numeric overrides applied."""
-        return replace(self, **overrides)
+        return Profile(**{**{name: getattr(self, name) for name in Profile.__slots__}, **overrides})
 
     @classmethod
     def limit_names(cls) -> tuple[str, ...]:
         """Names of the numbers a config file may override."""
-        return tuple(f.name for f in fields(cls) if f.name in LIMIT_RANGES)
+        return tuple(name for name in cls.__slots__ if name in LIMIT_RANGES)
 
     def limits_in_force(self) -> tuple[str, ...]:
         """The limits this profile uses (what ``ql doctor`` shows): those of shipped logs

@@ -8,9 +8,11 @@ small derived properties (and :func:`run_view`, a run row and its attempt rows a
 decisions live in :mod:`ql_core.outcome` and the
 services. Nothing here holds a command, argv, environment, token or output: an
 attempt carries only its token's hash.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: ``typing.NamedTuple`` turns each string annotation
+into a ``ForwardRef``, which compiles it, ~120 compiles at every command's start (~0.7 ms of CPU);
+evaluated annotations (every name here is defined before its use) cost none.
+"""
 
 from typing import Any, NamedTuple, Sequence
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .clock import boot_ms, now_ms
@@ -34,6 +34,7 @@ from .ids import new_id
 from .log import logger
 from .paths import log_path, log_relative_path
 from .records import NewRun
+from .value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
     from .node import Node
@@ -49,7 +50,8 @@ _TASK_KEYS = frozenset({"command", "shell", "name", "timeout_s", "cwd", "env", "
                         "max_attempts"})
 
 
-@dataclass
+# A dataclass (embedders get it), without generated methods (ql_core.value_class.lean_dataclass).
+@lean_dataclass()
 class Submission:
     """A submitted run. ``task`` is set while this process is the task's parent (the live path).
 
@@ -74,21 +76,46 @@ class Submission:
     #: The log artifact's quota (None: the profile's).
     log_max_bytes: int | None = None
 
+    def __init__(self, run_id: str, attempt_id: str | None, log_artifact_id: str | None, callback_sequence: int,
+                 started_at_ms: int, deadline_at_ms: int | None, executor: str | None, token: str = "",
+                 task: SpawnedTask | None = None, awaited: bool = False, started_boot_ms: int | None = None,
+                 log_max_bytes: int | None = None) -> None:
+        self.run_id = run_id
+        self.attempt_id = attempt_id
+        self.log_artifact_id = log_artifact_id
+        self.callback_sequence = callback_sequence
+        self.started_at_ms = started_at_ms
+        self.deadline_at_ms = deadline_at_ms
+        self.executor = executor
+        self.token = token
+        self.task = task
+        self.awaited = awaited
+        self.started_boot_ms = started_boot_ms
+        self.log_max_bytes = log_max_bytes
 
-@dataclass(frozen=True)
+
+@value_class(hidden=("token",))  # as @dataclass(frozen=True), without its import-time code generation
 class RunIds:
     """Ids chosen before the create commit (a cluster claim's): the run, its attempt, its log
     artifact and the attempt's callback token (the lease token). Without them :func:`create`
     draws new ones."""
 
+    __slots__ = ("run_id", "attempt_id", "log_artifact_id", "token")
     run_id: str
     attempt_id: str
     log_artifact_id: str
-    token: str = field(repr=False)  # never in a log line or a traceback
+    token: str  # never in a log line or a traceback (left out of repr)
+
+    def __init__(self, run_id: str, attempt_id: str, log_artifact_id: str, token: str) -> None:
+        _set = object.__setattr__
+        _set(self, "run_id", run_id)
+        _set(self, "attempt_id", attempt_id)
+        _set(self, "log_artifact_id", log_artifact_id)
+        _set(self, "token", token)
 
 
 #: What ``env_add`` may name: a portable environment variable name (POSIX: letters, digits, ``_``).
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,255}"
 #: At most this many variables in ``env_add``.
 MAX_ENV_ADD = 256
 
@@ -106,7 +133,7 @@ def check_env_add(env_add: dict[str, str] | None) -> None:
     for key, value in env_add.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError("env_add must map str to str; pass str(value)")
-        if not _ENV_NAME.fullmatch(key):
+        if not re.fullmatch(_ENV_NAME, key):  # compiled at the first use (re's cache): most runs add none
             raise UsageError("an env_add name is not a portable variable name: use letters, digits and _ , "
                              "not starting with a digit (e.g. BUILD_ID)")
 

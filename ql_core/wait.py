@@ -140,9 +140,11 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
                 run = node.journal.run(sub.run_id)
                 intent = run is not None and run.cancel_reason is not None
             # In-memory timer: a fast path only; the launcher and recovery enforce the persisted
-            # deadline too.
-            if node.canceller.enforce_deadline(sub.run_id, has_deadline=sub.deadline_at_ms is not None,
-                                               has_intent=intent, remaining_s=_remaining_s(sub)) is not None:
+            # deadline too. Without a deadline (or with an intent) the rule has nothing to do, so the
+            # canceller is not even built: a run without --timeout never imports ql_core.cancellation.
+            if (sub.deadline_at_ms is not None and not intent
+                    and node.canceller.enforce_deadline(sub.run_id, has_deadline=True, has_intent=False,
+                                                        remaining_s=_remaining_s(sub)) is not None):
                 intent = True
             if intent:
                 node.canceller.dispatch_one(sub.run_id)

@@ -8,7 +8,6 @@ When our stdout goes away (``ql run ... | head -1``), streaming stops and
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING
 from ql_core.cli.output import Output, silence_stdout
 
 if TYPE_CHECKING:
+    import argparse
+
     from ql_core.node import Node
 
 HELP = "run a command crash-safely: ql run [--timeout S] [--name N] [--detach] -- CMD [ARG...]"
@@ -29,20 +30,29 @@ EPILOG = ("The task's stdin is /dev/null and it has no terminal: `echo x | ql ru
           "keep waiting. The log stays on disk: ql logs RUN_ID.")
 #: ``ql run`` stopped waiting (second Ctrl-C); the run goes on. Distinct from 130 (the run was cancelled).
 EXIT_DETACHED = 125
+#: Every option's value when it is not given: :func:`configure` declares them with these, and
+#: ``ql_core.cli.main`` builds the arguments of a plain ``ql run -- CMD`` from them without argparse.
+DEFAULTS: dict[str, object] = {"timeout": None, "name": None, "detach": False, "shell": False, "cwd": None,
+                               "env": None, "retries": 0, "many": None}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=float, metavar="S", help="persisted deadline in seconds")
-    parser.add_argument("--name", metavar="N", help="a label for the run")
-    parser.add_argument("--detach", action="store_true", help="submit and return at once")
-    parser.add_argument("--shell", action="store_true", help="run one string with /bin/sh -c")
-    parser.add_argument("--cwd", metavar="DIR", help="working directory of the task")
-    parser.add_argument("--env", action="append", metavar="K=V|K",
+    import argparse  # here: a plain ql run is read without argparse (ql_core.cli.main._plain_run)
+
+    parser.add_argument("--timeout", type=float, default=DEFAULTS["timeout"], metavar="S",
+                        help="persisted deadline in seconds")
+    parser.add_argument("--name", default=DEFAULTS["name"], metavar="N", help="a label for the run")
+    parser.add_argument("--detach", action="store_true", default=DEFAULTS["detach"],
+                        help="submit and return at once")
+    parser.add_argument("--shell", action="store_true", default=DEFAULTS["shell"],
+                        help="run one string with /bin/sh -c")
+    parser.add_argument("--cwd", default=DEFAULTS["cwd"], metavar="DIR", help="working directory of the task")
+    parser.add_argument("--env", action="append", default=DEFAULTS["env"], metavar="K=V|K",
                         help="add K=V to the task's environment (K alone: copy K from ours); repeatable")
-    parser.add_argument("--retries", type=int, default=0, metavar="N",
+    parser.add_argument("--retries", type=int, default=DEFAULTS["retries"], metavar="N",
                         help="cluster only: run again up to N times after a lost attempt (for tasks safe to "
                              "run twice)")
-    parser.add_argument("--many", metavar="FILE",
+    parser.add_argument("--many", default=DEFAULTS["many"], metavar="FILE",
                         help="with --detach: submit one run per line of a JSON-lines FILE (- for stdin), e.g. "
                              '{"command": ["prog", "arg"], "name": "N", "timeout": 60}; prints the run ids in order')
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")

@@ -13,13 +13,16 @@ anything else is reported as an internal error of the command, with
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from ql_core.cli.output import silence_stdout
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = ["main", "build_parser", "COMMANDS", "EXIT_CODES", "HELP_ORDER", "all_commands", "exit_codes"]
 
@@ -114,6 +117,40 @@ def _peek_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _plain_run(argv: Sequence[str]) -> SimpleNamespace | None:
+    """The arguments argparse would give ``ql [GLOBAL OPTIONS] run -- CMD [ARG...]`` (no option of
+    ``run`` itself), built without building the parser; None for any other command line, which the
+    parser then reads (and explains, when it is wrong).
+
+    Building the parser is ~2 ms of a one-shot ``ql run``'s CPU (argparse's objects, and the
+    gettext look-ups and locale import its first messages do; issue 25 item 3). Only the exact
+    spellings argparse accepts unambiguously are taken here: ``--data-dir``, ``--config`` and
+    ``--profile`` once each with a value that does not start with ``-``, ``--json``; an
+    abbreviation, an ``=value`` form or anything else goes to the parser
+    (tests/cli/test_plain_run.py compares the two on many command lines). The arguments are a
+    ``SimpleNamespace`` (the same attributes as argparse's ``Namespace``): a plain run does not
+    import argparse at all (~1-2 ms with the gettext it imports)."""
+    values: dict[str, object] = {"data_dir": None, "config": None, "profile": None, "json": False}
+    seen: set[str] = set()
+    i = 0
+    while i < len(argv) and argv[i] != "run":
+        option = argv[i]
+        if option == "--json":
+            values["json"] = True
+            i += 1
+        elif option in _VALUED and option not in seen and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            seen.add(option)
+            values[option[2:].replace("-", "_")] = argv[i + 1]
+            i += 2
+        else:
+            return None
+    command = list(argv[i + 1:])
+    if i >= len(argv) or len(command) < 2 or command[0] != "--":
+        return None
+    module = importlib.import_module(COMMANDS["run"])
+    return SimpleNamespace(**values, command=command, **module.DEFAULTS, _module=module)
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     """``--json`` among the options (before a ``--`` that starts a task's command)."""
     for arg in argv:
@@ -124,73 +161,6 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return False
 
 
-def _terminal_columns() -> int:
-    """``shutil.get_terminal_size().columns``, as argparse's formatter asks it, without importing
-    shutil (and its bz2, lzma, zlib): argparse builds a formatter for every option it adds, so every
-    command paid ~3 ms for a width only ``--help`` uses."""
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-        columns = columns or 80
-    return columns
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (usage errors exit 2, no usage dump)."""
-
-    json_errors = False
-    #: (command name, module) whose epilog :meth:`format_help` writes first: wrapping it (textwrap)
-    #: is for ``--help`` only, not for every command's start.
-    _epilog_of: tuple[str, object] | None = None
-
-    def format_help(self) -> str:
-        if self._epilog_of is not None:
-            self.epilog, self._epilog_of = _command_epilog(self.epilog, *self._epilog_of), None
-        return super().format_help()
-
-    def _get_formatter(self) -> argparse.HelpFormatter:
-        return self.formatter_class(prog=self.prog, width=_terminal_columns() - 2)
-
-    def error(self, message: str) -> NoReturn:
-        _report(f"{message} (see {self.prog} --help)", kind="usage", exit_code=2,
-                json_mode=_Parser.json_errors, prefix=f"{self.prog}: error: ")
-        raise SystemExit(2)
-
-
-def _command_epilog(own: str | None, name: str, module: object) -> str:
-    """A command's ``--help`` epilog: its module's ``EPILOG`` (or what ``configure`` set), wrapped,
-    then its exit codes."""
-    extra = getattr(module, "EPILOG", None) or own
-    if extra:
-        import textwrap
-
-        extra = "\n\n".join(textwrap.fill(p, 78) for p in extra.split("\n\n"))
-    return (f"{extra}\n\n" if extra else "") + _exit_epilog(name, module)
-
-
-def _exit_epilog(name: str, module: object) -> str:
-    rows = EXIT_CODES.get(name) or list(getattr(module, "EXIT_CODES", None) or [_FAIL, _USAGE])
-    return "exit codes:\n" + "\n".join(f"  {code:<5} {text}" for code, text in rows)
-
-
-def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--data-dir", default=default, metavar="DIR",
-                        help="data directory (env QL_DATA_DIR; default $XDG_STATE_HOME/ql or ~/.local/state/ql)")
-    parser.add_argument("--config", default=default, metavar="FILE",
-                        help="TOML config (env QL_CONFIG; default ./ql.toml if present)")
-    parser.add_argument("--profile", default=default, metavar="NAME",
-                        help="edge | standalone | cluster-control | cluster-worker (env QL_PROFILE)")
-    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                        help="machine-readable output: one JSON object per line (errors: one on stderr)")
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; imports only the small command modules.
 
@@ -198,23 +168,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     just that one, so a command imports and configures nothing of the others. Help and usage
     errors without a known command get the full parser.
     """
-    from ql_core import __version__
+    from ql_core.cli.parser import build_parser as build
 
-    parser = _Parser(prog="ql", description="Run local commands so that nothing is lost when the host dies.",
-                     epilog="Each command's --help lists its exit codes. Errors are one line on stderr; "
-                            "QL_DEBUG=1 adds the traceback of an internal error. Docs: docs/cli.md.")
-    parser.add_argument("--version", action="version", version=f"ql {__version__}")
-    _global_options(parser, suppress=False)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
-    for name, module in _command_modules(only):
-        child = sub.add_parser(name, help=module.HELP, description=module.HELP,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-        _global_options(child, suppress=True)
-        module.configure(child)
-        child._epilog_of = (name, module)
-        child.set_defaults(_module=module)
-    return parser
+    return build(_command_modules(only), exit_rows=_exit_rows, report_usage=_report_usage)
+
+
+def _exit_rows(name: str, module: object) -> list[tuple[str, str]]:
+    return EXIT_CODES.get(name) or list(getattr(module, "EXIT_CODES", None) or [_FAIL, _USAGE])
+
+
+def _report_usage(message: str, prog: str, json_mode: bool) -> None:
+    _report(f"{message} (see {prog} --help)", kind="usage", exit_code=2, json_mode=json_mode,
+            prefix=f"{prog}: error: ")
 
 
 def _command_modules(only: str | None) -> list[tuple[str, object]]:
@@ -256,8 +221,7 @@ def all_commands() -> dict[str, object]:
 
 def exit_codes(name: str) -> list[tuple[str, str]]:
     """The exit codes ``ql <name> --help`` lists (a plugin command's own ``EXIT_CODES``)."""
-    module = all_commands()[name]
-    return EXIT_CODES.get(name) or list(getattr(module, "EXIT_CODES", None) or [_FAIL, _USAGE])
+    return _exit_rows(name, all_commands()[name])
 
 
 # -- the one-line error contract ------------------------------------------------------------------
@@ -394,12 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         install_early_stop()
     json_mode = _wants_json(args_in)
-    _Parser.json_errors = json_mode
     command: str | None = None
     debug = os.environ.get("QL_DEBUG", "") not in ("", "0")
     try:
         peeked = _peek_command(args_in)
-        args = build_parser(peeked).parse_args(args_in)
+        args = _plain_run(args_in) if peeked == "run" else None
+        if args is None:
+            from ql_core.cli.parser import Parser
+
+            Parser.json_errors = json_mode
+            args = build_parser(peeked).parse_args(args_in)
         command = args.command
         if early and command not in _EARLY_STOP_COMMANDS and not getattr(args._module, "STOPS_ON_SIGNALS", False):
             from ql_core.cli.common import release_early_stop

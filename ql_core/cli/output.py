@@ -24,11 +24,12 @@ def silence_stdout() -> None:
 def escape_undecodable(text: str) -> str:
     """``text`` with the bytes a file name could not decode (``\\udcXX`` surrogates, as Python reads a
     non-UTF-8 path) written ``\\xXX``: printable on any stream, and the byte the user would look for."""
-    return _UNDECODABLE.sub(lambda m: f"\\x{ord(m.group(0)) - 0xdc00:02x}", text)
+    # re's own cache compiles the pattern at the first use: most commands never print a file name.
+    return re.sub(_UNDECODABLE, lambda m: f"\\x{ord(m.group(0)) - 0xdc00:02x}", text)
 
 
 #: What ``os.fsdecode`` makes of a byte that is not UTF-8 (surrogateescape).
-_UNDECODABLE = re.compile("[\udc80-\udcff]")
+_UNDECODABLE = "[\udc80-\udcff]"
 
 
 class Output:

@@ -11,7 +11,7 @@ WAL. Nothing about durability changes: every commit is already in the synced WAL
 whole, with ql stopped (docs/design.md).
 
 Python 3.12 has :meth:`sqlite3.Connection.setconfig`. On 3.11 the option is set through the C API
-of the very ``libsqlite3`` the ``_sqlite3`` module uses (``ctypes``), on the connection's own
+of the very ``libsqlite3`` the ``_sqlite3`` module uses (``_ctypes``, ctypes' C core), on the connection's own
 ``sqlite3 *`` (the first field after the object header in CPython 3.11's ``pysqlite_Connection``),
 checked before use: the handle must name this connection's file (``sqlite3_db_filename``) and the
 option must read back as set. Anything unexpected — another interpreter, a debug build, a library
@@ -47,14 +47,37 @@ def keep_wal_on_close(conn: sqlite3.Connection, path: str) -> bool:
 def _library() -> Any:
     global _api
     if _api is None:
-        import ctypes
+        # ctypes' C core, not the ctypes package: importing the package (its ~40 classes, its size
+        # checks) is ~1.1 ms of every writer's start-up, for the three C types used here.
+        import _ctypes
 
         import _sqlite3  # the extension module: dlsym on it finds the libsqlite3 it is linked with
 
-        lib = ctypes.CDLL(_sqlite3.__file__)
-        lib.sqlite3_db_filename.restype = ctypes.c_char_p
-        lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        _api = (ctypes, lib)
+        class VoidP(_ctypes._SimpleCData):  # ctypes.c_void_p
+            _type_ = "P"
+
+        class Int(_ctypes._SimpleCData):  # ctypes.c_int
+            _type_ = "i"
+
+        class CharP(_ctypes._SimpleCData):  # ctypes.c_char_p
+            _type_ = "z"
+
+        class Library:  # what a CFuncPtr looks its symbol up in (a ctypes.CDLL's _handle)
+            _handle = _ctypes.dlopen(_sqlite3.__file__, os.RTLD_LOCAL)  # as ctypes.CDLL (it adds RTLD_NOW)
+
+        def function(name: str, restype: type, argtypes: tuple[type, ...] | None) -> Any:
+            class Function(_ctypes.CFuncPtr):  # as a CDLL's attribute: cdecl, errno untouched
+                _flags_ = _ctypes.FUNCFLAG_CDECL
+                _restype_ = restype
+
+            found = Function((name, Library))
+            if argtypes is not None:
+                found.argtypes = argtypes
+            return found
+
+        _api = (_ctypes, VoidP, Int,
+                function("sqlite3_db_filename", CharP, (VoidP, CharP)),
+                function("sqlite3_db_config", Int, None))  # variadic: arguments as given (as ctypes does)
     return _api
 
 
@@ -62,15 +85,14 @@ def _set_through_c_api(conn: sqlite3.Connection, path: str) -> bool:
     # Only the layout this code knows: CPython 3.11, a release build (no trace-refs header fields).
     if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11) or hasattr(sys, "gettotalrefcount"):
         return False
-    ctypes, lib = _library()
-    header = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)  # ob_refcnt, ob_type
-    db = ctypes.c_void_p.from_address(id(conn) + header).value
+    _ctypes, VoidP, Int, db_filename, db_config = _library()
+    header = 2 * _ctypes.sizeof(VoidP)  # ob_refcnt (Py_ssize_t: pointer-sized), ob_type
+    db = VoidP.from_address(id(conn) + header).value
     if not db:
         return False
-    name = lib.sqlite3_db_filename(ctypes.c_void_p(db), b"main")
+    name = db_filename(VoidP(db), b"main")
     if name is None or os.path.realpath(os.fsdecode(name)) != os.path.realpath(path):
         return False
-    done = ctypes.c_int(-1)
-    rc = lib.sqlite3_db_config(ctypes.c_void_p(db), ctypes.c_int(_NO_CKPT_ON_CLOSE), ctypes.c_int(1),
-                               ctypes.byref(done))
+    done = Int(-1)
+    rc = db_config(VoidP(db), Int(_NO_CKPT_ON_CLOSE), Int(1), _ctypes.byref(done))
     return rc == 0 and done.value == 1

@@ -65,9 +65,11 @@ thread that spawned (or took) the task.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+from ql_core.value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
     from .journal import TaskSpec
@@ -104,7 +106,8 @@ class SignalOutcome(enum.StrEnum):
     BLOCKED = "blocked"
 
 
-@dataclass(frozen=True, slots=True)
+# A dataclass (executor wrappers change it with dataclasses.replace), without generated methods.
+@lean_dataclass(frozen=True, slots=True)
 class SpawnRequest:
     """Everything an executor needs to start one attempt; all of it was persisted before spawn."""
 
@@ -138,14 +141,42 @@ class SpawnRequest:
     #: receipt's ``finishedAtMs`` is ``started_at_ms`` + the boot-clock duration.
     started_boot_ms: int | None = None
 
+    def __init__(self, run_id: str, attempt_id: str, callback_sequence: int, token: str, started_at_ms: int,
+                 command: tuple[str, ...], shell: bool, log_path: Path, receipt_location: str,
+                 cwd: str | None = None, env: dict[str, str] | None = None, awaited: bool = False,
+                 timeout_ms: int | None = None, cancel_grace_ms: int | None = None,
+                 log_max_bytes: int | None = None, started_boot_ms: int | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "run_id", run_id)
+        _set(self, "attempt_id", attempt_id)
+        _set(self, "callback_sequence", callback_sequence)
+        _set(self, "token", token)
+        _set(self, "started_at_ms", started_at_ms)
+        _set(self, "command", command)
+        _set(self, "shell", shell)
+        _set(self, "log_path", log_path)
+        _set(self, "receipt_location", receipt_location)
+        _set(self, "cwd", cwd)
+        _set(self, "env", env)
+        _set(self, "awaited", awaited)
+        _set(self, "timeout_ms", timeout_ms)
+        _set(self, "cancel_grace_ms", cancel_grace_ms)
+        _set(self, "log_max_bytes", log_max_bytes)
+        _set(self, "started_boot_ms", started_boot_ms)
 
-@dataclass(slots=True)
+
+@value_class(frozen=False, hidden=("live",))  # as @dataclass(slots=True), without its code generation
 class SpawnedTask:
     """A started task: its durable handle and, while the host is its parent, the executor's live object."""
 
+    __slots__ = ("handle", "live")
     handle: str | None
     #: Executor-private (e.g. a ``Popen``); only :meth:`Executor.wait`/:meth:`Executor.abort` use it.
-    live: Any = field(default=None, repr=False)
+    live: Any
+
+    def __init__(self, handle: str | None, live: Any = None) -> None:
+        self.handle = handle
+        self.live = live
 
 
 class ExitObservation(NamedTuple):

@@ -51,9 +51,11 @@ called from several threads at once (each call is its own transaction).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
+
+from ql_core.value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
     from ..records import (
@@ -333,7 +335,9 @@ JOURNAL_PARTS: tuple[type, ...] = (RunJournal, ReceiptJournal, CancelDispatch, L
 # -- capabilities a journal backend may add (the cluster backend does) -----------------------
 
 
-@dataclass(frozen=True, slots=True)
+# A dataclass: executor wrappers change it with ``dataclasses.replace`` (docs/plugins.md); its
+# methods are not generated (ql_core.value_class.lean_dataclass: start-up CPU).
+@lean_dataclass(frozen=True, slots=True)
 class TaskSpec:
     """What to run: only ever handed to the node that runs it (never logged, never in an event)."""
 
@@ -345,19 +349,40 @@ class TaskSpec:
     #: run's ``ql run --env`` (the worker merges it with its own environment).
     env_add: Mapping[str, str] | None = field(default=None, repr=False)
 
+    def __init__(self, command: tuple[str, ...], shell: bool = False, cwd: str | None = None,
+                 env: Mapping[str, str] | None = None, env_add: Mapping[str, str] | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "command", command)
+        _set(self, "shell", shell)
+        _set(self, "cwd", cwd)
+        _set(self, "env", env)
+        _set(self, "env_add", env_add)
 
-@dataclass(frozen=True, slots=True)
+
+# A value class, not a dataclass: see ql_core.value_class (start-up CPU of every command).
+@value_class()  # as @dataclass(frozen=True, slots=True)
 class QueuedRun:
     """A run submitted on a node that does not run tasks itself: it waits in a queue for a worker."""
 
+    __slots__ = ("run_id", "name", "created_at_ms", "spec", "timeout_ms", "max_attempts")
     run_id: str
     name: str | None
     created_at_ms: int
     spec: TaskSpec
     #: The task's time limit, counted from when its attempt starts running (None: none).
-    timeout_ms: int | None = None
+    timeout_ms: int | None
     #: 1 = never run twice; more only for tasks declared safe to run again after a lost attempt.
-    max_attempts: int = 1
+    max_attempts: int
+
+    def __init__(self, run_id: str, name: str | None, created_at_ms: int, spec: TaskSpec,
+                 timeout_ms: int | None = None, max_attempts: int = 1) -> None:
+        _set = object.__setattr__
+        _set(self, "run_id", run_id)
+        _set(self, "name", name)
+        _set(self, "created_at_ms", created_at_ms)
+        _set(self, "spec", spec)
+        _set(self, "timeout_ms", timeout_ms)
+        _set(self, "max_attempts", max_attempts)
 
 
 @runtime_checkable

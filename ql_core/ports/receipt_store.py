@@ -26,8 +26,9 @@ Every method may be called from several threads and processes at once.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from ql_core.value_class import value_class
 
 if TYPE_CHECKING:
     from ..receipts.codec import Receipt, ReceiptRejection
@@ -82,13 +83,21 @@ class ReadStatus(enum.StrEnum):
     INVALID = "invalid"
 
 
-@dataclass(frozen=True)
+@value_class()  # as @dataclass(frozen=True), without its import-time code generation
 class ReceiptRead:
     """What is at an attempt's receipt location: nothing, a valid receipt, or a rejected file."""
 
+    __slots__ = ("status", "receipt", "rejection")
     status: ReadStatus
-    receipt: Receipt | None = None
-    rejection: ReceiptRejection | None = None
+    receipt: Receipt | None
+    rejection: ReceiptRejection | None
+
+    def __init__(self, status: ReadStatus, receipt: Receipt | None = None,
+                 rejection: ReceiptRejection | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "status", status)
+        _set(self, "receipt", receipt)
+        _set(self, "rejection", rejection)
 
 
 @runtime_checkable

@@ -28,10 +28,10 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from ql_core.ids import is_uuid7
+from ql_core.value_class import value_class
 
 __all__ = [
     "MAX_RECEIPT_BYTES",
@@ -81,7 +81,7 @@ _ID_KEYS: Final = frozenset({"runId", "attemptId"})
 _MAX_INT_LITERAL_LEN: Final = 17
 
 
-@dataclass(frozen=True, slots=True)
+@value_class()  # as @dataclass(frozen=True, slots=True), without its import-time code generation
 class Receipt:
     """A decoded, version-1 completion receipt (field names are snake_case of the wire keys).
 
@@ -90,6 +90,8 @@ class Receipt:
     columns and learn *why* it is invalid instead of getting a bare exception.
     """
 
+    __slots__ = ("schema_version", "run_id", "attempt_id", "callback_sequence", "token", "started_at_ms",
+                 "finished_at_ms", "exit_code")
     schema_version: int
     run_id: str
     attempt_id: str
@@ -98,6 +100,18 @@ class Receipt:
     started_at_ms: int
     finished_at_ms: int
     exit_code: int
+
+    def __init__(self, schema_version: int, run_id: str, attempt_id: str, callback_sequence: int, token: str,
+                 started_at_ms: int, finished_at_ms: int, exit_code: int) -> None:
+        _set = object.__setattr__
+        _set(self, "schema_version", schema_version)
+        _set(self, "run_id", run_id)
+        _set(self, "attempt_id", attempt_id)
+        _set(self, "callback_sequence", callback_sequence)
+        _set(self, "token", token)
+        _set(self, "started_at_ms", started_at_ms)
+        _set(self, "finished_at_ms", finished_at_ms)
+        _set(self, "exit_code", exit_code)
 
 
 class RejectReason(enum.StrEnum):
@@ -127,12 +141,17 @@ class RejectReason(enum.StrEnum):
     ID_MISMATCH = "id_mismatch"
 
 
-@dataclass(frozen=True)
+@value_class()  # as @dataclass(frozen=True), without its import-time code generation
 class ReceiptRejection:
     """Why a receipt was refused. ``detail`` never contains data read from the file."""
 
+    __slots__ = ("reason", "detail")
     reason: RejectReason
     detail: str
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "detail", detail)
 
 
 class _NonFinite:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+from ql_core.value_class import value_class
 
 from .settings import CONTAINMENT_CHOICES  # auto: cgroup v2 where usable; process-group: never a cgroup
 
@@ -36,13 +37,18 @@ _PATH_MAX = 3000
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-@dataclass(frozen=True)
+@value_class()  # as @dataclass(frozen=True), without its import-time code generation
 class Containment:
     """What contains this host's tasks: ``parent`` (a cgroup directory) or None with the ``reason``
     the process group is used instead."""
 
+    __slots__ = ("parent", "reason")
     parent: str | None
     reason: str
+
+    def __init__(self, parent: str | None, reason: str) -> None:
+        object.__setattr__(self, "parent", parent)
+        object.__setattr__(self, "reason", reason)
 
     @property
     def kind(self) -> str:

@@ -56,11 +56,11 @@ import errno
 import os
 import re
 import sys
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from ql_core.log import logger
+from ql_core.value_class import lean_dataclass
 
 from .identity_source import IdentitySource, IdentityUnreadable, ProcStat
 
@@ -92,7 +92,8 @@ _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _GONE_STATES = frozenset({"Z", "X", "x"})  # zombie, dead ('x' on some older kernels)
 
 
-@dataclass(frozen=True)
+# A dataclass (changed with dataclasses.replace), without generated methods (start-up CPU).
+@lean_dataclass(frozen=True)
 class ProcessHandle:
     """Identity of a launched process, as read by ``source``.
 
@@ -106,6 +107,14 @@ class ProcessHandle:
     pgid: int
     start_time: int
     source: str = "proc"
+
+    def __init__(self, boot_id: str, pid: int, pgid: int, start_time: int, source: str = "proc") -> None:
+        _set = object.__setattr__
+        _set(self, "boot_id", boot_id)
+        _set(self, "pid", pid)
+        _set(self, "pgid", pgid)
+        _set(self, "start_time", start_time)
+        _set(self, "source", source)
 
 
 class IdentityState(StrEnum):

@@ -2,7 +2,9 @@
 
 A later ``ql run -- true`` on the plain edge configuration pays for the modules that submit, wait
 and complete a task, and nothing else: no entry-point scan (the plugin cache answers), no ORM or
-migration machinery, no supervisor, metrics or web module, no dataclass it does not use. The
+migration machinery, no supervisor, metrics or web module, no dataclass it does not use, no argparse
+(a plain ``ql run -- CMD`` is read without the parser), no canceller
+(a run without a deadline has no deadline to enforce, and nobody asked to cancel it). The
 ``ql`` executable starts it with the cyclic garbage collector off and turns it back on before the
 wait, which may last as long as the task.
 """
@@ -19,10 +21,11 @@ PROBE = ("import sys\n"
          "from ql_core.cli.main import main\n"
          "rc = main(sys.argv[1:])\n"
          "heavy = ('sqlalchemy', 'sqlmodel', 'alembic', 'pydantic', 'psycopg', 'loguru', 'asyncio', 'stevedore',\n"
-         "         'email', 'concurrent', 'multiprocessing')\n"
+         "         'email', 'concurrent', 'multiprocessing', 'argparse', 'gettext')\n"
          "ours = ('importlib.metadata', 'ql_core.plugin_records', 'ql_core.supervisor', 'ql_core.follow',\n"
          "        'ql_core.metrics', 'ql_core.audit', 'ql_core.web', 'ql_core.cli.quick_read', 'ql_core.cli.run_many',\n"
-         "        'ql_core.db.migrations', 'ql_plugins.cluster_fenced', 'ql_core.reconciler')\n"
+         "        'ql_core.db.migrations', 'ql_plugins.cluster_fenced', 'ql_core.reconciler',\n"
+         "        'ql_core.cancellation', 'ql_core.cli.parser')\n"
          "found = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith(ours))\n"
          "sys.stderr.write('HEAVY=' + ','.join(found) + '\\n')\n"
          "sys.exit(rc)\n")
