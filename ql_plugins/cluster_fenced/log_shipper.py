@@ -58,6 +58,7 @@ from ql_core.ports.artifact_store import (
     FinalizeAnswer,
 )
 from ql_core.states import RUN_TERMINAL
+from ql_plugins.edge_sqlite.connection import write_lock
 
 from .results import LeaseFence, WorkerFence
 
@@ -119,6 +120,9 @@ class ShipTable:
         self._path = path
         self._busy_ms = busy_timeout_ms
         self._lock = threading.Lock()
+        #: The process's writer lock of this file (edge_sqlite.connection.write_lock): the other
+        #: writers of worker.db in this process queue with ours instead of SQLite's sleeping retries.
+        self._file_lock = write_lock(path)
         self._conn = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None,
                                      check_same_thread=False)
         self._conn.execute("PRAGMA synchronous=FULL")
@@ -142,7 +146,7 @@ class ShipTable:
         refuses again, and a log already deleted is forgotten again. Never a lost byte: the local
         log is deleted only by a later fsync'd commit (``mark_log_deleted``), and the WAL's fsync
         carries every earlier commit."""
-        with self._lock:
+        with self._file_lock, self._lock:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._conn.execute(sql, params)
@@ -151,7 +155,7 @@ class ShipTable:
 
     def track(self, rows: list[tuple[str, str, str, int, str]]) -> None:
         """Remember claimed attempts (attempt id, run id, log id, lease generation, token): one commit."""
-        with self._lock:
+        with self._file_lock, self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self.track_in(self._conn, rows)

@@ -35,7 +35,7 @@ from ql_core.ports.journal import ConflictError, StoreBusyError, StoreError
 
 from ql_core.db.keep_wal import keep_wal_on_close
 
-__all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES"]
+__all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES", "write_lock"]
 
 #: Page size of a new run database (bytes). Every B-tree a commit touches costs one page in the WAL
 #: (and one at the checkpoint): a task's commits touch about twenty, each changing a row of a few
@@ -63,6 +63,38 @@ def sqlite_path(url: str) -> Path:
         raise ConfigError("database_url points at an in-memory SQLite database: runs would vanish with "
                           "the process; give a file path, e.g. sqlite:////var/lib/myhost/ql/ql.db")
     return Path(os.path.abspath(raw))
+
+
+#: One lock per database file in this process, held by each write transaction on it (all its
+#: connections: a store's per-thread ones, and those of other tables of the same file). Threads of
+#: one process then queue for the write lock here, and the one waiting is woken the moment it is
+#: free — SQLite's busy handler instead *sleeps* (1, 2, 5, 10 … ms) and polls, which made a
+#: multi-threaded writer (``ql worker``: runner threads, control loop, log shipper on one file)
+#: wait milliseconds per commit for a lock held for a fraction of one. Other processes still meet
+#: on SQLite's own lock and busy timeout.
+_WRITE_LOCKS: dict[str, threading.RLock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def write_lock(path: Path | str) -> threading.RLock:
+    """This process's lock for write transactions on the database file ``path``."""
+    key = os.path.abspath(os.fspath(path))
+    with _WRITE_LOCKS_GUARD:
+        lock = _WRITE_LOCKS.get(key)
+        if lock is None:
+            lock = _WRITE_LOCKS[key] = threading.RLock()
+        return lock
+
+
+def _forget_write_locks() -> None:
+    # A forked child starts with no thread of ours holding anything: fresh locks (one held by
+    # another thread at the fork would otherwise never be released in the child).
+    global _WRITE_LOCKS_GUARD
+    _WRITE_LOCKS_GUARD = threading.Lock()
+    _WRITE_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_write_locks)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -196,19 +228,25 @@ class SqliteConnections:
         if self.read_only:
             raise StoreError("this runtime was opened read-only; nothing may be written")
         conn = self.connection()
+        lock = write_lock(self.path)  # looked up each time: a forked child has fresh ones
+        if not lock.acquire(timeout=self._busy_s):  # as long as SQLite's busy timeout would wait
+            raise StoreBusyError(f"the run database {self.path} is busy; retry")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise _store_error(exc, self.path) from None
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
                 raise _store_error(exc, self.path) from None
-            raise
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _store_error(exc, self.path) from None
+                raise
+        finally:
+            lock.release()
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
