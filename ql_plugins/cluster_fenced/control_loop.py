@@ -41,11 +41,15 @@ class ControlLoop:
     # -- one round -----------------------------------------------------------------------------------------
     def tick(self, *, claiming: bool) -> None:
         try:
+            # The claim first: a slot freed by a task that just ended is taken again before this
+            # round reports anything (its completion is in the outbox, durable; a few ms later
+            # changes nothing but the control plane's view) — the refill waits for one round trip,
+            # not for the running reports and the completions before it.
+            if claiming:
+                self.runner.claim()
             self.guard.report_spawned()
             self.runner.start_pending()
             self.outbox.submit_due()
-            if claiming:
-                self.runner.claim()
             self.outbox.purge()
         except ControlDBError as exc:  # a final error of one call (a bug or a schema mismatch)
             logger.error("control call failed: {}", exc)
