@@ -2,7 +2,8 @@
 
 The claim and the ``start`` call run on the control loop. Then one runner thread per attempt (a
 thread kept from an earlier attempt when one is idle: :mod:`.runner_threads`) mirrors the attempt into the local store (that create commit also moves its lease row to
-``launching``) and spawns it through the node's own two steps (``ql_core.submit.create`` with the
+``launching``, and records a standby launcher's handle when the executor keeps one: then no
+handle commit follows) and spawns it through the node's own two steps (``ql_core.submit.create`` with the
 claim's ids, then ``start``: log artifact, receipt location, executor, durable handle), then blocks in ``ql_core.wait.wait`` — the local live path,
 which also dispatches the local cancel intents (TERM, KILL after the grace) — until the attempt ends
 locally. A runner never calls the control database.
@@ -54,9 +55,15 @@ def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, toke
     and spawn it through the node's own path (:func:`ql_core.submit.create`, then
     :func:`~ql_core.submit.start`: log, receipt location, executor, handle). The returned
     submission's ``run_id`` is the *local* run id (see below). ``awaited``: the caller will
-    ``wait`` for it (or ``detach`` it) — the acknowledged path (module docstring)."""
+    ``wait`` for it (or ``detach`` it) — the acknowledged path (module docstring).
+
+    As ``Runtime.submit`` does, it takes a standby launcher when the executor keeps one
+    (``ql_core.submit._standby``): its handle goes into the create commit, which is then the only
+    commit before the task starts (no handle commit), and the launcher was started off this path.
+    A SIGKILL between that commit and the hand-over ends the attempt ``lost`` on restart (the idle
+    standby exits unrun, but nothing proves it); the classic path would have released it."""
     from ql_core.ids import new_id
-    from ql_core.submit import RunIds, create, start
+    from ql_core.submit import RunIds, _standby, create, start
 
     if node.journal.run(run_id) is not None:
         # A later attempt of a run this worker ran before (retried here): the local store holds one
@@ -64,11 +71,14 @@ def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, toke
         # never sees the local run id (every fenced call names the attempt).
         run_id = new_id()
     # No local deadline: the control plane's lease and the worker's own timers bound the attempt.
-    sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token))
+    executor, _receipts = node.runner()
+    # The submit path's own helper (None: no standby here — the classic path, unchanged).
+    standby = _standby(node, executor, command, shell=shell, cwd=cwd, env=env, awaited=awaited)
+    sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token), standby=standby)
     sub.awaited = awaited
     if before_spawn is not None:
         before_spawn()
-    return start(node, sub, command, shell=shell, cwd=cwd, env=env)
+    return start(node, sub, command, shell=shell, cwd=cwd, env=env, standby=standby)
 
 
 def task_spec(spec: Any) -> tuple[tuple[str, ...], bool, str | None, dict[str, str] | None] | None:

@@ -9,7 +9,10 @@ fsync'd commits fewer per task, and no crash window between the pair:
   ``claimed`` and no local run exists → the restart releases it (never launched), as it released
   a ``launching`` row without a local run before. After it: ``launching`` with the local attempt
   ``starting`` and no handle → the launcher is held until its handle commits, so its host being
-  gone proves it never started (``RECOVERY_NEVER_STARTED``) → released. Both as before.
+  gone proves it never started (``RECOVERY_NEVER_STARTED``) → released. Both as before. With a
+  standby launcher (:func:`~.runner.spawn_claimed`) the create commit holds its handle and the
+  attempt ``running``: a SIGKILL after it and before the hand-over leaves an idle standby that exits
+  unrun, which nothing proves afterwards → the attempt ends ``lost`` (no receipt, process gone).
 - the **outbox** payload in the local **terminal** commit. SIGKILL before it: neither committed;
   the receipt (consumed only after the terminal commit) or the process identity is still there,
   and the restart's reconciliation pass commits the terminal state — with the outbox row. After

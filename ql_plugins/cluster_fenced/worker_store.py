@@ -181,6 +181,12 @@ class WorkerJournal:
                              "profile cluster-control (ql --profile cluster-control run ...)")
         return self.local.create(new)
 
+    def create_running(self, new: NewRun, *, handle: str) -> list[RunEventInfo]:
+        if self.leases.get(new.attempt_id) is None:
+            raise StoreError("a cluster worker runs only what it claims from the control plane; submit with "
+                             "profile cluster-control (ql --profile cluster-control run ...)")
+        return self.local.create_running(new, handle=handle)
+
     # -- decided changes: delegated, terminal ones feed the outbox -------------------------------------
     def transition(self, attempt_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         applied: list[Transition | None] = []

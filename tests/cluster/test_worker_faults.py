@@ -89,6 +89,28 @@ CRASH_CASES = {
 }
 
 
+#: The points between the local create commit and the task's go-ahead on the classic spawn path
+#: (the launcher forked after the create commit, its handle committed before it is released): run
+#: by a worker with standby launchers off. With a standby (the default) the handle is in the create
+#: commit and the go-ahead is the hand-over: STANDBY_CASES.
+CLASSIC_ONLY = ("worker.launch.before_spawn", "spawn.after_log_created", "spawn.before_handle_commit")
+
+#: Standby launchers (the default): a claimed attempt's create commit records the standby's handle
+#: (``launching`` in the same commit), then the standby is handed its run. point -> (the first
+#: attempt's status and reason, did its command run?).
+STANDBY_CASES = {
+    # Killed after the create commit, before the hand-over: the idle standby reads EOF and exits
+    # having run nothing — but nothing can prove that afterwards (no receipt, process gone, as for
+    # a launcher killed mid-task), so the attempt ends lost, never a status nobody saw; the run
+    # runs again on its retry.
+    "worker.launch.before_spawn": (("lost", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"), False),
+    "spawn.after_log_created": (("lost", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"), False),
+    # Killed right after the hand-over: the launcher runs the task and, its waiter gone,
+    # publishes the receipt, which the restart replays: the first attempt's true result.
+    "start.after_hand_over": (("succeeded", None), True),
+}
+
+
 def test_every_worker_crash_point_has_a_case() -> None:
     from ql_core.crashpoints import CRASH_POINTS
 
@@ -99,6 +121,7 @@ def test_every_worker_crash_point_has_a_case() -> None:
 def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, tmp_path, point: str) -> None:
     from ql_core.crashpoints import CRASH_EXIT_CODE
 
+    local = {"standby": False} if point in CLASSIC_ONLY else None
     trigger_first, first_answer = CRASH_CASES[point]
     trigger = tmp_path / "go"
     # Leases longer than a loaded machine's worker restart (2-5 s at load 17): the restarted worker's
@@ -109,10 +132,10 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
                            f'i=$((i+1)); done; exit 0']
     if trigger_first:
         trigger.touch()
-    crashed = harness.start_worker("a", crash=point)
+    crashed = harness.start_worker("a", crash=point, local=local)
     run_id = harness.submit(command, retries=1)
     assert crashed.wait(60) == CRASH_EXIT_CODE, harness.logs()
-    restarted = harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"))
+    restarted = harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"), local=local)
     wait_for(lambda: "slots" in restarted.log.read_text(), what="the restarted worker to register",
              diagnose=harness.logs)
     trigger.touch()
@@ -144,6 +167,32 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
     assert types.count("run.succeeded") == 1 and types.count("attempt.succeeded") == 1
     spawned = [e["attempt_id"] for e in harness.events(run_id) if e["type"] == "attempt.spawned"]
     assert len(spawned) == len(set(spawned))
+
+
+@pytest.mark.parametrize("point", list(STANDBY_CASES))
+def test_kill_at_a_standby_crash_point_then_restart_with_the_same_id(harness: Harness, tmp_path, point: str) -> None:
+    from ql_core.crashpoints import CRASH_EXIT_CODE
+
+    (status, reason), ran = STANDBY_CASES[point]
+    harness.limits = dict(harness.limits, run_lease_s=10.0, fence_margin_s=2.0, session_lease_s=12.0)
+    harness.start_control()
+    crashed = harness.start_worker("a", crash=point)
+    run_id = harness.submit(["sh", "-c", "echo started"], retries=1)
+    assert crashed.wait(60) == CRASH_EXIT_CODE, harness.logs()
+    harness.start_worker("a-restarted", worker_id="a", data_dir=harness.worker_dir("a"))
+    row = harness.wait_status(run_id)
+    assert (row["status"], row["exit_code"]) == ("succeeded", 0), harness.logs()
+    attempts = harness.attempts(run_id)
+    assert (attempts[0]["status"], attempts[0]["reason"]) == (status, reason), (attempts, harness.logs())
+    assert len(attempts) == (1 if status == "succeeded" else 2)
+    # The first attempt's command ran exactly when the hand-over happened; no command ran twice.
+    log = (harness.worker_dir("a") / "logs" / attempts[0]["log_artifact_id"][-2:]
+           / f"{attempts[0]['log_artifact_id']}.log")
+    assert (log.read_text().count("started") if log.exists() else 0) == (1 if ran else 0), harness.logs()
+    wait_for(lambda: all(r["state"] == "answered" for r in harness.lease_rows("a")),
+             what="every outbox row to get its final answer", diagnose=harness.logs)
+    types = harness.event_types(run_id)
+    assert types.count("run.succeeded") == 1 and types.count("attempt.succeeded") == 1
 
 
 # -- the network: a lost COMMIT answer, a partition ------------------------------------------------------

@@ -117,7 +117,8 @@ class Harness:
 
     # -- configs ----------------------------------------------------------------------------------
     def write_config(self, path: Path, *, profile: str, data_dir: Path, plugin: dict[str, Any] | None = None,
-                     limits: dict[str, Any] | None = None, database_url: str | None = None) -> Path:
+                     limits: dict[str, Any] | None = None, database_url: str | None = None,
+                     local: dict[str, Any] | None = None) -> Path:
         lines = [f'profile = "{profile}"', f'data_dir = "{data_dir}"',
                  f'database_url = "{database_url or self.dsn}"']
         merged = dict(self.limits, **(limits or {}))
@@ -128,6 +129,9 @@ class Harness:
                   **(plugin or {})}
         lines.append("[plugin.cluster-fenced]")
         lines += [f"{k} = {toml_value(v)}" for k, v in plugin.items() if v is not None]
+        if local:  # the local executor's own settings (e.g. standby = false: the classic spawn path)
+            lines.append("[plugin.local]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in local.items()]
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -157,12 +161,12 @@ class Harness:
                      drain_timeout_s: float = 10.0, crash: str | None = None, prefix: list[str] | None = None,
                      limits: dict[str, Any] | None = None, env: dict[str, str] | None = None,
                      data_dir: Path | None = None, database_url: str | None = None,
-                     plugin: dict[str, Any] | None = None) -> Proc:
+                     plugin: dict[str, Any] | None = None, local: dict[str, Any] | None = None) -> Proc:
         d = data_dir or self.worker_dir(name)
         config = self.write_config(self.root / f"{name}.toml", profile="cluster-worker", data_dir=d,
                                    plugin={"worker_id": worker_id or name, "slots": slots, "drain": drain,
                                            "drain_timeout_s": drain_timeout_s, **(plugin or {})}, limits=limits,
-                                   database_url=database_url)
+                                   database_url=database_url, local=local)
         extra = dict(env or {})
         if crash:
             extra["QL_CRASH_POINT"] = crash
