@@ -52,6 +52,9 @@ def main() -> None:
                     "SELECT l.claimed_at_ms, l.started_at_ms, a.started_at_ms, a.finished_at_ms, r.updated_at_ms"
                     " FROM ql_run r JOIN ql_run_attempt a ON a.run_id = r.id"
                     " JOIN ql_attempt_lease l ON l.attempt_id = a.id WHERE r.id = ANY(%s)", (runs,)).fetchall()
+                unspawned = conn.execute(
+                    "SELECT count(*) FROM ql_run r WHERE r.id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM ql_run_event e"
+                    " WHERE e.run_id = r.id AND e.type = 'attempt.spawned')", (runs,)).fetchone()[0]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     steps = {"claim -> start answered": [], "start answered -> process start": [],
@@ -82,6 +85,7 @@ def main() -> None:
     refill.sort()
     print(f"  {'a finish -> the next claim':>34}: {statistics.median(refill):6.1f} {statistics.mean(refill):6.1f} "
           f"{refill[int(len(refill) * 0.9)]:6.1f}")
+    print(f"  runs whose attempt.spawned never reached the control plane (completed before `running`): {unspawned}")
     print(f"  slots busy (claim -> finish) {100 * busy / (4 * wall):.0f}% of 4 x {wall} ms")
 
 

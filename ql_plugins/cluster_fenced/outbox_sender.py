@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
@@ -38,6 +38,9 @@ class OutboxSender:
         self.shipper: LogShipper | None = None
         #: Monotonic: the next purge of answered rows.
         self.purge_due = 0.0
+        #: Called before due completions are sent (the worker sets the fence guard's
+        #: ``report_spawned``): see :meth:`submit_due`.
+        self.before_complete: Callable[[], None] | None = None
 
     def on_outbox(self, attempt_id: str) -> None:
         """An attempt went into the outbox (any thread): it ended locally; submit it soon."""
@@ -70,6 +73,13 @@ class OutboxSender:
                 completions.append(row)  # together, below
             elif self._submit(row):
                 answered += 1
+        if completions and self.before_complete is not None:
+            # A runner queues its attempt's "spawned" before the terminal commit that writes its
+            # outbox row, so every spawn behind these rows is queued by now — but maybe after this
+            # round's running reports were taken (a task that ended during that call). Reported
+            # first, or the completion (accepted from 'starting' too) would leave the run without
+            # its attempt.spawned event at the control plane.
+            self.before_complete()
         if len(completions) == 1:
             return answered + int(self._submit(completions[0]))
         for i in range(0, len(completions), WORKER_BATCH):

@@ -70,6 +70,7 @@ class Worker:
         held = HeldAttempts(journal.leases)
         self.guard = FenceGuard(node, held, session)
         self.outbox = OutboxSender(held, session)
+        self.outbox.before_complete = self.guard.report_spawned
         self.runner = Runner(node, journal, session, self.guard)
         self.loop = ControlLoop(session, guard=self.guard, runner=self.runner, outbox=self.outbox)
         self.keeper = LeaseKeeper(session, self.guard)

@@ -37,6 +37,30 @@ def test_a_run_queued_on_the_control_side_runs_on_a_worker(harness: Harness) -> 
     assert (row["state"], row["answer"], row["kind"], row["lease_token"]) == ("answered", "applied", "complete", None)
 
 
+def test_quick_tasks_each_reach_the_control_plane_spawned_before_they_end(harness: Harness) -> None:
+    # `true` ends within a control round trip: its completion is in the outbox while the round's
+    # running reports are still on the wire. It must not be sent ahead of its own running report
+    # (a completion is accepted from 'starting' too, and the run would lack attempt.spawned).
+    harness.start_control()
+    harness.start_worker("a", slots=4)
+    from ql_plugins.cluster_fenced import ControlDB
+    from ql_plugins.cluster_fenced.control_db import SUBMIT_BATCH, QueuedSubmit
+    from ql_plugins.cluster_fenced.sealing import SpecKeyRing, encode_spec, load_key_file
+    from ql_core.ids import new_id
+
+    ring = SpecKeyRing(load_key_file(harness.key_file))
+    runs = [new_id() for _ in range(200)]
+    with ControlDB.connect(harness.dsn) as db:  # at once, as a burst: every slot busy, every round full
+        for i in range(0, len(runs), SUBMIT_BATCH):
+            db.submit_many([QueuedSubmit(run_id, ring.seal(run_id, encode_spec(["true"], False, None, None), 1))
+                            for run_id in runs[i:i + SUBMIT_BATCH]])
+    for run_id in runs:
+        harness.wait_status(run_id)
+    for run_id in runs:
+        assert harness.event_types(run_id) == ["run.created", "attempt.claimed", "attempt.spawned",
+                                               "attempt.succeeded", "run.succeeded"], (run_id, harness.logs())
+
+
 def test_detach_then_status_events_and_list_from_the_control_side(harness: Harness) -> None:
     harness.start_worker("a")
     out = harness.ql("--json", "run", "--detach", "--", "true")
