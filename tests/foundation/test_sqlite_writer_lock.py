@@ -60,23 +60,28 @@ def test_every_connection_set_of_one_file_shares_the_lock_and_holds_it_while_wri
 
 
 def test_a_waiting_writer_enters_as_soon_as_the_other_commits(tmp_path: Path) -> None:
-    # SQLite's busy handler would have slept past the commit: held 230 ms, its tries fall at
-    # 228 and 328 ms (delays 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms), ~100 ms late.
+    # The other writer commits 235 ms after this one started waiting. SQLite's busy handler
+    # would have tried at 228 ms, then slept 100 ms (delays 1, 2, 5, 10, 15, 20, 25, 25, 25, 50,
+    # 50, 100 ms): entered ~90 ms after the commit. The lock wakes it at the commit.
     path = tmp_path / "x.db"
     one, two = _db(path), _db(path)
-    inside = threading.Event()
+    inside, waiting = threading.Event(), threading.Event()
+    started: list[float] = []
     committed: list[float] = []
 
     def hold() -> None:
         with one.write() as c:
             c.execute("INSERT INTO t VALUES (1)")
             inside.set()
-            time.sleep(0.23)
+            assert waiting.wait(30)
+            time.sleep(max(0.0, started[0] + 0.235 - time.monotonic()))
         committed.append(time.monotonic())
 
     holder = threading.Thread(target=hold)
     holder.start()
     assert inside.wait(30)
+    started.append(time.monotonic())
+    waiting.set()
     with two.write() as c:
         entered = time.monotonic()
         c.execute("INSERT INTO t VALUES (2)")
