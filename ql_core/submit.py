@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from .node import Node
     from .ports.executor import Executor, SpawnedTask, SpawnRequest
 
-__all__ = ["Submission", "RunIds", "submit", "submit_many", "check_tasks", "create", "start", "enqueue",
-           "check_submission", "MAX_SUBMIT_MANY"]
+__all__ = ["Submission", "RunIds", "submit", "submit_many", "check_tasks", "create", "start", "take_standby",
+           "enqueue", "check_submission", "MAX_SUBMIT_MANY"]
 
 #: ``Runtime.submit_many`` takes at most this many tasks per call (a larger burst is several calls).
 MAX_SUBMIT_MANY = 10_000
@@ -206,7 +206,7 @@ def submit(node: Node, command: Sequence[str], *, shell: bool = False, name: str
     if max_attempts != 1:
         raise UsageError("retries (max_attempts > 1) exist only for runs queued to cluster workers")
     executor, _receipts = node.runner()
-    standby = _standby(node, executor, argv, shell=shell, cwd=cwd, env=env, awaited=awaited)
+    standby = take_standby(node, executor, argv, shell=shell, cwd=cwd, env=env, awaited=awaited)
     sub = create(node, name=name, timeout_s=timeout_s, log_max_bytes=log_max_bytes, standby=standby)
     sub.awaited = awaited
     return start(node, sub, argv, shell=shell, cwd=cwd, env=env, standby=standby)
@@ -294,10 +294,12 @@ def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | No
                       started_at_ms=run.created_at_ms, deadline_at_ms=None, executor=None)
 
 
-def _standby(node: Node, executor: Executor, command: tuple[str, ...], *, shell: bool, cwd: str | None,
-             env: dict[str, str] | None, awaited: bool) -> SpawnedTask | None:
+def take_standby(node: Node, executor: Executor, command: tuple[str, ...], *, shell: bool, cwd: str | None,
+                 env: dict[str, str] | None, awaited: bool) -> SpawnedTask | None:
     """A standby task for this run when the executor offers one and the run store can record its
-    handle in the create commit; None: the classic path (spawn after the create commit)."""
+    handle in the create commit; None: the classic path (spawn after the create commit). Given to
+    :func:`create` and :func:`start` (``standby=``) — by :func:`submit`, and by a cluster worker
+    for the attempts it claims."""
     from .ports.executor import check_handle
     from .ports.journal import TaskSpec
 

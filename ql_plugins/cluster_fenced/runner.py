@@ -58,12 +58,12 @@ def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, toke
     ``wait`` for it (or ``detach`` it) — the acknowledged path (module docstring).
 
     As ``Runtime.submit`` does, it takes a standby launcher when the executor keeps one
-    (``ql_core.submit._standby``): its handle goes into the create commit, which is then the only
+    (:func:`ql_core.submit.take_standby`): its handle goes into the create commit, which is then the only
     commit before the task starts (no handle commit), and the launcher was started off this path.
     A SIGKILL between that commit and the hand-over ends the attempt ``lost`` on restart (the idle
     standby exits unrun, but nothing proves it); the classic path would have released it."""
     from ql_core.ids import new_id
-    from ql_core.submit import RunIds, _standby, create, start
+    from ql_core.submit import RunIds, create, start, take_standby
 
     if node.journal.run(run_id) is not None:
         # A later attempt of a run this worker ran before (retried here): the local store holds one
@@ -73,7 +73,7 @@ def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, toke
     # No local deadline: the control plane's lease and the worker's own timers bound the attempt.
     executor, _receipts = node.runner()
     # The submit path's own helper (None: no standby here — the classic path, unchanged).
-    standby = _standby(node, executor, command, shell=shell, cwd=cwd, env=env, awaited=awaited)
+    standby = take_standby(node, executor, command, shell=shell, cwd=cwd, env=env, awaited=awaited)
     sub = create(node, ids=RunIds(run_id, attempt_id, log_id, token), standby=standby)
     sub.awaited = awaited
     if before_spawn is not None:
