@@ -23,6 +23,7 @@ from sqlmodel import Field, SQLModel
 
 __all__ = [
     "SQLITE_ONLY_COLUMNS",
+    "SQLITE_ONLY_INDEXES",
     "NOT_ON_SQLITE_FOREIGN_KEYS",
     "QlTable",
     "METADATA",
@@ -74,9 +75,11 @@ class Run(QlTable, table=True):
                       # created_at_ms, id ... LIMIT n reads n entries and never sorts). PostgreSQL only
                       # since 0012: SQLite merges the per-state ranges of ix_ql_run_status instead.
                       Index("ix_ql_run_created", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
-                      # `ql list --status S`: the newest n runs in one state, read in order (0007); on
-                      # SQLite also every run in creation order and the ended runs by age (0012).
-                      Index("ix_ql_run_status", "status", "created_at_ms", "id"),
+                      # `ql list --status S`: the newest n runs in one state, read in order (0007).
+                      # PostgreSQL only since 0013: SQLite's one ordered index of runs is
+                      # ix_ql_run_order (status_order, created_at_ms, id), the states numbered so that
+                      # the live ones are its right edge (SQLITE_ONLY_INDEXES).
+                      Index("ix_ql_run_status", "status", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of
                       # every statement), and each run's create and end wrote it.
                       Index("ix_ql_run_finished", "status", "finished_at_ms", info={"ql_dialects": ("postgresql",)}),
@@ -278,7 +281,10 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 #: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
-                                 ("ql_run_attempt", "attempt_key")})
+                                 ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order")})
+#: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
+#: :mod:`ql_core.db.sqlite_runs`), which the declared schema cannot name.
+SQLITE_ONLY_INDEXES = frozenset({"ix_ql_run_order"})
 #: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
 NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
 
@@ -290,6 +296,8 @@ def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         if dialect_name == "sqlite":
             if type_ == "column" and reflected and (obj.table.name, name) in SQLITE_ONLY_COLUMNS:
+                return False
+            if type_ == "index" and reflected and name in SQLITE_ONLY_INDEXES:
                 return False
             if type_ == "foreign_key_constraint" and \
                     (obj.table.name, obj.referred_table.name) in NOT_ON_SQLITE_FOREIGN_KEYS:

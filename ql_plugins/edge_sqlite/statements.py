@@ -23,8 +23,13 @@ globals().update(shared_statements("?"))
 # -- events: under their run's integer key, one rowid range per run (revision 0011) ----------------
 from ql_core.db.sqlite_events import INSERT_EVENT, PURGE_EVENTS, SELECT_EVENTS  # noqa: E402,F401
 
-# -- runs in order: the per-state ranges of ix_ql_run_status, merged (revision 0012) ----------------
-from ql_core.db.sqlite_runs import OLDEST_ENDED_RUNS, OLDEST_RUNS, SELECT_RUNS_NEWEST  # noqa: E402,F401
+# -- runs in order: the per-state ranges of ix_ql_run_order, merged (revisions 0012, 0013) ----------
+from ql_core.db.sqlite_runs import (  # noqa: E402,F401
+    OLDEST_ENDED_RUNS,
+    OLDEST_RUNS,
+    SELECT_RUNS_NEWEST,
+    SELECT_RUNS_NEWEST_BY_STATUS,
+)
 
 # -- a run's attempts: one range of their key, through the run's row (revision 0012) ---------------
 from ql_core.db.sqlite_runs import ATTEMPTS_OF, INSERT_ATTEMPT, SELECT_ATTEMPTS_OF_RUN  # noqa: E402,F401

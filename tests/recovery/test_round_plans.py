@@ -21,7 +21,7 @@ from ql_plugins.edge_sqlite.history_fill import fill_history
 
 #: Plan steps that read no history, by the statement they appear in (matched by a fragment of it).
 ALLOWED: dict[str, tuple[str, str]] = {
-    # (The newest / oldest runs of any state are a merge of ix_ql_run_status's per-state ranges, which
+    # (The newest / oldest runs of any state are a merge of ix_ql_run_order's per-state ranges, which
     # SQLite reads in order and stops after LIMIT rows: SEARCH steps and no sort, nothing to allow.)
     "FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
     "WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL AND a.runtime_owner":
