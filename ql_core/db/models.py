@@ -33,6 +33,7 @@ __all__ = [
     "LogArtifact",
     "CompletionReceiptJournal",
     "CancellationDispatch",
+    "AttemptHost",
     "Tally",
     "ENDED_SQL",
     "ACTIVE_SQL",
@@ -255,6 +256,20 @@ class CancellationDispatch(QlTable, table=True):
     kill_sent_at_ms: Optional[int] = Field(default=None, sa_column=ms_column(nullable=True))
     created_at_ms: int = Field(sa_column=ms_column())
     updated_at_ms: int = Field(sa_column=ms_column())
+
+
+class AttemptHost(QlTable, table=True):
+    """An attempt's host handle, beside its row (0014; SQLite only): written once by the create, so
+    the attempt row (both handles ~510 bytes) fits a 512-byte page's cell without an overflow page
+    that each of a task's commits replaced. ``attempt_key`` is the attempt's key (``ql_run_attempt
+    .attempt_key``); the attempt's own ``host_handle`` stays NULL and is read first
+    (:data:`ql_core.db.sqlite_runs.HOST_HANDLE_A`)."""
+
+    __tablename__ = "ql_attempt_host"
+    __table_args__ = {"info": {"ql_dialects": ("sqlite",)}}
+
+    attempt_key: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    host_handle: str = Field(max_length=512)
 
 
 class Tally(QlTable, table=True):

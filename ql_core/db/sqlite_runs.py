@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from ql_core.states import RUN_ACTIVE, RUN_TERMINAL
 
-from .journal_sql import ATTEMPT_COLUMNS, RUN_COLUMNS
+from .journal_sql import ACTIVE, ATTEMPT_COLUMNS, RUN_COLUMNS
 
 __all__ = ["RUN_STATES", "STATUS_ORDER", "SELECT_RUNS_NEWEST", "SELECT_RUNS_NEWEST_BY_STATUS", "OLDEST_RUNS",
            "OLDEST_ENDED_RUNS"]
@@ -79,17 +79,36 @@ ATTEMPT_KEY_BITS = 8
 _SPAN = (1 << ATTEMPT_KEY_BITS) - 1
 #: ``a.attempt_key`` within run ``r``'s range (``r`` and ``a`` are the statement's aliases).
 ATTEMPTS_OF = f"a.attempt_key BETWEEN r.run_key << {ATTEMPT_KEY_BITS} AND (r.run_key << {ATTEMPT_KEY_BITS}) + {_SPAN}"
-#: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a``.
-ATTEMPT_COLUMNS_A = ", ".join(f"a.{c.strip()}" for c in ATTEMPT_COLUMNS.split(","))
+# -- an attempt's host handle beside it (revision 0014_sqlite_attempt_host) --------------------------
+#: An attempt row with both executor handles (~500 bytes) is over the 477 bytes a 512-byte table page
+#: keeps in a cell: it spilled into an overflow page that each commit of the task replaced (a page
+#: freed and one allocated: the freelist trunk and page 1 as well, in both commits). The host handle
+#: is written once, by the create, so the store writes it into ``ql_attempt_host`` under the
+#: attempt's key (:data:`INSERT_ATTEMPT_HOST`) and the attempt's own column stays NULL. Reads take
+#: the column when set (rows of older revisions, rows written by anything else), else the side row.
+HOST_HANDLE_A = ("COALESCE(a.host_handle, (SELECT h.host_handle FROM ql_attempt_host h "
+                 "WHERE h.attempt_key = a.attempt_key))")
+#: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a`` (its host handle
+#: as :data:`HOST_HANDLE_A`).
+ATTEMPT_COLUMNS_A = ", ".join(HOST_HANDLE_A if c.strip() == "host_handle" else f"a.{c.strip()}"
+                              for c in ATTEMPT_COLUMNS.split(","))
+#: The create's host handle (parameters: handle, attempt id), after its attempt; none, nothing to write.
+INSERT_ATTEMPT_HOST = ("INSERT INTO ql_attempt_host (attempt_key, host_handle) "
+                       "SELECT attempt_key, ?1 FROM ql_run_attempt WHERE id = ?2 AND ?1 IS NOT NULL")
+SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id = ?"
+# The partial index ix_ql_attempt_live holds active rows only: a page reads `limit` entries.
+PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a INDEXED BY ix_ql_attempt_live "
+                        f"WHERE a.runtime_owner = ? AND a.status IN {ACTIVE} AND a.id > ? ORDER BY a.id LIMIT ?")
 
 #: The create's attempt, its key taken from its run's row (written first, in the same transaction):
 #: the parameters of the shared INSERT_ATTEMPT, in its order; no run row, nothing inserted (the
-#: store checks that it inserted the attempt).
+#: store checks that it inserted the attempt). The host handle (``?12``) goes to ``ql_attempt_host``
+#: (:data:`INSERT_ATTEMPT_HOST`): the row's column is NULL (``NULLIF(?12, ?12)`` binds it all the same).
 INSERT_ATTEMPT = ("INSERT INTO ql_run_attempt (attempt_key, id, run_id, attempt_no, executor, runtime_owner, status, "
                   "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
                   "started_at_ms, handle, host_handle, version) "
                   f"SELECT (r.run_key << {ATTEMPT_KEY_BITS}) + 1, ?1, r.id, 1, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, "
-                  "?12, 1 FROM ql_run r WHERE r.id = ?2")
+                  "NULLIF(?12, ?12), 1 FROM ql_run r WHERE r.id = ?2")
 SELECT_ATTEMPTS_OF_RUN = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run r CROSS JOIN ql_run_attempt a ON {ATTEMPTS_OF} "
                           "WHERE r.id = ? ORDER BY a.attempt_key")
 
@@ -101,5 +120,5 @@ def attempts_of_runs(count: int) -> str:
             f"WHERE r.id IN ({marks}) ORDER BY r.id, a.attempt_key")
 
 
-__all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT", "SELECT_ATTEMPTS_OF_RUN",
-            "attempts_of_runs"]
+__all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "HOST_HANDLE_A", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT",
+            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]

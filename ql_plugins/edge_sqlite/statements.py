@@ -31,8 +31,16 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
     SELECT_RUNS_NEWEST_BY_STATUS,
 )
 
-# -- a run's attempts: one range of their key, through the run's row (revision 0012) ---------------
-from ql_core.db.sqlite_runs import ATTEMPTS_OF, INSERT_ATTEMPT, SELECT_ATTEMPTS_OF_RUN  # noqa: E402,F401
+# -- a run's attempts: one range of their key, through the run's row (revision 0012); an attempt's
+# host handle in ql_attempt_host (revision 0014) -------------------------------------------------------
+from ql_core.db.sqlite_runs import (  # noqa: E402,F401
+    ATTEMPTS_OF,
+    INSERT_ATTEMPT,
+    INSERT_ATTEMPT_HOST,
+    PAGE_ACTIVE_ATTEMPTS,
+    SELECT_ATTEMPT,
+    SELECT_ATTEMPTS_OF_RUN,
+)
 
 # -- create ------------------------------------------------------------------------------
 # The run and its first attempt: queued/starting, or — a standby launcher's handle known before the

@@ -145,3 +145,37 @@ def test_a_runs_create_and_end_write_one_leaf_of_the_run_order_each(tmp_path: Pa
     finally:
         conn.close()
         store.close()
+
+
+def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tmp_path: Path) -> None:
+    # 0014: with both handles an attempt row spilled into an overflow page that each commit replaced.
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    host = '{"boot_id":"%s","pgid":4194311,"pid":4194311,"source":"proc","start_time":123456789}' % ("b" * 36)
+    handle = '{"boot_id":"%s","pgid":4194312,"pid":4194312,"source":"proc","start_boot_ms":98765432,' \
+             '"start_time":123456790}' % ("b" * 36)
+    try:
+        made = [new_run()._replace(host_handle=host) for _ in range(3)]
+        for new in made:
+            store.create_running(new, handle=handle)
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT count(*) FROM ql_run_attempt WHERE host_handle IS NOT NULL").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE host_handle = ?", (host,)).fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM dbstat WHERE name = 'ql_run_attempt' AND pagetype = 'overflow'"
+                            ).fetchone() == (0,)
+        # A row that carries its own host handle (an older revision's, or written by anything else) wins.
+        conn.execute("UPDATE ql_run_attempt SET host_handle = 'own' WHERE id = ?", (made[0].attempt_id,))
+        conn.commit()
+        assert store.attempt(made[0].attempt_id).host_handle == "own"
+        assert store.attempt(made[1].attempt_id).host_handle == host
+        with store.connections.read() as c:  # a run's attempts, through its key
+            assert [a[16] for a in c.execute(statements.SELECT_ATTEMPTS_OF_RUN, (made[1].run_id,))] == [host]
+        # The side row goes with its attempt.
+        key = conn.execute("SELECT attempt_key FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,)).fetchone()
+        conn.execute("DELETE FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,))
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE attempt_key = ?", key).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host").fetchone() == (2,)
+        conn.close()
+    finally:
+        store.close()
