@@ -196,10 +196,12 @@ class LogArtifact(QlTable, table=True):
         Index("ix_ql_log_run", "run_id", info={"ql_dialects": ("postgresql",)}),
         # Logs not sized yet: the running ones and ended ones whose sizing a crash interrupted
         # (0007; the quota pass and the sizing queue — never the history).
-        Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), sqlite_where=text(_UNSIZED)),
+        # PostgreSQL only since 0015 (this one and ix_ql_log_kept): SQLite keeps both sets in one
+        # index, ix_ql_log_order (SQLITE_ONLY_INDEXES, ql_core.db.sqlite_logs).
+        Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), info={"ql_dialects": ("postgresql",)}),
         # Logs still on disk, oldest first (0007; retention by age and by total size).
         Index("ix_ql_log_kept", "created_at_ms", "id",
-              postgresql_where=text("deleted_at_ms IS NULL"), sqlite_where=text("deleted_at_ms IS NULL")),
+              postgresql_where=text("deleted_at_ms IS NULL"), info={"ql_dialects": ("postgresql",)}),
         WITHOUT_ROWID,
     )
 
@@ -296,10 +298,12 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 #: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
-                                 ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order")})
+                                 ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
+                                 ("ql_log_artifact", "log_order")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
-#: :mod:`ql_core.db.sqlite_runs`), which the declared schema cannot name.
-SQLITE_ONLY_INDEXES = frozenset({"ix_ql_run_order"})
+#: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
+#: declared schema cannot name.
+SQLITE_ONLY_INDEXES = frozenset({"ix_ql_run_order", "ix_ql_log_order"})
 #: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
 NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
 

@@ -158,7 +158,7 @@ class SqliteJournal(SqlJournalKernel):
     # -- log sizes: the one commit that skips the WAL fsync ----------------------------------------
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
         # A size is re-derivable from the file at any time: if this commit is lost (power cut before
-        # the WAL reaches the disk), the log is simply back in the sizing queue (ix_ql_log_unsized)
+        # the WAL reaches the disk), the log is simply back in the sizing queue (its unsized index range)
         # and the next round sizes it again. So this one commit skips the WAL fsync (synchronous=NORMAL
         # keeps the database consistent, only the last commits may roll back), and the next durable
         # commit of this connection carries it to disk. It keeps a task's life at three fsyncs.
