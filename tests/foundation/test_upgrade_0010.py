@@ -85,6 +85,8 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
     _db_at_0009(db)
     _fill(db, 60)
     conn = sqlite3.connect(db)
+    conn.execute("UPDATE ql_run_attempt SET host_handle = '{\"pid\":1}' WHERE id = 'att-059'")  # kept in its row (0014)
+    conn.commit()
     old_columns = _columns(conn)
     conn.close()
     before = _rows(db)
@@ -128,6 +130,12 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         assert [e.type for e in store.events("run-005")] == ["run.created", "attempt.spawned", "attempt.failed",
                                                              "run.failed"]
         assert [f.id for f in store.page_live_logs("node-x", "", 10)] == ["log-059"]
+        assert store.attempt("att-059").host_handle == '{"pid":1}'  # an older row keeps its own (0014)
+        # 0015: the sized logs by age from ix_ql_log_order, as ix_ql_log_kept gave them.
+        assert [f.id for f in store.ended_logs("node-x", created_before_ms=int(time.time() * 1000) + 60_000,
+                                               limit=3)] == ["log-000", "log-001", "log-002"]
+        assert [f.id for f in store.ended_logs("node-x", sized=True, limit=2)] == ["log-000", "log-001"]
+        assert store.ended_logs("node-x", unsized=True, limit=10) == []
         assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59))
         store.record_log_sizes({"log-059": 7})
         assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59)) + 7
