@@ -204,9 +204,11 @@ def per_task(make: callable, k1: int, k2: int, work: Path, env: dict[str, str], 
 WARM_QL, WARM_FLOOR = 400, 700
 
 
-def bytes_and_syncs(work: Path, env: dict[str, str], quick: bool, pace: float = 0.0) -> list[tuple[str, bool]]:
+def bytes_and_syncs(work: Path, env: dict[str, str], quick: bool, pace: float = 0.0,
+                    awaited_only: bool = False) -> list[tuple[str, bool]]:
     """Print bytes and syncs per task of every variant; the goals of issue 25 they decide. With
-    ``pace``: the floor and the awaited task only, a few tasks each ``pace`` seconds apart."""
+    ``pace``: the floor and the awaited task only, a few tasks each ``pace`` seconds apart; with
+    ``awaited_only``: the floor and the awaited task only (A/B rounds of a schema change)."""
     # The embedded window spans several checkpoints (~270 tasks apart) and a whole number of the
     # floor's (500 commits apart: a 300-commit --quick window held one and measured it at 25.3 KB);
     # `ql run` (a process per task, slow) a short one after W + K1 tasks, before the second checkpoint.
@@ -230,11 +232,13 @@ def bytes_and_syncs(work: Path, env: dict[str, str], quick: bool, pace: float = 
             "ql embedded, awaited": (lambda k, d: [PY, "-c", HOST, "awaited", str(k), str(d / "data"), str(WARM_QL),
                                                    str(pace)], k1, k2, WARM_QL),
         }
-    if shutil.which("tsp") and not pace:
+    if awaited_only:
+        variants = {label: v for label, v in variants.items() if label.startswith(("floor:", "ql embedded, awaited"))}
+    if shutil.which("tsp") and not pace and not awaited_only:
         variants["tsp -f true"] = (lambda k, d: ["sh", "-c", f'TS_SOCKET={d}/ts TMPDIR={d} {PY} -c "$0" "$@"; '
                                                              f'TS_SOCKET={d}/ts tsp -K', LOOP, str(k),
                                                              "tsp", "-f", "true"], k1, k2, 0)
-    if shutil.which("nq") and not pace:
+    if shutil.which("nq") and not pace and not awaited_only:
         variants["nq true; nq -w"] = (lambda k, d: ["sh", "-c", f'NQDIR={d}/nq {PY} -c "$0" "$@"', NQ_LOOP,
                                                     str(k)], k1, k2, 0)
     why_not = device_fs_available()
@@ -375,6 +379,9 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.0, metavar="SECONDS",
                         help="exploratory: bytes at a device's pace: the floor and an awaited task only, one task "
                              "every SECONDS after the warm-up (try 6: past ext4's 5-second journal commit)")
+    parser.add_argument("--awaited-only", action="store_true",
+                        help="with --bytes-only: the floor and an awaited task only (A/B rounds of a schema change: "
+                             "run this file with each checkout's interpreter, alternately)")
     args = parser.parse_args()
     q = args.quick
     nreads = 5 if q else 15
@@ -393,7 +400,7 @@ def main() -> None:
 
         # -- bytes and syncs per task ------------------------------------------------------------
         if not args.cpu_only:
-            goals += bytes_and_syncs(work, env, q, args.pace)
+            goals += bytes_and_syncs(work, env, q, args.pace, awaited_only=args.awaited_only)
         if args.bytes_only:
             return _print_goals(goals)
 

@@ -23,6 +23,7 @@ from sqlmodel import Field, SQLModel
 
 __all__ = [
     "SQLITE_ONLY_COLUMNS",
+    "SQLITE_ONLY_INDEXES",
     "NOT_ON_SQLITE_FOREIGN_KEYS",
     "QlTable",
     "METADATA",
@@ -32,6 +33,7 @@ __all__ = [
     "LogArtifact",
     "CompletionReceiptJournal",
     "CancellationDispatch",
+    "AttemptHost",
     "Tally",
     "ENDED_SQL",
     "ACTIVE_SQL",
@@ -74,9 +76,11 @@ class Run(QlTable, table=True):
                       # created_at_ms, id ... LIMIT n reads n entries and never sorts). PostgreSQL only
                       # since 0012: SQLite merges the per-state ranges of ix_ql_run_status instead.
                       Index("ix_ql_run_created", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
-                      # `ql list --status S`: the newest n runs in one state, read in order (0007); on
-                      # SQLite also every run in creation order and the ended runs by age (0012).
-                      Index("ix_ql_run_status", "status", "created_at_ms", "id"),
+                      # `ql list --status S`: the newest n runs in one state, read in order (0007).
+                      # PostgreSQL only since 0013: SQLite's one ordered index of runs is
+                      # ix_ql_run_order (status_order, created_at_ms, id), the states numbered so that
+                      # the live ones are its right edge (SQLITE_ONLY_INDEXES).
+                      Index("ix_ql_run_status", "status", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of
                       # every statement), and each run's create and end wrote it.
                       Index("ix_ql_run_finished", "status", "finished_at_ms", info={"ql_dialects": ("postgresql",)}),
@@ -192,10 +196,12 @@ class LogArtifact(QlTable, table=True):
         Index("ix_ql_log_run", "run_id", info={"ql_dialects": ("postgresql",)}),
         # Logs not sized yet: the running ones and ended ones whose sizing a crash interrupted
         # (0007; the quota pass and the sizing queue — never the history).
-        Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), sqlite_where=text(_UNSIZED)),
+        # PostgreSQL only since 0015 (this one and ix_ql_log_kept): SQLite keeps both sets in one
+        # index, ix_ql_log_order (SQLITE_ONLY_INDEXES, ql_core.db.sqlite_logs).
+        Index("ix_ql_log_unsized", "id", postgresql_where=text(_UNSIZED), info={"ql_dialects": ("postgresql",)}),
         # Logs still on disk, oldest first (0007; retention by age and by total size).
         Index("ix_ql_log_kept", "created_at_ms", "id",
-              postgresql_where=text("deleted_at_ms IS NULL"), sqlite_where=text("deleted_at_ms IS NULL")),
+              postgresql_where=text("deleted_at_ms IS NULL"), info={"ql_dialects": ("postgresql",)}),
         WITHOUT_ROWID,
     )
 
@@ -254,6 +260,20 @@ class CancellationDispatch(QlTable, table=True):
     updated_at_ms: int = Field(sa_column=ms_column())
 
 
+class AttemptHost(QlTable, table=True):
+    """An attempt's host handle, beside its row (0014; SQLite only): written once by the create, so
+    the attempt row (both handles ~510 bytes) fits a 512-byte page's cell without an overflow page
+    that each of a task's commits replaced. ``attempt_key`` is the attempt's key (``ql_run_attempt
+    .attempt_key``); the attempt's own ``host_handle`` stays NULL and is read first
+    (:data:`ql_core.db.sqlite_runs.HOST_HANDLE_A`)."""
+
+    __tablename__ = "ql_attempt_host"
+    __table_args__ = {"info": {"ql_dialects": ("sqlite",)}}
+
+    attempt_key: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    host_handle: str = Field(max_length=512)
+
+
 class Tally(QlTable, table=True):
     """Running totals kept by triggers (0007; SQLite only), so a round reads a count instead of
     counting history: ``runs`` (rows of ql_run) and ``log_bytes:<owner>`` (recorded sizes of that
@@ -278,7 +298,12 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 #: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
-                                 ("ql_run_attempt", "attempt_key")})
+                                 ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
+                                 ("ql_log_artifact", "log_order")})
+#: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
+#: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
+#: declared schema cannot name.
+SQLITE_ONLY_INDEXES = frozenset({"ix_ql_run_order", "ix_ql_log_order"})
 #: Foreign keys (table, referred table) SQLite's schema replaces by a trigger (0011: ``ql_event_key``).
 NOT_ON_SQLITE_FOREIGN_KEYS = frozenset({("ql_run_event", "ql_run")})
 
@@ -290,6 +315,8 @@ def include_object(dialect_name: str):  # type: ignore[no-untyped-def]
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         if dialect_name == "sqlite":
             if type_ == "column" and reflected and (obj.table.name, name) in SQLITE_ONLY_COLUMNS:
+                return False
+            if type_ == "index" and reflected and name in SQLITE_ONLY_INDEXES:
                 return False
             if type_ == "foreign_key_constraint" and \
                     (obj.table.name, obj.referred_table.name) in NOT_ON_SQLITE_FOREIGN_KEYS:

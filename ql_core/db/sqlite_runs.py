@@ -1,7 +1,8 @@
-"""SQLite's ordered reads of runs: every run from ``ix_ql_run_status`` alone (revision 0012_sqlite_lean_runs).
+"""SQLite's ordered reads of runs: every run from ``ix_ql_run_order`` alone (revisions 0012_sqlite_lean_runs, 0013_sqlite_run_order).
 
-On SQLite a run is in one ordered index, ``ix_ql_run_status (status, created_at_ms, id)``: each
-state is a range of it in creation order. The newest (or oldest) n runs of any state are the merge
+On SQLite a run is in one ordered index, ``ix_ql_run_order (status_order, created_at_ms, id)``
+(0012's ``ix_ql_run_status``, its states numbered by 0013): each state is a range of it in
+creation order. The newest (or oldest) n runs of any state are the merge
 of the seven ranges (:data:`ql_core.states.RUN_ACTIVE` and :data:`~ql_core.states.RUN_TERMINAL`),
 written as a compound SELECT whose ORDER BY is the index's: SQLite runs each range as a co-routine
 and merges them (``MERGE (UNION ALL)`` in the plan, no sort), stopping after ``LIMIT`` rows — n rows
@@ -17,28 +18,42 @@ attempt_no`` (as a run's events are of theirs, :mod:`ql_core.db.sqlite_events`):
 attempts goes through its run's row (:data:`ATTEMPTS_OF`), and no index of attempts by run id is
 written per task (two more frames). :data:`INSERT_ATTEMPT` takes the key from the run's row.
 
+The states are numbered (``ql_run.status_order``, a VIRTUAL generated column: nothing stored) in
+:data:`STATUS_ORDER`, not sorted by name: the live ones last and ``succeeded`` just before them, so
+an awaited task appends its ``running`` entry at the index's right edge and its ``succeeded`` entry
+beside it — one leaf per commit, where by name the ``running`` range sat in front of the whole
+``succeeded`` history and a task wrote a middle leaf (and rebalanced it) as well as the edge.
+
 A run's state is always one of the seven (core writes no other), so every run is in one range.
-PostgreSQL keeps ``ix_ql_run_created`` and ``ix_ql_run_ended`` and the shared statements.
+PostgreSQL keeps ``ix_ql_run_created``, ``ix_ql_run_status`` and ``ix_ql_run_ended`` and the shared
+statements.
 """
 
 from __future__ import annotations
 
 from ql_core.states import RUN_ACTIVE, RUN_TERMINAL
 
-from .journal_sql import ATTEMPT_COLUMNS, RUN_COLUMNS
+from .journal_sql import ACTIVE, ATTEMPT_COLUMNS, RUN_COLUMNS
 
-__all__ = ["RUN_STATES", "SELECT_RUNS_NEWEST", "OLDEST_RUNS", "OLDEST_ENDED_RUNS"]
+__all__ = ["RUN_STATES", "STATUS_ORDER", "SELECT_RUNS_NEWEST", "SELECT_RUNS_NEWEST_BY_STATUS", "OLDEST_RUNS",
+           "OLDEST_ENDED_RUNS"]
 
 #: Every state a run can be in, in a fixed order (the arms of the merges).
 RUN_STATES = tuple(sorted(RUN_ACTIVE | RUN_TERMINAL))
+#: ``ql_run.status_order`` of each state is its place here, from 1 (revision 0013_sqlite_run_order
+#: computes the column from its own copy of this tuple): the ended states first, the common one
+#: last among them, then the live ones.
+STATUS_ORDER = ("cancelled", "failed", "lost", "timed_out", "succeeded", "queued", "running")
+#: A state's number (a parameter ``?``) as SQL: equal to ``status_order`` only for that state.
+_ORDER_OF_PARAM = "CASE ? " + " ".join(f"WHEN '{s}' THEN {n}" for n, s in enumerate(STATUS_ORDER, start=1)) + " END"
 
 
 def _merged(columns: str, descending: bool) -> str:
     order = "DESC" if descending else "ASC"
     # `?1` in every arm: one parameter, the limit. Each arm is one state's range of the index (the
     # hint keeps it there); the compound's ORDER BY is that range's order, so SQLite merges, not sorts.
-    arms = " UNION ALL ".join(f"SELECT {columns} FROM ql_run INDEXED BY ix_ql_run_status WHERE status = '{s}'"
-                              for s in RUN_STATES)
+    arms = " UNION ALL ".join(f"SELECT {columns} FROM ql_run INDEXED BY ix_ql_run_order "
+                              f"WHERE status_order = {STATUS_ORDER.index(s) + 1}" for s in RUN_STATES)
     return f"{arms} ORDER BY created_at_ms {order}, id {order} LIMIT ?1"
 
 
@@ -50,8 +65,11 @@ OLDEST_RUNS = _merged("id, status, created_at_ms", descending=False)
 #: bounded number (parameters: state, cutoff, limit). The caller keeps those that also *finished*
 #: before the cutoff: a run that ended after it is stepped over (only runs that were live at the
 #: cutoff, never history), and the next page comes once the cutoff has moved past it.
-OLDEST_ENDED_RUNS = ("SELECT id, finished_at_ms, created_at_ms FROM ql_run INDEXED BY ix_ql_run_status "
-                     "WHERE status = ? AND created_at_ms < ? ORDER BY created_at_ms, id LIMIT ?")
+OLDEST_ENDED_RUNS = ("SELECT id, finished_at_ms, created_at_ms FROM ql_run INDEXED BY ix_ql_run_order "
+                     f"WHERE status_order = {_ORDER_OF_PARAM} AND created_at_ms < ? ORDER BY created_at_ms, id LIMIT ?")
+#: ``ql list --status S``: the newest ``limit`` runs in state S (parameters: state, limit).
+SELECT_RUNS_NEWEST_BY_STATUS = (f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_order "
+                                f"WHERE status_order = {_ORDER_OF_PARAM} ORDER BY created_at_ms DESC, id DESC LIMIT ?")
 
 # -- a run's attempts: one range of the attempt key (revision 0012_sqlite_lean_runs) ----------------
 #: ``ql_run_attempt.attempt_key = run_key << ATTEMPT_KEY_BITS | attempt_no``: a run's attempts are one
@@ -61,17 +79,36 @@ ATTEMPT_KEY_BITS = 8
 _SPAN = (1 << ATTEMPT_KEY_BITS) - 1
 #: ``a.attempt_key`` within run ``r``'s range (``r`` and ``a`` are the statement's aliases).
 ATTEMPTS_OF = f"a.attempt_key BETWEEN r.run_key << {ATTEMPT_KEY_BITS} AND (r.run_key << {ATTEMPT_KEY_BITS}) + {_SPAN}"
-#: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a``.
-ATTEMPT_COLUMNS_A = ", ".join(f"a.{c.strip()}" for c in ATTEMPT_COLUMNS.split(","))
+# -- an attempt's host handle beside it (revision 0014_sqlite_attempt_host) --------------------------
+#: An attempt row with both executor handles (~500 bytes) is over the 477 bytes a 512-byte table page
+#: keeps in a cell: it spilled into an overflow page that each commit of the task replaced (a page
+#: freed and one allocated: the freelist trunk and page 1 as well, in both commits). The host handle
+#: is written once, by the create, so the store writes it into ``ql_attempt_host`` under the
+#: attempt's key (:data:`INSERT_ATTEMPT_HOST`) and the attempt's own column stays NULL. Reads take
+#: the column when set (rows of older revisions, rows written by anything else), else the side row.
+HOST_HANDLE_A = ("COALESCE(a.host_handle, (SELECT h.host_handle FROM ql_attempt_host h "
+                 "WHERE h.attempt_key = a.attempt_key))")
+#: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a`` (its host handle
+#: as :data:`HOST_HANDLE_A`).
+ATTEMPT_COLUMNS_A = ", ".join(HOST_HANDLE_A if c.strip() == "host_handle" else f"a.{c.strip()}"
+                              for c in ATTEMPT_COLUMNS.split(","))
+#: The create's host handle (parameters: handle, attempt id), after its attempt; none, nothing to write.
+INSERT_ATTEMPT_HOST = ("INSERT INTO ql_attempt_host (attempt_key, host_handle) "
+                       "SELECT attempt_key, ?1 FROM ql_run_attempt WHERE id = ?2 AND ?1 IS NOT NULL")
+SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id = ?"
+# The partial index ix_ql_attempt_live holds active rows only: a page reads `limit` entries.
+PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a INDEXED BY ix_ql_attempt_live "
+                        f"WHERE a.runtime_owner = ? AND a.status IN {ACTIVE} AND a.id > ? ORDER BY a.id LIMIT ?")
 
 #: The create's attempt, its key taken from its run's row (written first, in the same transaction):
 #: the parameters of the shared INSERT_ATTEMPT, in its order; no run row, nothing inserted (the
-#: store checks that it inserted the attempt).
+#: store checks that it inserted the attempt). The host handle (``?12``) goes to ``ql_attempt_host``
+#: (:data:`INSERT_ATTEMPT_HOST`): the row's column is NULL (``NULLIF(?12, ?12)`` binds it all the same).
 INSERT_ATTEMPT = ("INSERT INTO ql_run_attempt (attempt_key, id, run_id, attempt_no, executor, runtime_owner, status, "
                   "log_artifact_id, callback_token_hash, callback_sequence, deadline_at_ms, created_at_ms, "
                   "started_at_ms, handle, host_handle, version) "
                   f"SELECT (r.run_key << {ATTEMPT_KEY_BITS}) + 1, ?1, r.id, 1, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, ?10, ?11, "
-                  "?12, 1 FROM ql_run r WHERE r.id = ?2")
+                  "NULLIF(?12, ?12), 1 FROM ql_run r WHERE r.id = ?2")
 SELECT_ATTEMPTS_OF_RUN = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run r CROSS JOIN ql_run_attempt a ON {ATTEMPTS_OF} "
                           "WHERE r.id = ? ORDER BY a.attempt_key")
 
@@ -83,5 +120,5 @@ def attempts_of_runs(count: int) -> str:
             f"WHERE r.id IN ({marks}) ORDER BY r.id, a.attempt_key")
 
 
-__all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT", "SELECT_ATTEMPTS_OF_RUN",
-            "attempts_of_runs"]
+__all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "HOST_HANDLE_A", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT",
+            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]

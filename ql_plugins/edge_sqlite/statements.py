@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from ql_core.db.journal_sql import (
     ENDED,
-    LIVE,
-    LOG_COLUMNS_L,
     shared_statements,
 )
 
@@ -23,11 +21,24 @@ globals().update(shared_statements("?"))
 # -- events: under their run's integer key, one rowid range per run (revision 0011) ----------------
 from ql_core.db.sqlite_events import INSERT_EVENT, PURGE_EVENTS, SELECT_EVENTS  # noqa: E402,F401
 
-# -- runs in order: the per-state ranges of ix_ql_run_status, merged (revision 0012) ----------------
-from ql_core.db.sqlite_runs import OLDEST_ENDED_RUNS, OLDEST_RUNS, SELECT_RUNS_NEWEST  # noqa: E402,F401
+# -- runs in order: the per-state ranges of ix_ql_run_order, merged (revisions 0012, 0013) ----------
+from ql_core.db.sqlite_runs import (  # noqa: E402,F401
+    OLDEST_ENDED_RUNS,
+    OLDEST_RUNS,
+    SELECT_RUNS_NEWEST,
+    SELECT_RUNS_NEWEST_BY_STATUS,
+)
 
-# -- a run's attempts: one range of their key, through the run's row (revision 0012) ---------------
-from ql_core.db.sqlite_runs import ATTEMPTS_OF, INSERT_ATTEMPT, SELECT_ATTEMPTS_OF_RUN  # noqa: E402,F401
+# -- a run's attempts: one range of their key, through the run's row (revision 0012); an attempt's
+# host handle in ql_attempt_host (revision 0014) -------------------------------------------------------
+from ql_core.db.sqlite_runs import (  # noqa: E402,F401
+    ATTEMPTS_OF,
+    INSERT_ATTEMPT,
+    INSERT_ATTEMPT_HOST,
+    PAGE_ACTIVE_ATTEMPTS,
+    SELECT_ATTEMPT,
+    SELECT_ATTEMPTS_OF_RUN,
+)
 
 # -- create ------------------------------------------------------------------------------
 # The run and its first attempt: queued/starting, or — a standby launcher's handle known before the
@@ -49,22 +60,14 @@ INSERT_DISPATCH = ("INSERT OR IGNORE INTO ql_cancel_dispatch (run_id, attempt_id
 
 # -- log artifacts -----------------------------------------------------------------------------
 MARK_LOG_TRUNCATED = "UPDATE ql_log_artifact SET truncated = 1 WHERE id = ? AND truncated = 0"
-# Every log statement of a round is driven by a partial index of ql_log_artifact and joins the
-# attempt by its key (CROSS JOIN fixes that order): ix_ql_log_unsized holds the running logs and the
-# ended ones not sized yet (sizing happens when a run ends), ix_ql_log_kept the undeleted ones by age.
-PAGE_LIVE_LOGS = (f"SELECT {LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized "
-                  "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
-                  f"WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL AND l.id > ? "
-                  f"AND a.runtime_owner = ? AND a.status IN {LIVE} ORDER BY l.id LIMIT ?")
-ENDED_LOGS_UNSIZED = (f"SELECT {LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized "
-                      "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
-                      "WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL "
-                      f"AND a.runtime_owner = ? AND a.status IN {ENDED} ORDER BY l.id LIMIT ?")
-_KEPT_LOGS = (f"SELECT {LOG_COLUMNS_L} FROM ql_log_artifact l INDEXED BY ix_ql_log_kept "
-              "CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
-              f"WHERE l.deleted_at_ms IS NULL AND a.runtime_owner = ? AND a.status IN {ENDED} ")
-ENDED_LOGS_OLDER = _KEPT_LOGS + "AND l.created_at_ms < ? ORDER BY l.created_at_ms, l.id LIMIT ?"
-ENDED_LOGS_SIZED = _KEPT_LOGS + "AND l.size_bytes IS NOT NULL ORDER BY l.created_at_ms, l.id LIMIT ?"
+# Every log statement of a round is one range of ix_ql_log_order (revision 0015): the sized logs by
+# age, then the unsized ones (running logs, the sizing queue) by id.
+from ql_core.db.sqlite_logs import (  # noqa: E402,F401
+    ENDED_LOGS_OLDER,
+    ENDED_LOGS_SIZED,
+    ENDED_LOGS_UNSIZED,
+    PAGE_LIVE_LOGS,
+)
 # Kept exact by the triggers of migration 0007 (never a SUM over history).
 ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log_bytes:' || ?), 0)"
 

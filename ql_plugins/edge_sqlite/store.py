@@ -127,6 +127,11 @@ class SqliteJournal(SqlJournalKernel):
         # Each run's attempts are one range of the attempt key (revision 0012), through the run's row.
         return c.execute(attempts_of_runs(len(run_ids)), run_ids)
 
+    def _create_also(self, c: sqlite3.Connection, new: Any) -> None:
+        # The host handle beside the attempt (ql_core.db.sqlite_runs.HOST_HANDLE_A: no overflow page).
+        if new.host_handle is not None:
+            c.execute(statements.INSERT_ATTEMPT_HOST, (new.host_handle, new.attempt_id))
+
     # -- a page of decisions in one transaction (ql_core.ports.journal.BatchTransitions) -----------
     def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
         with self._db.write() as c:
@@ -153,7 +158,7 @@ class SqliteJournal(SqlJournalKernel):
     # -- log sizes: the one commit that skips the WAL fsync ----------------------------------------
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
         # A size is re-derivable from the file at any time: if this commit is lost (power cut before
-        # the WAL reaches the disk), the log is simply back in the sizing queue (ix_ql_log_unsized)
+        # the WAL reaches the disk), the log is simply back in the sizing queue (its unsized index range)
         # and the next round sizes it again. So this one commit skips the WAL fsync (synchronous=NORMAL
         # keeps the database consistent, only the last commits may roll back), and the next durable
         # commit of this connection carries it to disk. It keeps a task's life at three fsyncs.

@@ -259,7 +259,7 @@ def _damaged_dir(base: Path, how: str) -> tuple[Path, str]:
     conn = sqlite3.connect(d / "ql.db")
     (run_id,) = conn.execute("SELECT id FROM ql_run LIMIT 1").fetchone()
     conn.close()
-    tables = ("ql_run_attempt", "ql_receipt_journal") if how == "garbage" else ("ix_ql_run_status",)
+    tables = ("ql_run_attempt", "ql_receipt_journal") if how == "garbage" else ("ix_ql_run_order",)
     _damage(d / "ql.db", tables, how)
     return d, run_id
 

@@ -154,9 +154,9 @@ def host_gone(rt: Any, attempt_id: str) -> None:
     run nobody waits for. Recovery defers a receipt whose launcher still runs beside a live host
     (a forgery must not beat the waiting host, docs/launcher.md "Hardening"); this test's process is
     the host and stays alive, so a test that publishes a receipt for a running task says so."""
-    row = dbview.row(rt, "ql_run_attempt", attempt_id)
-    assert row is not None and row.host_handle
-    handle = json.loads(row.host_handle)
+    attempt = rt.journal.attempt(attempt_id)  # the store's read (SQLite keeps it beside the row, 0014)
+    assert attempt is not None and attempt.host_handle
+    handle = json.loads(attempt.host_handle)
     handle["start_time"] += 1
     set_attempt(rt, attempt_id, host_handle=json.dumps(handle, separators=(",", ":"), sort_keys=True))
 

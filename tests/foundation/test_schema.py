@@ -13,7 +13,7 @@ from ql_core.db.migrate import current_revision, head_revision, upgrade
 TABLES = {"ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_receipt_journal",
           "ql_cancel_dispatch", "alembic_version"}
 #: Tables that exist only on SQLite (running totals kept by triggers, revision 0007).
-SQLITE_TABLES = {"ql_tally"}
+SQLITE_TABLES = {"ql_tally", "ql_attempt_host"}
 
 
 #: Tables that exist only on PostgreSQL (the cluster control plane, revision 0003).

@@ -1,4 +1,4 @@
-"""SQLite's ordered reads of runs from ix_ql_run_status alone, and a run's attempts by their key (0012).
+"""SQLite's ordered reads of runs from ix_ql_run_order alone (0012, 0013), and a run's attempts by their key (0012).
 
 Real SQLite files and the real store: runs in every state, created out of id order, listed newest
 first and oldest first across the states; ended runs by age; a run's attempts through its key.
@@ -77,6 +77,105 @@ def test_a_runs_attempts_are_its_key_range(tmp_path: Path) -> None:
         # A row written by anything else must carry its key: a number outside the key is refused.
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
             conn.execute("UPDATE ql_run_attempt SET attempt_no = 2 WHERE attempt_key = ?", (keys[0][0],))
+        conn.close()
+    finally:
+        store.close()
+
+
+def test_status_order_numbers_every_state_as_the_reads_do(tmp_path: Path) -> None:
+    from ql_core.db.sqlite_runs import STATUS_ORDER
+
+    assert set(STATUS_ORDER) == set(RUN_STATES)
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        new = new_run()
+        store.create(new)
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        for n, state in enumerate(STATUS_ORDER, start=1):  # the migration's column, the reads' numbers
+            conn.execute("UPDATE ql_run SET status = ? WHERE id = ?", (state, new.run_id))
+            assert conn.execute("SELECT status_order FROM ql_run WHERE id = ?", (new.run_id,)).fetchone() == (n,)
+        conn.rollback()
+        conn.close()
+    finally:
+        store.close()
+
+
+def _wal_pages(wal: Path, start: int, page_size: int = 512) -> set[int]:
+    """The page numbers of the WAL frames appended at or after byte ``start``."""
+    import struct
+
+    data = wal.read_bytes()
+    pages, pos = set(), max(start, 32)
+    while pos + 24 + page_size <= len(data):
+        pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
+        pos += 24 + page_size
+    return pages
+
+
+def test_a_runs_create_and_end_write_one_leaf_of_the_run_order_each(tmp_path: Path) -> None:
+    # 0013: the live states are the right edge of ix_ql_run_order and `succeeded` just before them,
+    # so the newest run's entry is appended there and moves within that leaf when it ends (by state
+    # name, `running` sat in front of the whole `succeeded` history: a middle leaf, then the edge).
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the WAL only grows here: frames are read by offset
+    try:
+        for i in range(120):  # several leaves of succeeded history
+            new = new_run(created_at_ms=1_000 + i)
+            store.create(new)
+            conn.execute("UPDATE ql_run SET status = 'succeeded' WHERE id = ?", (new.run_id,))
+            conn.commit()
+        touched = []
+        for i in range(6):
+            new = new_run(created_at_ms=2_000 + i)
+            for step in ("create", "end"):
+                start = (tmp_path / "ql.db-wal").stat().st_size
+                if step == "create":
+                    store.create(new)
+                else:
+                    conn.execute("UPDATE ql_run SET status = 'succeeded' WHERE id = ?", (new.run_id,))
+                    conn.commit()
+                leaves = {p for (p,) in conn.execute("SELECT pageno FROM dbstat WHERE name = 'ix_ql_run_order' "
+                                                     "AND pagetype = 'leaf'")}
+                touched.append(len(_wal_pages(tmp_path / "ql.db-wal", start) & leaves))
+        # One leaf per commit but for a right-edge split now and then (by name: every end wrote two).
+        ends = touched[1::2]
+        assert ends.count(1) >= len(ends) - 1, touched
+    finally:
+        conn.close()
+        store.close()
+
+
+def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tmp_path: Path) -> None:
+    # 0014: with both handles an attempt row spilled into an overflow page that each commit replaced.
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    host = '{"boot_id":"%s","pgid":4194311,"pid":4194311,"source":"proc","start_time":123456789}' % ("b" * 36)
+    handle = '{"boot_id":"%s","pgid":4194312,"pid":4194312,"source":"proc","start_boot_ms":98765432,' \
+             '"start_time":123456790}' % ("b" * 36)
+    try:
+        made = [new_run()._replace(host_handle=host) for _ in range(3)]
+        for new in made:
+            store.create_running(new, handle=handle)
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT count(*) FROM ql_run_attempt WHERE host_handle IS NOT NULL").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE host_handle = ?", (host,)).fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM dbstat WHERE name = 'ql_run_attempt' AND pagetype = 'overflow'"
+                            ).fetchone() == (0,)
+        # A row that carries its own host handle (an older revision's, or written by anything else) wins.
+        conn.execute("UPDATE ql_run_attempt SET host_handle = 'own' WHERE id = ?", (made[0].attempt_id,))
+        conn.commit()
+        assert store.attempt(made[0].attempt_id).host_handle == "own"
+        assert store.attempt(made[1].attempt_id).host_handle == host
+        with store.connections.read() as c:  # a run's attempts, through its key
+            assert [a[16] for a in c.execute(statements.SELECT_ATTEMPTS_OF_RUN, (made[1].run_id,))] == [host]
+        # The side row goes with its attempt.
+        key = conn.execute("SELECT attempt_key FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,)).fetchone()
+        conn.execute("DELETE FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,))
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE attempt_key = ?", key).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host").fetchone() == (2,)
         conn.close()
     finally:
         store.close()

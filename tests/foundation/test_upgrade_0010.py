@@ -85,6 +85,8 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
     _db_at_0009(db)
     _fill(db, 60)
     conn = sqlite3.connect(db)
+    conn.execute("UPDATE ql_run_attempt SET host_handle = '{\"pid\":1}' WHERE id = 'att-059'")  # kept in its row (0014)
+    conn.commit()
     old_columns = _columns(conn)
     conn.close()
     before = _rows(db)
@@ -102,12 +104,15 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
                 sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
                 assert sql.rstrip().endswith("WITHOUT ROWID") == without_rowid, table
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")}
-            assert {"ix_ql_log_unsized", "ix_ql_log_kept", "ux_ql_event_dedupe", "ql_tally_log_update",
-                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_live", "ix_ql_run_status",
+            assert {"ix_ql_log_order", "ux_ql_event_dedupe", "ql_tally_log_update",
+                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_live", "ix_ql_run_order",
                     "ql_tally_run_insert", "ql_tally_run_delete", "ql_event_fixed"} <= names
-            # 0012: runs in order come from ix_ql_run_status's ranges alone.
+            # 0012: runs in order come from one index's ranges alone; 0013: numbered, live ones last.
             assert not {"ix_ql_log_run", "ix_ql_journal_state", "ix_ql_run_created", "ix_ql_run_ended",
-                        "ix_ql_attempt_run"} & names
+                        "ix_ql_attempt_run", "ix_ql_run_status", "ix_ql_log_unsized", "ix_ql_log_kept"} & names
+            assert conn.execute("SELECT count(*) FROM ql_run INDEXED BY ix_ql_run_order WHERE status_order = 5"
+                                ).fetchone()[0] == conn.execute("SELECT count(*) FROM ql_run WHERE status = 'succeeded'"
+                                                                ).fetchone()[0]
             # 0012: each attempt under its run's key and its number.
             assert conn.execute("SELECT count(*) FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id "
                                 "WHERE a.attempt_key = (r.run_key << 8) + a.attempt_no").fetchone()[0] == 60
@@ -125,6 +130,12 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         assert [e.type for e in store.events("run-005")] == ["run.created", "attempt.spawned", "attempt.failed",
                                                              "run.failed"]
         assert [f.id for f in store.page_live_logs("node-x", "", 10)] == ["log-059"]
+        assert store.attempt("att-059").host_handle == '{"pid":1}'  # an older row keeps its own (0014)
+        # 0015: the sized logs by age from ix_ql_log_order, as ix_ql_log_kept gave them.
+        assert [f.id for f in store.ended_logs("node-x", created_before_ms=int(time.time() * 1000) + 60_000,
+                                               limit=3)] == ["log-000", "log-001", "log-002"]
+        assert [f.id for f in store.ended_logs("node-x", sized=True, limit=2)] == ["log-000", "log-001"]
+        assert store.ended_logs("node-x", unsized=True, limit=10) == []
         assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59))
         store.record_log_sizes({"log-059": 7})
         assert store.ended_log_bytes("node-x") == sum(100 + i for i in range(59)) + 7

@@ -10,6 +10,7 @@ round on a small and on a 30× larger history: O(work) means the same count.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from typing import Any
@@ -21,13 +22,12 @@ from ql_plugins.edge_sqlite.history_fill import fill_history
 
 #: Plan steps that read no history, by the statement they appear in (matched by a fragment of it).
 ALLOWED: dict[str, tuple[str, str]] = {
-    # (The newest / oldest runs of any state are a merge of ix_ql_run_status's per-state ranges, which
+    # (The newest / oldest runs of any state are a merge of ix_ql_run_order's per-state ranges, which
     # SQLite reads in order and stops after LIMIT rows: SEARCH steps and no sort, nothing to allow.)
-    "FROM ql_log_artifact l INDEXED BY ix_ql_log_unsized CROSS JOIN ql_run_attempt a ON a.id = l.attempt_id "
-    "WHERE l.size_bytes IS NULL AND l.deleted_at_ms IS NULL AND a.runtime_owner":
-        ("SCAN l USING INDEX ix_ql_log_unsized", "partial index: running logs and the sizing queue only"),
-    "AND l.size_bytes IS NOT NULL ORDER BY l.created_at_ms":
-        ("SCAN l USING INDEX ix_ql_log_kept", "oldest LIMIT n kept logs, read only while over log_total_max_bytes"),
+    # Logs created before a cutoff (0015): the sized ones come in index order; the unsized ones created
+    # before it (the running logs and the sizing queue: work in flight, never history) are sorted.
+    "AND a.status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') ORDER BY 7, 1 LIMIT":
+        ("USE TEMP B-TREE FOR ORDER BY", "sorts the unsized logs (running, or queued for sizing) only"),
     # The deadline and dispatch steps sort their due rows: only live attempts / pending dispatches.
     "FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id":
         ("USE TEMP B-TREE FOR ORDER BY", "sorts due deadlines of live attempts (status IN live)"),
@@ -57,7 +57,9 @@ def _traced(rt: Any, action: Any) -> set[str]:
 
 
 def _plan(conn: sqlite3.Connection, statement: str) -> list[str]:
-    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + statement, [None] * statement.count("?"))]
+    numbered = [int(n) for n in re.findall(r"\?(\d+)", statement)]  # ?N parameters count once each
+    params = max(numbered) if numbered else statement.count("?")
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + statement, [None] * params)]
 
 
 def _violations(statements: set[str], conn: sqlite3.Connection) -> list[str]:

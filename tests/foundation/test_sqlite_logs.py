@@ -1,0 +1,84 @@
+"""SQLite's kept logs in one index, ix_ql_log_order: sized by age, then unsized by id (0015).
+
+Real SQLite files and the real store: every log read returns what the two partial indexes before it
+returned, in the same order; a task's create and end write one leaf of the index each.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ql_core.ports.journal import EventSpec, Transition
+from ql_core.testing.journal_support import OWNER, new_run
+from ql_plugins.edge_sqlite.store import SqliteJournal
+
+
+def _end(store: SqliteJournal, attempt_id: str) -> None:
+    store.transition(attempt_id, lambda snap: (None, Transition(
+        attempt={"status": "succeeded", "exit_code": 0}, run={"status": "succeeded", "exit_code": 0},
+        events=(EventSpec("attempt.succeeded"), EventSpec("run.succeeded")), terminal=True)))
+
+
+def test_logs_by_age_merge_the_sized_and_the_unsized_in_creation_order(tmp_path: Path) -> None:
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        made = [new_run(created_at_ms=1_000 + 10 * i) for i in range(6)]
+        for new in made:
+            store.create(new)
+        for new in made[:5]:
+            _end(store, new.attempt_id)
+        # Sized: the 2nd and 4th (by age); unsized and ended: 1st, 3rd, 5th; the 6th still running.
+        store.record_log_sizes({made[1].log_artifact_id: 5, made[3].log_artifact_id: 7})
+        logs = [new.log_artifact_id for new in made]
+        older = store.ended_logs(OWNER, created_before_ms=1_045, limit=10)
+        assert [f.id for f in older] == logs[:5]
+        assert [f.created_at_ms for f in older] == [1_000, 1_010, 1_020, 1_030, 1_040]  # created, not the key
+        assert [f.id for f in store.ended_logs(OWNER, created_before_ms=1_025, limit=2)] == logs[:2]
+        assert [f.id for f in store.ended_logs(OWNER, sized=True, limit=10)] == [logs[1], logs[3]]
+        assert sorted(f.id for f in store.ended_logs(OWNER, unsized=True, limit=10)) == sorted(
+            [logs[0], logs[2], logs[4]])
+        assert [f.id for f in store.page_live_logs(OWNER, "", 10)] == [logs[5]]
+        store.mark_log_deleted(logs[1], 2_000, 5)
+        assert [f.id for f in store.ended_logs(OWNER, sized=True, limit=10)] == [logs[3]]
+    finally:
+        store.close()
+
+
+def test_a_logs_create_and_end_write_one_leaf_of_the_index_each(tmp_path: Path) -> None:
+    import struct
+
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the WAL only grows here: frames are read by offset
+    wal = tmp_path / "ql.db-wal"
+
+    def pages_since(start: int) -> set[int]:
+        data, pages, pos = wal.read_bytes(), set(), max(start, 32)
+        while pos + 24 + 512 <= len(data):
+            pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
+            pos += 24 + 512
+        return pages
+
+    try:
+        for i in range(100):  # several leaves of sized history
+            new = new_run(created_at_ms=1_000 + i)
+            store.create(new)
+            _end(store, new.attempt_id)
+            store.record_log_sizes({new.log_artifact_id: i})
+        ends = []
+        for i in range(6):
+            new = new_run(created_at_ms=2_000 + i)
+            store.create(new)
+            _end(store, new.attempt_id)
+            start = wal.stat().st_size
+            store.record_log_sizes({new.log_artifact_id: 1})
+            leaves = {p for (p,) in conn.execute("SELECT pageno FROM dbstat WHERE name = 'ix_ql_log_order' "
+                                                 "AND pagetype = 'leaf'")}
+            ends.append(len(pages_since(start) & leaves))
+        # Sized: the entry moves beside itself (two partial indexes: a leaf of each).
+        assert ends.count(1) >= len(ends) - 1, ends
+    finally:
+        conn.close()
+        store.close()
