@@ -35,7 +35,8 @@ from ql_core.ports.journal import ConflictError, StoreBusyError, StoreError
 
 from ql_core.db.keep_wal import keep_wal_on_close
 
-__all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES", "write_lock"]
+__all__ = ["sqlite_path", "SqliteConnections", "PAGE_SIZE", "WAL_CHECKPOINT_BYTES", "write_lock", "MIN_SQLITE_VERSION",
+           "check_sqlite_version"]
 
 #: Page size of a new run database (bytes). Every B-tree a commit touches costs one page in the WAL
 #: (and one at the checkpoint): a task's commits touch about twenty, each changing a row of a few
@@ -97,6 +98,21 @@ def _forget_write_locks() -> None:
 os.register_at_fork(after_in_child=_forget_write_locks)
 
 
+#: The oldest SQLite the schema works with: generated columns (``ql_run.status_order``,
+#: ``ql_log_artifact.log_order``; revisions 0013 and 0015) came in 3.31 (January 2020).
+MIN_SQLITE_VERSION = (3, 31, 0)
+
+
+def check_sqlite_version(found: tuple[int, int, int] = sqlite3.sqlite_version_info) -> None:
+    """Refuse, naming the fix, an SQLite too old for the schema (else its first statement would fail
+    with a bare syntax error)."""
+    if found < MIN_SQLITE_VERSION:
+        need = ".".join(map(str, MIN_SQLITE_VERSION))
+        raise DatabaseError(f"ql needs SQLite {need} or newer; this Python is linked with SQLite "
+                            f"{'.'.join(map(str, found))}: use a Python built with a newer SQLite "
+                            f"(any python.org, Debian 11+, Ubuntu 20.04+ or Alpine build is)")
+
+
 def _is_busy(exc: sqlite3.Error) -> bool:
     text = str(exc).lower()
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
@@ -124,6 +140,7 @@ class SqliteConnections:
 
     # -- connections -----------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
+        check_sqlite_version()
         if self.read_only:
             uri = f"file:{self.path.as_posix()}?mode=ro"
             conn = sqlite3.connect(uri, uri=True, timeout=self._busy_s, isolation_level=None,
