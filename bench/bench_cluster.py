@@ -8,8 +8,8 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **floor**: bare ``UPDATE … RETURNING`` + COMMIT (autocommit, one row per call, prepared), by 1, 2,
   4 and 8 client processes at once — the cheapest possible "take a row and commit" here;
 - **protocol**: 1, 2, 4, 8 processes that are workers as far as the control plane can tell — they
-  register, heartbeat, ``claim`` (``--claim-batch``: 32, the most one claim takes since revision
-  0015; 8 before), ``start``, ``running`` and ``complete`` every
+  register, heartbeat, ``claim`` (``--claim-batch``: 64, the most one claim takes since revision
+  0015, which is also the slots they register; 8 before), ``start``, ``running`` and ``complete`` every
   attempt of queued no-op runs through the fenced functions — but spawn nothing: the control
   plane's own cost. ``--calls batch`` (default) sends start/running/complete for a whole claim in
   one transaction each (``ControlDB.start_many`` …, what ``ql worker`` does); ``--calls single``

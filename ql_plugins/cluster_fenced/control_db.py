@@ -82,7 +82,7 @@ __all__ = [
 #: The schema revision whose functions this client calls.
 SCHEMA_REVISION = "0005_worker_role"
 #: ``claim`` never returns more than this many runs per call (revision 0015; 8 before).
-MAX_CLAIM = 32
+MAX_CLAIM = 64
 #: ``sweep``'s default page and the hard cap the database enforces.
 SWEEP_PAGE = 16
 SWEEP_HARD_CAP = 64
@@ -429,7 +429,7 @@ class ControlDB:
     def claim(self, worker: WorkerFence, *, max_n: int, free_slots: int, executor: str,
               attempt_ids: Sequence[str], log_ids: Sequence[str], lease_ttl_ms: int = 30_000) -> ClaimResult:
         """Claim up to ``min(max_n, free_slots, MAX_CLAIM, len(attempt_ids))`` queued runs, oldest first
-        (:data:`MAX_CLAIM` is 32 since revision 0015, 8 before; an older database answers at most 8).
+        (:data:`MAX_CLAIM` is 64 since revision 0015, 8 before; an older database answers at most 8).
 
         ``attempt_ids``/``log_ids`` are fresh UUIDv7s (one pair per run that may be claimed).
         Each :class:`ClaimedAttempt` carries the only copy of its lease token and its sealed spec:

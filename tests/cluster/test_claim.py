@@ -1,4 +1,4 @@
-"""Claim: bounded by free slots and 32 (MAX_CLAIM; 8 before revision 0015), oldest first, SKIP LOCKED under real contention."""
+"""Claim: bounded by free slots and 64 (MAX_CLAIM; 8 before revision 0015), oldest first, SKIP LOCKED under real contention."""
 
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ def _claim(db: ControlDB, worker, max_n: int, free_slots: int, ids: int = 10):
 
 
 def test_claim_is_bounded_by_max_n_free_slots_and_max_claim(cluster: Cluster) -> None:
-    assert MAX_CLAIM == 32
-    cluster.submit(60)
+    assert MAX_CLAIM == 64
+    cluster.submit(100)
     w = cluster.worker(slots=64)
     assert len(_claim(cluster.db, w, max_n=3, free_slots=10).attempts) == 3
     assert len(_claim(cluster.db, w, max_n=10, free_slots=2).attempts) == 2
-    assert len(_claim(cluster.db, w, max_n=50, free_slots=50, ids=40).attempts) == MAX_CLAIM
+    assert len(_claim(cluster.db, w, max_n=90, free_slots=90, ids=80).attempts) == MAX_CLAIM
     assert len(_claim(cluster.db, w, max_n=5, free_slots=5, ids=1).attempts) == 1  # ids supplied bound it too
     assert _claim(cluster.db, w, max_n=5, free_slots=0).attempts == ()
-    assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 22
+    assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 30
 
 
 def test_claim_takes_the_oldest_first_and_records_attempt_lease_and_event(cluster: Cluster) -> None:

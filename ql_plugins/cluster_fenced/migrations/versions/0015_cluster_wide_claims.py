@@ -1,4 +1,4 @@
-"""Cluster: a claim may take up to 32 runs (was 8), and the protocol's functions make fewer calls per run.
+"""Cluster: a claim may take up to 64 runs (was 8), and the protocol's functions make fewer calls per run.
 
 PostgreSQL only (no table, column, index or row changes; ``ql_claim``, ``ql_complete_many`` and
 ``ql__fence`` keep their signatures, owners and grants — ``CREATE OR REPLACE``):
@@ -9,13 +9,15 @@ each statement, the function's settings. Measured per call on the protocol bench
 about 0.27 ms of PostgreSQL CPU per call whatever its size, and 0.245 ms per completed run on top.
 With 8 runs per claim half of a completion's backend CPU was the four calls' fixed cost. The batched
 functions take up to 256 calls (``MAX_BATCH``); only ``ql_claim`` stopped at 8. A worker with more
-free slots (``claim_batch``, the bench's protocol clients) now claims up to 32 per call — a worker
+free slots (``claim_batch``, the bench's protocol clients) now claims up to 64 per call — a worker
 still never claims more than it asks for nor more than its free slots, and a worker that asks for 8
-or fewer is answered exactly as before.
+or fewer is answered exactly as before. Backend + client CPU per completed run on that loop: 0.49 ms
+at 8 per claim (0012), 0.29 at 32, 0.24 at 64 (64 and 32 measured side by side under the same load). The
+batch calls that follow a claim of 64 stay far below ``MAX_BATCH``.
 
 ``ql_claim`` is 0012's statement with:
 
-- the cap 32 (and ``ROWS 32``, the planner's estimate of the answer);
+- the cap 64 (and ``ROWS 64``, the planner's estimate of the answer);
 - each claimed run's earlier attempts read once for both numbers it needs (the new attempt's number
   and the sealed copy's ordinal: ``max(attempt_no)`` and the count of attempts that may have started,
   0005's rule), where 0012 read them twice — the second time through ``ql__attempts_used``, a PL/pgSQL
@@ -240,7 +242,7 @@ CREATE OR REPLACE FUNCTION ql_claim(p_worker_id text, p_generation bigint, p_ses
 RETURNS TABLE(answer text, run_id text, attempt_id text, attempt_no integer, lease_generation bigint,
               lease_token text, spec_key_id text, spec_ordinal integer, sealed_spec bytea, timeout_ms bigint,
               lease_expires_at_ms bigint, db_now_ms bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 32 SET search_path = pg_catalog, public
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER ROWS 64 SET search_path = pg_catalog, public
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -254,7 +256,7 @@ BEGIN
   PERFORM ql__check(length(p_executor) BETWEEN 1 AND 64, 'executor');
   PERFORM ql__check(coalesce(array_length(p_attempt_ids, 1), 0) = coalesce(array_length(p_log_ids, 1), 0),
                     'attempt_ids/log_ids');
-  v_n := least(coalesce(p_max_n, 0), coalesce(p_free_slots, 0), 32, coalesce(array_length(p_attempt_ids, 1), 0));
+  v_n := least(coalesce(p_max_n, 0), coalesce(p_free_slots, 0), 64, coalesce(array_length(p_attempt_ids, 1), 0));
   -- Every id the claim may use, in one statement (0012: one statement per id).
   PERFORM ql__check(coalesce(bool_and(ql__is_id(p_attempt_ids[k.i]) AND ql__is_id(p_log_ids[k.i])), true),
                     'attempt_ids/log_ids')
