@@ -8,7 +8,8 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **floor**: bare ``UPDATE … RETURNING`` + COMMIT (autocommit, one row per call, prepared), by 1, 2,
   4 and 8 client processes at once — the cheapest possible "take a row and commit" here;
 - **protocol**: 1, 2, 4, 8 processes that are workers as far as the control plane can tell — they
-  register, heartbeat, ``claim`` (batches of 8), ``start``, ``running`` and ``complete`` every
+  register, heartbeat, ``claim`` (``--claim-batch``: 64, the most one claim takes since revision
+  0015, which is also the slots they register; 8 before), ``start``, ``running`` and ``complete`` every
   attempt of queued no-op runs through the fenced functions — but spawn nothing: the control
   plane's own cost. ``--calls batch`` (default) sends start/running/complete for a whole claim in
   one transaction each (``ControlDB.start_many`` …, what ``ql worker`` does); ``--calls single``
@@ -53,6 +54,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pg_scratch import scratch_database
+
+from ql_plugins.cluster_fenced.control_db import MAX_CLAIM
 
 PROTOCOL_COUNTS = (1, 2, 4, 8)
 WORKER_COUNTS = (1, 2, 4)
@@ -164,7 +167,7 @@ def floor_rate(dsn: str, clients: int, n: int, timeout: float) -> tuple[float, t
 
 
 # -- the protocol alone --------------------------------------------------------------------------
-def _protocol_client(dsn: str, name: str, start_at: float, calls: str, out: mp.Queue) -> None:
+def _protocol_client(dsn: str, name: str, start_at: float, calls: str, batch: int, out: mp.Queue) -> None:
     from ql_core.ids import new_id
     from ql_plugins.cluster_fenced import ControlDB, completion_digest
 
@@ -187,8 +190,8 @@ def _protocol_client(dsn: str, name: str, start_at: float, calls: str, out: mp.Q
         if time.monotonic() >= heartbeat_due:  # the session outlives any number of runs
             assert db.heartbeat(worker).answer.value == "ok", "protocol client's session was fenced"
             heartbeat_due = time.monotonic() + HEARTBEAT_S
-        claimed = db.claim(worker, max_n=8, free_slots=8, executor="local", attempt_ids=[new_id() for _ in range(8)],
-                           log_ids=[new_id() for _ in range(8)]).attempts
+        claimed = db.claim(worker, max_n=batch, free_slots=batch, executor="local",
+                           attempt_ids=[new_id() for _ in range(batch)], log_ids=[new_id() for _ in range(batch)]).attempts
         if not claimed:
             break
         fences = [c.fence(worker) for c in claimed]
@@ -245,12 +248,13 @@ def _rates(dsn: str, run_ids: list[str]) -> tuple[float, float]:
     return claims / max(0.001, (last_claim - first) / 1000), done_rate
 
 
-def protocol(dsn: str, clients: int, n: int, calls: str, timeout: float) -> tuple[float, tuple[float, float | None]]:
+def protocol(dsn: str, clients: int, n: int, calls: str, batch: int,
+             timeout: float) -> tuple[float, tuple[float, float | None]]:
     """Completions per second of ``n`` runs, and the CPU seconds (client, server) per completion."""
     runs, _ = _submit(dsn, n)
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 0.5
-    procs = [mp.Process(target=_protocol_client, args=(dsn, f"bench-p{clients}-{c}", start_at, calls, out))
+    procs = [mp.Process(target=_protocol_client, args=(dsn, f"bench-p{clients}-{c}", start_at, calls, batch, out))
              for c in range(clients)]
     for p in procs:
         p.start()
@@ -445,12 +449,17 @@ def main() -> None:
     parser.add_argument("--protocol-n", type=int, default=1000, help="runs per protocol measurement")
     parser.add_argument("--calls", choices=("batch", "single"), default="batch",
                         help="protocol clients: one transaction per claim's batch, or one call per attempt")
+    parser.add_argument("--claim-batch", type=int, default=MAX_CLAIM,
+                        help=f"protocol clients: runs per claim (default {MAX_CLAIM}, the most one claim takes; "
+                             "the clients register 64 slots)")
     parser.add_argument("--embedded-n", type=int, default=200, help="tasks of the embedded host")
     parser.add_argument("--e2e-n", type=int, default=200, help="runs per ql worker measurement")
     parser.add_argument("--burst-n", type=int, default=1000, help="runs of the burst (the issue's goal: 10000)")
     parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
     parser.add_argument("--protocol-only", action="store_true", help="only the floor and the protocol clients")
+    parser.add_argument("--protocol-clients", type=lambda v: tuple(int(k) for k in v.split(",")),
+                        default=PROTOCOL_COUNTS, help="client counts of the floor and protocol phases (e.g. 4 or 1,4)")
     parser.add_argument("--workers-only", action="store_true",
                         help="skip the floor and the protocol clients (the embedded host and ql workers only)")
     parser.add_argument("--json", action="store_true")
@@ -471,10 +480,10 @@ def main() -> None:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("CREATE TABLE bench_floor (id integer PRIMARY KEY, n integer NOT NULL)")
                 conn.execute("INSERT INTO bench_floor SELECT g, 0 FROM generate_series(0, %s) g",
-                             (args.floor_n * max(PROTOCOL_COUNTS),))
-            for k in () if args.workers_only else PROTOCOL_COUNTS:
+                             (args.floor_n * max(args.protocol_clients),))
+            for k in () if args.workers_only else args.protocol_clients:
                 floor, floor_cpu = floor_rate(dsn, k, args.floor_n, timeout)
-                done, done_cpu = protocol(dsn, k, args.protocol_n, args.calls, timeout)
+                done, done_cpu = protocol(dsn, k, args.protocol_n, args.calls, args.claim_batch, timeout)
                 res["protocol"].append({"clients": k, "floor_per_s": floor, "completions_per_s": done,
                                         "floor_cpu_ms": _ms(floor_cpu), "completion_cpu_ms": _ms(done_cpu)})
                 print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
@@ -522,7 +531,7 @@ def report_protocol(res: dict[str, Any], args: argparse.Namespace) -> None:
     # CPU ms (client + server backend) per floor row and per completion: the load-independent cost
     # (wall rates on a shared machine move with everyone else's load; CPU per unit does not).
     print(f"\n{'protocol clients':>16} {'floor/s':>9} {'completions/s':>14} {'vs floor':>9}   "
-          f"{'CPU ms/row':>12} {'CPU ms/completion':>18} {'CPU vs floor':>12}   ({args.calls} calls)")
+          f"{'CPU ms/row':>12} {'CPU ms/completion':>18} {'CPU vs floor':>12}   ({args.calls} calls, {args.claim_batch} per claim)")
     for r in res["protocol"]:
         f, c = r["floor_cpu_ms"], r["completion_cpu_ms"]
         ratio = "" if None in (f[1], c[1]) else f"{(f[0] + f[1]) / (c[0] + c[1]):>11.3f}x"

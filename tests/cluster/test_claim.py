@@ -1,4 +1,4 @@
-"""Claim: bounded by free slots and 8, oldest first, SKIP LOCKED under real contention."""
+"""Claim: bounded by free slots and 64 (MAX_CLAIM; 8 before revision 0015), oldest first, SKIP LOCKED under real contention."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from ql_core.ids import new_id
-from ql_plugins.cluster_fenced import ControlDB, LeaseAnswer
+from ql_plugins.cluster_fenced import MAX_CLAIM, ControlDB, LeaseAnswer
 from tests.cluster.support import TEST_KEY, Cluster, opened
 
 pytestmark = pytest.mark.postgres
@@ -21,15 +21,16 @@ def _claim(db: ControlDB, worker, max_n: int, free_slots: int, ids: int = 10):
                     attempt_ids=[new_id() for _ in range(ids)], log_ids=[new_id() for _ in range(ids)])
 
 
-def test_claim_is_bounded_by_max_n_free_slots_and_eight(cluster: Cluster) -> None:
-    cluster.submit(30)
+def test_claim_is_bounded_by_max_n_free_slots_and_max_claim(cluster: Cluster) -> None:
+    assert MAX_CLAIM == 64
+    cluster.submit(100)
     w = cluster.worker(slots=64)
     assert len(_claim(cluster.db, w, max_n=3, free_slots=10).attempts) == 3
     assert len(_claim(cluster.db, w, max_n=10, free_slots=2).attempts) == 2
-    assert len(_claim(cluster.db, w, max_n=50, free_slots=50, ids=20).attempts) == 8
+    assert len(_claim(cluster.db, w, max_n=90, free_slots=90, ids=80).attempts) == MAX_CLAIM
     assert len(_claim(cluster.db, w, max_n=5, free_slots=5, ids=1).attempts) == 1  # ids supplied bound it too
     assert _claim(cluster.db, w, max_n=5, free_slots=0).attempts == ()
-    assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 16
+    assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 30
 
 
 def test_claim_takes_the_oldest_first_and_records_attempt_lease_and_event(cluster: Cluster) -> None:
@@ -76,6 +77,17 @@ def test_claim_rejects_malformed_ids_without_claiming(cluster: Cluster) -> None:
         cluster.db.claim(w, max_n=1, free_slots=1, executor="local", attempt_ids=["not-an-id"], log_ids=[new_id()])
     assert "not-an-id" not in str(err.value) and err.value.sqlstate == "22023"
     assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 1
+    # Every id the claim may use is checked (0015 checks them in one statement): a bad one in the
+    # middle refuses the whole claim; one past what the claim can take is never looked at (as before).
+    ids, logs = [new_id() for _ in range(5)], [new_id() for _ in range(5)]
+    with pytest.raises(ControlDBError) as err:
+        cluster.db.claim(w, max_n=5, free_slots=5, executor="local", attempt_ids=ids,
+                         log_ids=logs[:2] + ["not-an-id"] + logs[3:])
+    assert err.value.sqlstate == "22023"
+    assert cluster.sql.execute("SELECT count(*) AS n FROM ql_run WHERE status = 'queued'").fetchone()["n"] == 1
+    claimed = cluster.db.claim(w, max_n=1, free_slots=1, executor="local", attempt_ids=ids[:1] + ["not-an-id"],
+                               log_ids=logs[:2]).attempts
+    assert [c.attempt_id for c in claimed] == ids[:1]
 
 
 def test_parallel_claimers_in_threads_claim_every_run_exactly_once(cluster: Cluster) -> None:

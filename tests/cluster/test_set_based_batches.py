@@ -177,3 +177,42 @@ def test_the_batched_calls_read_by_key_even_without_statistics(cluster: Cluster)
                                           "using ix_ql_attempt_active", "using ix_ql_attempt_deadline",
                                           "using ix_ql_lease_live_expiry"))]
     assert scans == []
+
+
+def _deadline_scenario(cluster: Cluster, worker_id: str) -> tuple[list[Any], list[str]]:
+    """Completions without a cancel intent around their deadline (revision 0015 computes their
+    outcome in ql_complete_many's statement): past it, at it, before it, and past the deadline a
+    completion without ql_running sets from its reported start; exit codes 0 and not 0."""
+    db = cluster.db
+    runs = cluster.submit(5, timeout_ms=1_000)
+    w = cluster.worker(worker_id)
+    by_run = {c.run_id: c for c in cluster.claim(w, 5)}
+    f = [by_run[r].fence(w) for r in runs]
+    answers: list[Any] = [db.start_many(f)]
+    t0 = cluster.now()
+    answers.append(db.running_many([(x, t0) for x in f[:4]]))  # f[4] is never reported running
+    deadline = [cluster.run(r)["deadline_at_ms"] for r in runs[:4]]
+    done = [
+        (f[0], _completion(f[0].attempt_id, 0, deadline[0] + 1)),  # past it: timed_out
+        (f[1], _completion(f[1].attempt_id, 3, deadline[1])),      # at it: timed_out, whatever the exit code
+        (f[2], _completion(f[2].attempt_id, 0, deadline[2] - 1)),  # before it: succeeded
+        (f[3], _completion(f[3].attempt_id, 9, deadline[3] - 1)),  # before it: failed
+        (f[4], _completion(f[4].attempt_id, 0, t0 + 1_500, started=t0)),  # past started + timeout
+    ]
+    answers.append(db.complete_many(done))
+    return answers, runs
+
+
+def test_set_based_completion_outcomes_at_the_deadline_are_the_single_calls(cluster: Cluster) -> None:
+    cluster.db._batch_functions = True
+    set_answers, set_runs = _deadline_scenario(cluster, "w1")
+    assert cluster.db._batch_functions, "the set-based functions were not used"
+    cluster.db._batch_functions = False
+    one_answers, one_runs = _deadline_scenario(cluster, "w1")
+    set_ids: dict[str, str] = {}
+    one_ids: dict[str, str] = {}
+    assert _shape(set_answers, set_ids) == _shape(one_answers, one_ids)
+    assert _differences(_shape(_rows(cluster, set_runs), set_ids), _shape(_rows(cluster, one_runs), one_ids)) == []
+    assert [(cluster.run(r)["status"], cluster.run(r)["reason"]) for r in set_runs] == [
+        ("timed_out", "timeout"), ("timed_out", "timeout"), ("succeeded", None), ("failed", None),
+        ("timed_out", "timeout")]
