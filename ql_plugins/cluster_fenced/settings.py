@@ -38,13 +38,13 @@ DRAIN_MODES = ("finish", "hand_back")
 _SETTING_KEYS = ("worker_id", "slots", "drain", "drain_timeout_s", "spec_key_file", "spec_previous_key_file")
 
 #: name -> (type, minimum, maximum): every cluster number, with its hard cap. The database enforces
-#: 1 s..1 h for both leases and 8 / 64 for the claim batch and the sweep page.
+#: 1 s..1 h for both leases and 64 for the claim batch (8 before revision 0015) and the sweep page.
 NUMBER_RANGES: dict[str, tuple[type, float, float]] = {
     "heartbeat_interval_s": (float, 0.1, 600.0),
     "session_lease_s": (float, 1.0, 3600.0),
     "run_lease_s": (float, 1.0, 3600.0),
     "fence_margin_s": (float, 0.05, 600.0),
-    "claim_batch": (int, 1, 8),
+    "claim_batch": (int, 1, 64),
     "claim_interval_s": (float, 0.01, 60.0),
     "sweep_page": (int, 1, 64),
     "sweep_pages_per_round": (int, 1, 64),
@@ -79,8 +79,10 @@ class ClusterProfile:
     run_lease_s: float = 30.0
     #: A worker fences itself this long before its own estimate of its run lease's expiry.
     fence_margin_s: float = 5.0
-    #: Runs claimed per call (the database never hands out more than 8, nor more than free slots).
-    claim_batch: int = 8
+    #: Runs claimed per call at most (never more than free slots; the database hands out at most 64,
+    #: 8 before revision 0015). Each call has a fixed cost on the server (~0.27 ms of its CPU,
+    #: docs/cluster.md): a worker with many free slots fills them in one call.
+    claim_batch: int = 32
     #: Seconds between a worker's claims while the queue is empty.
     claim_interval_s: float = 1.0
     #: Rows per step of one sweeper call (``ql control``; the database caps it at 64).
