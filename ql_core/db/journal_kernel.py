@@ -185,6 +185,11 @@ class SqlJournalKernel:
                                                   facts.attempt_status, new.log_artifact_id, new.callback_token_hash,
                                                   new.deadline_at_ms, now, facts.started_at_ms, facts.handle,
                                                   new.host_handle))
+            # A dialect may keep the host handle beside the attempt (SQLite, revision 0014: the row
+            # stays under a page's cell size). Written here, not by an overridable ``_create_also``, so
+            # no subclass can drop it: never_started's proof reads it after a crash.
+            if new.host_handle is not None and (insert_host := getattr(sql, "INSERT_ATTEMPT_HOST", None)):
+                self._execute(c, insert_host, (new.host_handle, new.attempt_id))
             self._execute(c, sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                               new.log_max_bytes, now))
             for e in facts.events:

@@ -127,11 +127,6 @@ class SqliteJournal(SqlJournalKernel):
         # Each run's attempts are one range of the attempt key (revision 0012), through the run's row.
         return c.execute(attempts_of_runs(len(run_ids)), run_ids)
 
-    def _create_also(self, c: sqlite3.Connection, new: Any) -> None:
-        # The host handle beside the attempt (ql_core.db.sqlite_runs.HOST_HANDLE_A: no overflow page).
-        if new.host_handle is not None:
-            c.execute(statements.INSERT_ATTEMPT_HOST, (new.host_handle, new.attempt_id))
-
     # -- a page of decisions in one transaction (ql_core.ports.journal.BatchTransitions) -----------
     def transition_many(self, items: list[tuple[str, Decide[T]]]) -> list[tuple[T, list[RunEventInfo]]]:
         with self._db.write() as c:

@@ -93,7 +93,7 @@ def test_every_cluster_number_is_documented_with_its_default_as_the_code_has_it(
 @pytest.mark.parametrize("body, says", [
     ('[plugin.cluster-fenced]\nrun_lease_s = 0.5\n',
      "[plugin.cluster-fenced] run_lease_s = 0.5 is out of range; allowed 1 to 3600"),
-    ('[limits]\nclaim_batch = 9\n', "limits.claim_batch = 9 is out of range; allowed 1 to 8"),
+    ('[limits]\nclaim_batch = 65\n', "limits.claim_batch = 65 is out of range; allowed 1 to 64"),
     ('[plugin.cluster-fenced]\nclaim_batch = true\n', "[plugin.cluster-fenced] claim_batch must be an integer"),
     ('[plugin.cluster-fenced]\nrun_lease_s = 4\nfence_margin_s = 2\n', "fence_margin_s (2) must be less than half"),
     ('[limits]\nheartbeat_interval_s = 50\n', "heartbeat_interval_s (50) must be shorter than session_lease_s"),
