@@ -24,13 +24,16 @@ from ql_core.value_class import value_class
 from .settings import CONTAINMENT_CHOICES  # auto: cgroup v2 where usable; process-group: never a cgroup
 
 __all__ = ["CONTAINMENT_CHOICES", "CGROUP_ENV", "Containment", "find_containment", "group_cgroups", "kill_cgroup",
-           "sweep", "SWEEP_MAX"]
+           "sweep", "SWEEP_MAX", "SWEEP_SCAN"]
 
 #: The launcher's environment variable naming the parent cgroup directory (never reaches the task:
 #: both launchers drop their ``_ql_`` names).
 CGROUP_ENV = "_ql_cgroup"
 #: At most this many task cgroups are looked at by one :func:`sweep`.
 SWEEP_MAX = 256
+#: At most this many entries of the parent are read by one :func:`sweep` (its window of
+#: :data:`SWEEP_MAX` is drawn among them).
+SWEEP_SCAN = 4096
 #: A longer parent path is not used (it travels in the launcher's environment and is joined with
 #: an attempt id and a file name by the launcher, in fixed buffers).
 _PATH_MAX = 3000
@@ -164,18 +167,29 @@ def _mount_point() -> str | None:
     return mount[0] if mount is not None else None
 
 
-def sweep(parent: str, *, limit: int = SWEEP_MAX) -> int:
+def sweep(parent: str, *, limit: int = SWEEP_MAX, scan: int = SWEEP_SCAN) -> int:
     """Remove up to ``limit`` empty task cgroups below ``parent`` (named by an attempt id; one with
     processes refuses ``rmdir``, so a running task's is never touched). A launcher whose cgroup is
-    removed between its creation and its entry creates it again. The number removed."""
-    removed = 0
+    removed between its creation and its entry creates it again. The number removed.
+
+    The ``limit`` tried are a window at a random place among the first ``scan`` task cgroups the
+    directory lists: with more than ``limit`` running tasks, a fixed window (the listing's order
+    is stable) would try the same busy ones every time and never reach a crashed run's leftover."""
+    names: list[str] = []
     try:
-        names = os.listdir(parent)
+        with os.scandir(parent) as entries:
+            for entry in entries:
+                if _UUID.match(entry.name):
+                    names.append(entry.name)
+                    if len(names) >= scan:
+                        break
     except OSError:
         return 0
-    for name in names[:limit]:
-        if not _UUID.match(name):
-            continue
+    if len(names) > limit:
+        start = int.from_bytes(os.urandom(4), "little") % len(names)  # not `random`: an import per ql run
+        names = (names[start:] + names[:start])[:limit]
+    removed = 0
+    for name in names:
         try:
             os.rmdir(os.path.join(parent, name))
         except OSError:
