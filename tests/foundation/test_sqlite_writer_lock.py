@@ -59,34 +59,42 @@ def test_every_connection_set_of_one_file_shares_the_lock_and_holds_it_while_wri
     two.close()
 
 
-def test_a_waiting_writer_enters_as_soon_as_the_other_commits(tmp_path: Path) -> None:
-    # The other writer commits 235 ms after this one started waiting. SQLite's busy handler
-    # would have tried at 228 ms, then slept 100 ms (delays 1, 2, 5, 10, 15, 20, 25, 25, 25, 50,
-    # 50, 100 ms): entered ~90 ms after the commit. The lock wakes it at the commit.
+def test_a_waiting_writer_queues_on_the_lock_not_in_sqlites_busy_handler(tmp_path: Path) -> None:
+    # Which lock the waiter waits on, from the order of the statements both connections run (their
+    # trace): on the process lock, its BEGIN IMMEDIATE comes only after the other's COMMIT; in
+    # SQLite's busy handler (which sleeps 1, 2, 5 ... 100 ms between tries, entering up to ~100 ms
+    # late) it would have begun before. An order, not a duration: a loaded machine cannot fake it.
     path = tmp_path / "x.db"
     one, two = _db(path), _db(path)
-    inside, waiting = threading.Event(), threading.Event()
-    started: list[float] = []
-    committed: list[float] = []
+    statements: list[tuple[str, str]] = []
+    one.trace(lambda _conn, sql: statements.append(("one", sql)))
+    two.trace(lambda _conn, sql: statements.append(("two", sql)))
+    inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         with one.write() as c:
             c.execute("INSERT INTO t VALUES (1)")
             inside.set()
-            assert waiting.wait(30)
-            time.sleep(max(0.0, started[0] + 0.235 - time.monotonic()))
-        committed.append(time.monotonic())
+            release.wait(30)
+
+    def write() -> None:
+        with two.write() as c:
+            c.execute("INSERT INTO t VALUES (2)")
 
     holder = threading.Thread(target=hold)
     holder.start()
     assert inside.wait(30)
-    started.append(time.monotonic())
-    waiting.set()
-    with two.write() as c:
-        entered = time.monotonic()
-        c.execute("INSERT INTO t VALUES (2)")
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(0.3)  # time to reach its write (and, without the lock, to begin in SQLite)
+    assert writer.is_alive(), "the second writer did not wait for the first"
+    release.set()
     holder.join()
-    assert entered - committed[0] < 0.05
+    writer.join(30)
+    begins = [i for i, (who, sql) in enumerate(statements) if who == "two" and sql.startswith("BEGIN")]
+    commit = statements.index(("one", "COMMIT"))
+    assert begins and min(begins) > commit, statements
+    assert [r[0] for r in two.connection().execute("SELECT a FROM t ORDER BY a")] == [1, 2]
     one.close()
     two.close()
 
