@@ -123,6 +123,8 @@ class SqliteConnections:
 
     def __init__(self, path: Path, *, busy_timeout_ms: int, create: bool = True, read_only: bool = False) -> None:
         self.path = path
+        #: This file's key in the process's write locks (:func:`write_lock`), made absolute once.
+        self._lock_key = os.path.abspath(os.fspath(path))
         #: False: the file must exist (opened ``mode=rw``) and is never migrated.
         self.create = create
         #: True: opened ``mode=ro`` with ``query_only`` (nothing can be written at all).
@@ -245,7 +247,9 @@ class SqliteConnections:
         if self.read_only:
             raise StoreError("this runtime was opened read-only; nothing may be written")
         conn = self.connection()
-        lock = write_lock(self.path)  # looked up each time: a forked child has fresh ones
+        # Looked up at each write, not kept: a forked child has fresh ones. A plain dict read on the
+        # hot path; the guarded creation only the first time (or after a fork).
+        lock = _WRITE_LOCKS.get(self._lock_key) or write_lock(self._lock_key)
         if not lock.acquire(timeout=self._busy_s):  # as long as SQLite's busy timeout would wait
             raise StoreBusyError(f"the run database {self.path} is busy; retry")
         try:
