@@ -39,8 +39,10 @@ ENDED_LOGS_SIZED = (f"SELECT {LOG_COLUMNS_L} {_FROM}l.log_order < {UNSIZED} AND 
 # The sized arm returns log_order in created_at_ms's place (equal for a sized log), so the index's
 # order is the compound's: SQLite merges the arms and sorts only the unsized one.
 _SIZED_COLUMNS = LOG_COLUMNS_L.replace("l.created_at_ms", "l.log_order")
+# A compound SELECT orders by result column position: created_at_ms's, derived from the column list.
+_CREATED_AT = [c.strip() for c in LOG_COLUMNS_L.split(",")].index("l.created_at_ms") + 1
 #: Logs of ended attempts created before a cutoff, oldest first (parameters: owner, cutoff, limit).
 ENDED_LOGS_OLDER = (f"SELECT {_SIZED_COLUMNS} {_FROM}l.log_order < ?2 AND a.runtime_owner = ?1 "
                     f"AND a.status IN {ENDED} "
                     f"UNION ALL SELECT {LOG_COLUMNS_L} {_FROM}{_QUEUE} AND l.created_at_ms < ?2 "
-                    f"AND a.runtime_owner = ?1 AND a.status IN {ENDED} ORDER BY 7, 1 LIMIT ?3")
+                    f"AND a.runtime_owner = ?1 AND a.status IN {ENDED} ORDER BY {_CREATED_AT}, 1 LIMIT ?3")
