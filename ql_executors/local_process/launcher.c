@@ -959,15 +959,35 @@ __attribute__((noreturn)) static void exec_command(const struct task *t, char **
     _exit(err == ENOENT && strcmp(failed_to, "run the command") == 0 ? 127 : 126);
 }
 
-/* Every catchable signal back to its default action (glibc refuses its own internal ones, which
- * it never leaves at anything but its own handling: EINVAL, skipped). */
+/* The signals that were ignored when this process started: a standby the factory forked inherits
+ * the factory's list (read once per factory, not once per task). Beside the ones the launcher sets
+ * itself (the forwarded signals, CHLD, PIPE), they are the only ones whose disposition an exec does
+ * not reset: a caught signal is back at its default in the new program anyway. */
+static sigset_t ignored_on_entry;
+
+static void note_ignored_on_entry(void) {
+    struct sigaction sa;
+    sigemptyset(&ignored_on_entry);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+            sigaddset(&ignored_on_entry, sig);
+}
+
+/* Every signal that could be other than at its default action after the exec back to it: those
+ * ignored on entry and those the launcher itself catches or ignores (a per-task sigaction of every
+ * signal cost ~60 syscalls a task). glibc refuses its own internal ones, never ignored: EINVAL. */
 static void default_all_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
     sigemptyset(&sa.sa_mask);
+    sigset_t reset = ignored_on_entry;
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaddset(&reset, FORWARDED[i]);
+    sigaddset(&reset, SIGCHLD);
+    sigaddset(&reset, SIGPIPE);
     for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
+        if (sig != SIGKILL && sig != SIGSTOP && sigismember(&reset, sig) == 1)
             sigaction(sig, &sa, NULL);
 }
 
@@ -1294,6 +1314,7 @@ int main(int argc, char **argv) {
     const char *cg_parent = getenv("_ql_cgroup"); /* containment: see cg_setup */
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
+    note_ignored_on_entry(); /* before the launcher changes any disposition itself */
     int factory = argc == 2 && strcmp(argv[1], "--factory") == 0;
     int standby = factory || (argc == 2 && strcmp(argv[1], "--standby") == 0);
     struct task t;
