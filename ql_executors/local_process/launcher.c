@@ -363,7 +363,7 @@ static int cg_enter(void) {
  * Where clone3_vm (below) exists, it is CLONE_VM as well: the child shares the launcher's memory
  * like a vfork child, on a stack of its own, so the kernel neither copies the launcher's page
  * tables nor tears the copy down at the child's exec (~0.1 ms of CPU per task, most of it the
- * copy's TLB shootdown: perf, bench/bench_edge.py --cpu-only). Elsewhere it is not CLONE_VM: the
+ * copy's TLB shootdown: perf, bench/bench_cpu_split.py). Elsewhere it is not CLONE_VM: the
  * raw syscall returns through a C frame in the child, which must not share the parent's stack.
  * The child's pid, or -1 when it did not happen (no clone3, no such cgroup: the caller forks the
  * old way and the child moves itself). */
@@ -376,6 +376,11 @@ struct ql_clone_args {
         set_tid_size, cgroup;
 };
 
+/* The most words a command may have for a child on clone3_vm's own stack (below): glibc's execvp
+ * copies the argument vector onto the stack to retry a script through /bin/sh, so a longer command
+ * takes the copying clone3. */
+#define CLONE_VM_MAX_ARGS 65536
+
 /* What child_after_fork needs, in one pointer (clone3_vm passes one argument). */
 struct child_args {
     const struct task *t;
@@ -386,15 +391,13 @@ struct child_args {
 };
 __attribute__((noreturn, noinline)) static void child_after_fork(struct child_args *a);
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(__ILP32__) /* not x32: other syscall numbers */
 /* x86_64 only: the one architecture where this path is exercised by the tests (qemu-user, which
  * runs the AArch64 launcher's tests, answers clone3 with ENOSYS). */
 #define QL_HAVE_CLONE3_VM 1
-/* The CLONE_VM child's stack. Its deepest user is glibc's execvp, which copies the argument
- * vector onto the stack to retry a script through /bin/sh: a command of more than
- * CLONE_VM_MAX_ARGS words takes the copying clone3 instead. BSS: untouched pages cost nothing. */
+/* The CLONE_VM child's stack: room for CLONE_VM_MAX_ARGS pointers and execvp's path buffer, with
+ * plenty to spare. BSS: untouched pages cost nothing. */
 #define CLONE_VM_STACK (1024 * 1024)
-#define CLONE_VM_MAX_ARGS 65536 /* main counts up to one more */
 static unsigned char vm_stack[CLONE_VM_STACK] __attribute__((aligned(64)));
 
 /* clone3 with a stack: the kernel starts the child on that stack right after the syscall
@@ -1421,7 +1424,7 @@ int main(int argc, char **argv) {
      * process's page tables for a child that execs at once costs ~50 us. The launcher is single-
      * threaded and waits suspended until the child has exec'd or exited. */
     struct child_args child = {&t, via_sh, &forwarded, 0, 0};
-    while (t.cmd[child.words] != NULL && child.words <= 65536)
+    while (t.cmd[child.words] != NULL && child.words <= CLONE_VM_MAX_ARGS)
         child.words++;
     pid_t pid = cg_dir[0] ? fork_into_cgroup(&child) : -1;
     if (pid == -1)
