@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .outcome import clamp_times, decide_never_ran, decide_outcome, decide_without_receipt
 from .ports.context import RunEventInfo
 from .ports.journal import EventSpec, Snapshot, Transition
+from .records import run_view
 from .retrying import retrying
 from .states import RECOVERABLE_ATTEMPT, RUN_ACTIVE
 from .tokens import hash_token, same_hash
@@ -207,8 +208,6 @@ class CompletionService:
         if bound and attempt.attempt_no == 1:
             # The run's only attempt (a later one would be the current one): the view after this
             # commit is fully known here, as these rows with the change applied.
-            from .records import run_view
-
             view = run_view(run._replace(**change.run), [attempt._replace(**change.attempt)])
         return CompletionResult(CompletionOutcome.APPLIED, status=verdict.status, view=view), change
 

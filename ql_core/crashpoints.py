@@ -1,6 +1,7 @@
 """Named crash points: a test seam that ends the process hard at one protocol step.
 
-Set ``QL_CRASH_POINT=<name>`` in a process's environment; when execution
+Set ``QL_CRASH_POINT=<name>`` in a process's environment when it starts (it is read once, at
+import: set it in a child process's environment, not in a running one); when execution
 reaches ``crashpoint(<name>)`` the process exits immediately with
 ``os._exit(CRASH_EXIT_CODE)`` — no ``finally`` blocks, no atexit, no flush,
 exactly like a SIGKILL at that instant (a committed transaction stays
@@ -49,7 +50,12 @@ CRASH_POINTS: tuple[str, ...] = (
 )
 
 
+#: The step this process is to die at ("": none; no step is named so), read once. A task passes ~7
+#: crash points, and ``os.environ.get`` of a missing name raises and catches a KeyError in ``os`` each time.
+_ARMED: str = os.environ.get("QL_CRASH_POINT") or ""
+
+
 def crashpoint(name: str) -> None:
-    """Exit the process at once if ``QL_CRASH_POINT`` names this step."""
-    if os.environ.get("QL_CRASH_POINT") == name:
+    """Exit the process at once if ``QL_CRASH_POINT`` (as the process started) names this step."""
+    if name == _ARMED:
         os._exit(CRASH_EXIT_CODE)

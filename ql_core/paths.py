@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import ConfigError, DataDirError, UnsafePathError, explain_os_error
 from .ids import is_uuid7, shard_of
@@ -49,7 +50,10 @@ _VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")
 _NODE_ID_MAX_BYTES = 128
 
 
-def ensure_private_dir(path: Path) -> Path:
+_P = TypeVar("_P", str, Path)
+
+
+def ensure_private_dir(path: _P) -> _P:
     """Create ``path`` (0700) if missing; refuse a symlink or a non-directory."""
     # Looked at first: it exists on every call but the first (each task's log directories), and a
     # failed mkdir costs a syscall and an exception for nothing. The lstat after decides either way.
@@ -134,8 +138,18 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
+#: ``logs_root`` per data dir: each task asks for it several times (its log's path, its shard), and a
+#: pathlib join parses both parts again each time. Bounded: a process uses one or two data dirs.
+_LOGS_ROOTS: dict[Path, Path] = {}
+
+
 def logs_root(data_dir: Path) -> Path:
-    return data_dir / "logs"
+    root = _LOGS_ROOTS.get(data_dir)
+    if root is None:
+        if len(_LOGS_ROOTS) >= 16:
+            _LOGS_ROOTS.clear()
+        root = _LOGS_ROOTS[data_dir] = data_dir / "logs"
+    return root
 
 
 def receipts_root(data_dir: Path) -> Path:

@@ -32,13 +32,25 @@ from .crashpoints import crashpoint
 from .errors import PersistBeforeSpawnError, QlError, UsageError
 from .ids import new_id
 from .log import logger
+from .logs import open_log_artifact
 from .paths import log_path, log_relative_path
+from .ports.executor import SpawnRequest, check_handle
+from .ports.journal import BulkQueueing, QueuedRun, QueueingBackend, TaskSpec
+from .ports.receipt_store import ReceiptStoreError
 from .records import NewRun
+from .retrying import retrying
+from .tokens import hash_token, new_token
 from .value_class import lean_dataclass, value_class
+
+# The modules each task's path uses are imported here, once, not in the functions: a function-level
+# `from .x import y` runs the import machinery on every call (a spec lookup, a property in Python and
+# two formatted AttributeErrors for a non-package module, ~11k instructions under callgrind), and every
+# one of them is loaded by the time a task has run anyway (``ql run`` included; reading commands never
+# import this module: tests/cli/test_quick_reads.py).
 
 if TYPE_CHECKING:
     from .node import Node
-    from .ports.executor import Executor, SpawnedTask, SpawnRequest
+    from .ports.executor import Executor, SpawnedTask
 
 __all__ = ["Submission", "RunIds", "submit", "submit_many", "check_tasks", "create", "start", "take_standby",
            "enqueue", "check_submission", "MAX_SUBMIT_MANY"]
@@ -58,7 +70,6 @@ class Submission:
     A run queued for a cluster worker (``profile = "cluster-control"``) has no attempt yet:
     ``attempt_id``, ``log_artifact_id`` and ``executor`` are None until a worker claims it.
     """
-
     run_id: str
     attempt_id: str | None
     log_artifact_id: str | None
@@ -99,7 +110,6 @@ class RunIds:
     """Ids chosen before the create commit (a cluster claim's): the run, its attempt, its log
     artifact and the attempt's callback token (the lease token). Without them :func:`create`
     draws new ones."""
-
     __slots__ = ("run_id", "attempt_id", "log_artifact_id", "token")
     run_id: str
     attempt_id: str
@@ -216,9 +226,6 @@ def submit_many(node: Node, tasks: Sequence[Mapping[str, Any]]) -> list[Submissi
     """``Runtime.submit_many``: every task is checked before anything is written (one wrong task
     submits nothing), then the runs are queued in bulk where the run store can (a cluster-control
     node: a few transactions for thousands of runs), else submitted one by one."""
-    from .ports.journal import BulkQueueing, QueuedRun, TaskSpec
-    from .retrying import retrying
-
     if node.closed:
         from .errors import RuntimeClosedError
 
@@ -275,9 +282,6 @@ def enqueue(node: Node, command: tuple[str, ...], *, shell: bool, name: str | No
             env_add: dict[str, str] | None = None) -> Submission:
     """Queue the run for a worker (the run store must be able to: cluster-fenced). ``env_add`` goes
     with the spec: the worker adds it to the environment the task gets there."""
-    from .ports.journal import QueuedRun, QueueingBackend, TaskSpec
-    from .retrying import retrying
-
     if not isinstance(node.journal, QueueingBackend):
         node.runner()  # raises: this profile runs nothing and its store queues nothing
     if not 1 <= max_attempts <= 100:
@@ -300,9 +304,6 @@ def take_standby(node: Node, executor: Executor, command: tuple[str, ...], *, sh
     handle in the create commit; None: the classic path (spawn after the create commit). Given to
     :func:`create` and :func:`start` (``standby=``) — by :func:`submit`, and by a cluster worker
     for the attempts it claims."""
-    from .ports.executor import check_handle
-    from .ports.journal import TaskSpec
-
     if not node.takes_standby:
         return None
     task = executor.standby(TaskSpec(command=command, shell=shell, cwd=cwd, env=env),  # type: ignore[attr-defined]
@@ -329,9 +330,6 @@ def create(node: Node, *, name: str | None = None, timeout_s: float | None = Non
     Any failure means nothing will be: a standby task is dropped, having been given nothing, and a
     ``PersistBeforeSpawnError`` says so. ``ids``: the ids a cluster claim chose (else new ones).
     """
-    from .retrying import retrying
-    from .tokens import hash_token, new_token
-
     executor, receipts = node.runner()
     assert node.config.executor is not None
     if ids is None:
@@ -385,9 +383,6 @@ def start(node: Node, sub: Submission, command: Sequence[str], *, shell: bool = 
 def _prepare_locations(node: Node, sub: Submission, *, drop: Callable[[], None] | None = None) -> tuple[str, int]:
     """The receipt location and the open log artifact of ``sub`` (after its create commit). On
     failure nothing runs: ``drop`` discards a standby task, and the run is marked failed."""
-    from .logs import open_log_artifact
-    from .ports.receipt_store import ReceiptStoreError
-
     assert node.receipts is not None and sub.attempt_id is not None and sub.log_artifact_id is not None
     reason = "RECEIPT_LOCATION_UNAVAILABLE"
     try:
@@ -410,8 +405,6 @@ def _prepare_locations(node: Node, sub: Submission, *, drop: Callable[[], None] 
 
 def _request(node: Node, sub: Submission, location: str, command: tuple[str, ...], *, shell: bool,
              cwd: str | None, env: dict[str, str] | None) -> SpawnRequest:
-    from .ports.executor import SpawnRequest
-
     assert sub.attempt_id is not None and sub.log_artifact_id is not None
     profile = node.profile
     return SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
@@ -491,8 +484,6 @@ def _spawn(node: Node, executor: Executor, sub: Submission, command: tuple[str, 
 
 def _record_spawned(node: Node, executor: Executor, sub: Submission, task: SpawnedTask) -> None:
     """Second commit: the durable handle. Without it the task must not run (ADR-0007 §2.2)."""
-    from .ports.executor import check_handle
-
     try:
         handle = check_handle(task.handle)
         if handle is None:

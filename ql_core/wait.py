@@ -19,15 +19,23 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from .clock import elapsed_ms_ceil, now_ms
+from .completion import CompletionOutcome
+from .consumer import ConsumeOutcome
 from .crashpoints import crashpoint
 from .log import logger
+from .logs import finalize_own_log, open_empty_log
+from .ports.journal import ConflictError, StoreBusyError
+from .receipts.codec import Receipt
+
+# What every awaited task's path uses is imported here, once (a function-level import runs the import
+# machinery on each call: ql_core/submit.py says what that costs); recovery's modules (the reconciler)
+# stay imported where a wait needs them, which an awaited run that ends normally never does.
 
 if TYPE_CHECKING:
     from .completion import CompletionResult
     from .logs import EmptyLog
     from .node import Node
     from .ports.executor import Executor, ExitObservation
-    from .receipts.codec import Receipt
     from .records import RunView
     from .submit import Submission
 
@@ -65,8 +73,6 @@ def wait(node: Node, sub: Submission | str, *, on_tick: Callable[[], None] | Non
         raise
     if on_tick is not None:
         on_tick()
-    from .completion import CompletionOutcome
-
     # Only where this host commits the end itself (the acknowledged path): there an APPLIED result
     # is our own terminal commit, the one that carried the offered size.
     empty = _offer_empty_log(node, sub) if observed.held_receipt and observed.exit_code is not None else None
@@ -125,8 +131,6 @@ def _wait_live(node: Node, sub: Submission, executor: Executor, *, on_tick: Call
     A run store that stays busy (another process holds the write lock past the retries) does not
     end the wait: the intent or its dispatch is tried again after a short pause — the task is
     still ours to watch, and recovery enforces the persisted deadline as well."""
-    from .ports.journal import ConflictError, StoreBusyError
-
     assert sub.task is not None
     intent = False
     first = True  # the run was created a moment ago: its first look for an intent can wait a little
@@ -167,7 +171,6 @@ def watch(node: Node, run_id: str, *, on_tick: Callable[[], None] | None = None)
 
     A run store that is busy or away for a while (a control database restarting, a dropped
     connection) does not end the wait: the look is tried again (one warning per outage)."""
-    from .ports.journal import ConflictError, StoreBusyError
     from .reconciler import settle
 
     away = False
@@ -211,9 +214,7 @@ def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -
     if observed.held_receipt and seen is not None:
         return _complete_held(node, sub, seen)
     # Imported past the held-receipt return (the usual path of an awaited run): that path never
-    # needs recovery, and it builds the consumer itself (issue 25 item 3: a one-shot ``ql run``
-    # pays ~0.7 ms importing the reconciler).
-    from .consumer import ConsumeOutcome
+    # needs recovery (issue 25 item 3: a one-shot ``ql run`` pays ~0.7 ms importing the reconciler).
     from .ports.journal import EventSpec
     from .reconciler import recover_attempt
 
@@ -242,8 +243,6 @@ def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -
 def _host_observed(sub: Submission, observed: ExitObservation) -> Receipt | None:
     """What the host reaped, as the receipt the completion takes (built once, for both paths);
     None when the executor has no status to vouch for."""
-    from .receipts.codec import Receipt
-
     if observed.exit_code is None:
         return None
     assert sub.attempt_id is not None
@@ -263,10 +262,6 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
     other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
     reaped is committed."""
-    from .completion import CompletionOutcome
-    from .consumer import ConsumeOutcome
-    from .ports.journal import ConflictError, StoreBusyError
-
     assert sub.task is not None and sub.executor is not None and sub.attempt_id is not None
     assert node.consumer is not None
     executor = node.executor_for(sub.executor)
@@ -319,7 +314,6 @@ def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code
     disagrees with ``exit_code`` is quarantined), waiting while it is still there to publish (its
     launcher's group still has a member), at most :data:`RELEASED_RECEIPT_WAIT_S`. True when the run
     has ended from a receipt."""
-    from .consumer import ConsumeOutcome
     from .ports.executor import IdentityState
 
     assert sub.task is not None and sub.attempt_id is not None and node.consumer is not None
@@ -342,8 +336,6 @@ def _offer_empty_log(node: Node, sub: Submission) -> EmptyLog | None:
     offer = getattr(node.journal, "offer_log_size", None)
     if offer is None:
         return None
-    from .logs import open_empty_log
-
     assert sub.attempt_id is not None and sub.log_artifact_id is not None
     try:
         empty = open_empty_log(node.config.data_dir, sub.log_artifact_id)
@@ -366,8 +358,6 @@ def _drop_empty(empty: EmptyLog) -> bool | None:
 def _finalize_log(node: Node, log_artifact_id: str) -> None:
     """After the fast path's terminal commit: cut the log to its quota (best effort: the next
     round, or a follower, does it otherwise)."""
-    from .logs import finalize_own_log
-
     try:
         finalize_own_log(node, log_artifact_id)
     except Exception as exc:  # noqa: BLE001

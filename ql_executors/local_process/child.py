@@ -65,6 +65,10 @@ def _pidfd_waitid() -> int | None:
 
 
 _P_PIDFD = _pidfd_waitid()
+#: This process's pid, set again in the child of every ``fork`` (:func:`_after_fork_in_child`, the hook
+#: this module already relies on to drop the parent's pidfds): :attr:`Child.ours` is asked ~7 times
+#: per task, a getpid syscall each.
+_PID = os.getpid()
 #: The most pidfds open at once in one host process (launchers started, not yet reaped). Beyond
 #: it a launcher is waited for by pid with its start time checked, as where pidfds are missing.
 MAX_PIDFDS = 256
@@ -137,7 +141,7 @@ class Child:
         reap_exited()
         self.process = process
         self.pid = process.pid
-        self._owner = os.getpid()
+        self._owner = _PID
         self.reaped: Reaped | None = None
         #: Exited, it stays an unreaped zombie (its status read with WNOWAIT) until :meth:`unkeep`.
         self.keep = False
@@ -152,7 +156,7 @@ class Child:
     @property
     def ours(self) -> bool:
         """Started by this process (not a copy inherited across ``fork``)."""
-        return self._owner == os.getpid()
+        return self._owner == _PID
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[None]:
@@ -399,7 +403,8 @@ def forget_after_fork(holder: ForgetsAfterFork) -> None:
 
 def _after_fork_in_child() -> None:
     # One thread is left and no lock can be trusted: plain attribute access and os.close only.
-    global _pidfds_lock, _pidfds_open, _tracked_lock, _TRACKED
+    global _PID, _pidfds_lock, _pidfds_open, _tracked_lock, _TRACKED
+    _PID = os.getpid()
     _pidfds_lock = threading.Lock()
     _tracked_lock = threading.Lock()
     _TRACKED = {}  # the parent's launchers: never ours to reap

@@ -242,6 +242,9 @@ STATUS_NOT_REAPABLE = "LAUNCHER_STATUS_NOT_REAPABLE"
 
 #: Linux's MAX_ARG_STRLEN: the longest single argument or environment entry execve takes.
 _MAX_ARG_STRLEN = 32 * 4096
+#: The least ``sysconf(SC_ARG_MAX)`` says on Linux (glibc: the larger of a quarter of the stack
+#: limit and 128 KiB): a task below it needs no ``getrlimit`` call to know it fits.
+_ARG_MAX_FLOOR = 32 * 4096
 
 
 def _host_cwd_fd() -> int:
@@ -421,7 +424,7 @@ class LocalProcessExecutor:
             encoded = encoded._replace(env=[*encoded.env, entry])
         size = standby_message_size(encoded)
         if (size > STANDBY_SPEC_MAX or encoded.longest >= _MAX_ARG_STRLEN
-                or encoded.exec_bytes > os.sysconf("SC_ARG_MAX")):
+                or (encoded.exec_bytes > _ARG_MAX_FLOOR and encoded.exec_bytes > os.sysconf("SC_ARG_MAX"))):
             return None  # the classic path runs it, or reports E2BIG as it always did
         try:
             os.close(_host_cwd_fd())

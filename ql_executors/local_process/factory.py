@@ -116,6 +116,9 @@ class StandbyFactory:
 
     def __init__(self, compiled: str) -> None:
         process, self._channel = spawn_factory(compiled)
+        # One poller for the channel's whole life, not one built and registered per standby.
+        self._poller = select.poll()
+        self._poller.register(self._channel, select.POLLIN)
         self._compiled = compiled
         self._child = Child(process)  # our grip on it: liveness, signals, reaping, as for any launcher
         self._lock = threading.Lock()
@@ -134,9 +137,7 @@ class StandbyFactory:
             if channel.fileno() < 0:
                 raise OSError("the standby factory is closed")
             channel.send(b"n", socket.MSG_NOSIGNAL)
-            poller = select.poll()
-            poller.register(channel, select.POLLIN)
-            if not poller.poll(int(ANSWER_WAIT_S * 1000)):
+            if not self._poller.poll(int(ANSWER_WAIT_S * 1000)):
                 raise TimeoutError("the standby factory did not answer")
             message, fds, _flags, _addr = socket.recv_fds(channel, 32, 1, socket.MSG_CMSG_CLOEXEC)
         if len(fds) != 1 or not message.isdigit():
@@ -144,7 +145,9 @@ class StandbyFactory:
                 os.close(fd)
             raise OSError("the standby factory gave no standby" if message else "the standby factory exited")
         pid = int(message)
-        ours = socket.socket(fileno=fds[0])
+        # Family, type and protocol given: the factory's socketpair is always this kind, and
+        # socket.socket(fileno=...) alone asks the kernel three times (getsockname, 2 getsockopt).
+        ours = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fds[0])
         try:
             # Ours to wait for (CLONE_PARENT), or not a standby we may use: ECHILD.
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)

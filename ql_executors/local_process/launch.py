@@ -464,7 +464,9 @@ def encode_task(command: Sequence[str], *, shell: bool, cwd: str | os.PathLike[s
     cwd_bytes = os.fsencode(cwd) if cwd is not None else b""
     # Every check over the whole environment (the host's: tens of entries, on every submit) is one
     # C-level pass (join, map) instead of a Python loop per entry; the answers are the same.
-    if b"\0" in b"".join(words) or b"\0" in b"".join(pairs) or b"\0" in cwd_bytes:
+    # `0 in` (a byte value), not `b"\0" in`: bytes.__contains__ tries an int first, and a bytes argument
+    # costs a formatted TypeError before the substring search.
+    if 0 in b"".join(words) or 0 in b"".join(pairs) or 0 in cwd_bytes:
         raise ValueError("a command argument, environment entry or working directory contains a NUL byte")
     if shell:  # what the launcher will exec: /bin/sh -c WORD
         exec_words = [b"/bin/sh", b"-c", *words]

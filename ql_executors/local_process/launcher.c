@@ -359,10 +359,14 @@ static int cg_enter(void) {
 
 /* clone3(CLONE_INTO_CGROUP | CLONE_VFORK) (Linux 5.7+): the child starts in the task's cgroup.
  * Moving a process later (a write to cgroup.procs) costs ~0.4 ms on this kernel (it waits for an
- * RCU grace period); this is a fork. Not CLONE_VM: the raw syscall returns through a C frame in
- * the child, which must not share the parent's stack. The child's pid, 0 in the child, or -1 when
- * it did not happen (no clone3, no such cgroup: the caller forks the old way and the child moves
- * itself). */
+ * RCU grace period); this is a fork. The child runs child_after_fork(ARG) and never returns here.
+ * Where clone3_vm (below) exists, it is CLONE_VM as well: the child shares the launcher's memory
+ * like a vfork child, on a stack of its own, so the kernel neither copies the launcher's page
+ * tables nor tears the copy down at the child's exec (~0.1 ms of CPU per task, most of it the
+ * copy's TLB shootdown: perf, bench/bench_cpu_split.py). Elsewhere it is not CLONE_VM: the
+ * raw syscall returns through a C frame in the child, which must not share the parent's stack.
+ * The child's pid, or -1 when it did not happen (no clone3, no such cgroup: the caller forks the
+ * old way and the child moves itself). */
 #define QL_CLONE_INTO_CGROUP 0x200000000ULL
 #ifndef SYS_clone3
 #define SYS_clone3 435 /* one number on every architecture */
@@ -372,7 +376,59 @@ struct ql_clone_args {
         set_tid_size, cgroup;
 };
 
-static pid_t fork_into_cgroup(void) {
+/* The most words a command may have for a child on clone3_vm's own stack (below): glibc's execvp
+ * copies the argument vector onto the stack to retry a script through /bin/sh, so a longer command
+ * takes the copying clone3. */
+#define CLONE_VM_MAX_ARGS 65536
+
+/* What child_after_fork needs, in one pointer (clone3_vm passes one argument). */
+struct child_args {
+    const struct task *t;
+    char **via_sh;
+    const sigset_t *forwarded;
+    int in_cgroup; /* started in the task's cgroup (clone3): no cg_enter */
+    int words;     /* CMD's words (at most CLONE_VM_MAX_ARGS + 1 counted) */
+};
+__attribute__((noreturn, noinline)) static void child_after_fork(struct child_args *a);
+
+#if defined(__x86_64__) && !defined(__ILP32__) /* not x32: other syscall numbers */
+/* x86_64 only: the one architecture where this path is exercised by the tests (qemu-user, which
+ * runs the AArch64 launcher's tests, answers clone3 with ENOSYS). */
+#define QL_HAVE_CLONE3_VM 1
+/* The CLONE_VM child's stack: room for CLONE_VM_MAX_ARGS pointers and execvp's path buffer, with
+ * plenty to spare. BSS: untouched pages cost nothing. */
+#define CLONE_VM_STACK (1024 * 1024)
+static unsigned char vm_stack[CLONE_VM_STACK] __attribute__((aligned(64)));
+
+/* clone3 with a stack: the kernel starts the child on that stack right after the syscall
+ * instruction, where no C frame is valid, so the child's side is this assembly: it calls FN(ARG)
+ * (which never returns; exit 125 if it did). The parent, suspended by CLONE_VFORK until the child
+ * has exec'd or exited, gets the child's pid (or -errno) back as from the raw syscall. */
+static long clone3_vm(struct ql_clone_args *args, void (*fn)(struct child_args *), struct child_args *arg) {
+    register long rax __asm__("rax") = SYS_clone3;
+    register struct ql_clone_args *rdi __asm__("rdi") = args;
+    register unsigned long rsi __asm__("rsi") = sizeof *args;
+    register void (*r12)(struct child_args *) __asm__("r12") = fn;
+    register struct child_args *r13 __asm__("r13") = arg;
+    __asm__ volatile("syscall\n\t"
+                     "test %%rax, %%rax\n\t"
+                     "jnz 1f\n\t"
+                     "xor %%ebp, %%ebp\n\t" /* the child: its first frame */
+                     "mov %%r13, %%rdi\n\t"
+                     "call *%%r12\n\t"
+                     "mov $125, %%edi\n\t"
+                     "mov $231, %%eax\n\t" /* exit_group */
+                     "syscall\n\t"
+                     "hlt\n"
+                     "1:\n\t"
+                     : "+r"(rax)
+                     : "r"(rdi), "r"(rsi), "r"(r12), "r"(r13)
+                     : "rcx", "r11", "cc", "memory");
+    return rax;
+}
+#endif
+
+static pid_t fork_into_cgroup(struct child_args *child) {
     int fd = open(cg_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT && mkdir(cg_dir, 0755) == 0) /* a sweep removed it while empty */
         fd = open(cg_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -383,12 +439,28 @@ static pid_t fork_into_cgroup(void) {
     args.flags = QL_CLONE_INTO_CGROUP | CLONE_VFORK;
     args.exit_signal = SIGCHLD;
     args.cgroup = (unsigned long long)fd;
-    long pid = syscall(SYS_clone3, &args, sizeof args);
-    if (pid == 0) {
-        cg_dir[0] = '\0'; /* already in: the child needs no cg_enter */
-        return 0;
+    child->in_cgroup = 1;
+    long pid = -1;
+#ifdef QL_HAVE_CLONE3_VM
+    if (child->words <= CLONE_VM_MAX_ARGS) {
+        args.flags |= CLONE_VM;
+        args.stack = (unsigned long long)(unsigned long)vm_stack;
+        args.stack_size = sizeof vm_stack;
+        pid = clone3_vm(&args, child_after_fork, child);
+        /* Refused (a seccomp filter, an old kernel's stricter checks): the copying clone3 is
+         * tried next; ENOSYS/E2BIG end in the fallback below. */
+        if (pid < 0)
+            args.flags &= ~(unsigned long long)CLONE_VM, args.stack = args.stack_size = 0;
+    }
+    if (pid < 0)
+#endif
+    {
+        pid = syscall(SYS_clone3, &args, sizeof args);
+        if (pid == 0)
+            child_after_fork(child); /* a copy of the launcher: its own memory */
     }
     close(fd);
+    child->in_cgroup = 0;
     return pid > 0 ? (pid_t)pid : -1;
 }
 
@@ -890,24 +962,46 @@ __attribute__((noreturn)) static void exec_command(const struct task *t, char **
     _exit(err == ENOENT && strcmp(failed_to, "run the command") == 0 ? 127 : 126);
 }
 
-/* Every catchable signal back to its default action (glibc refuses its own internal ones, which
- * it never leaves at anything but its own handling: EINVAL, skipped). */
+/* The signals that were ignored when this process started: a standby the factory forked inherits
+ * the factory's list (read once per factory, not once per task). Beside the ones the launcher sets
+ * itself (the forwarded signals, CHLD, PIPE), they are the only ones whose disposition an exec does
+ * not reset: a caught signal is back at its default in the new program anyway. */
+static sigset_t ignored_on_entry;
+
+static void note_ignored_on_entry(void) {
+    struct sigaction sa;
+    sigemptyset(&ignored_on_entry);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+            sigaddset(&ignored_on_entry, sig);
+}
+
+/* Every signal that could be other than at its default action after the exec back to it: those
+ * ignored on entry and those the launcher itself catches or ignores (a per-task sigaction of every
+ * signal cost ~60 syscalls a task). glibc refuses its own internal ones, never ignored: EINVAL. */
 static void default_all_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
     sigemptyset(&sa.sa_mask);
+    sigset_t reset = ignored_on_entry;
+    for (int i = 0; i < N_FORWARDED; i++)
+        sigaddset(&reset, FORWARDED[i]);
+    sigaddset(&reset, SIGCHLD);
+    sigaddset(&reset, SIGPIPE);
     for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
+        if (sig != SIGKILL && sig != SIGSTOP && sigismember(&reset, sig) == 1)
             sigaction(sig, &sa, NULL);
 }
 
-/* The child, from the vfork to its exec. Everything it does is in this frame and below, never in
- * main's (which the launcher resumes with once the child has exec'd or exited). */
-__attribute__((noreturn, noinline)) static void child_after_fork(const struct task *t, char **via_sh,
-                                                                  const sigset_t *forwarded,
-                                                                  const sigset_t *saved_mask) {
-    if (cg_dir[0]) {
+/* The child, from the (v)fork to its exec. Everything it does is in this frame and below, never
+ * in main's (which the launcher resumes with once the child has exec'd or exited); it writes no
+ * memory the launcher reads afterwards (it may share it: vfork, clone3_vm). */
+__attribute__((noreturn, noinline)) static void child_after_fork(struct child_args *a) {
+    const struct task *t = a->t;
+    char **via_sh = a->via_sh;
+    const sigset_t *forwarded = a->forwarded;
+    if (cg_dir[0] && !a->in_cgroup) {
         int err = cg_enter();
         if (err != 0) {
             /* Never outside its cgroup: a stop would not reach all of it. */
@@ -932,8 +1026,7 @@ __attribute__((noreturn, noinline)) static void child_after_fork(const struct ta
         kill(getpid(), SIGKILL);
         _exit(LOST);
     }
-    /* ... and with none blocked: not the launcher's mask (saved_mask), which its host chose. */
-    (void)saved_mask;
+    /* ... and with none blocked: not the launcher's mask, which its host chose. */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -1182,6 +1275,40 @@ static int guarded_wait(pid_t pid, struct guard *g, const struct task *t) {
     }
 }
 
+/* The acknowledged path's publisher (main, at the end): what it needs, set before it starts. */
+static struct {
+    struct receipt rec;
+    int channel;
+    unsigned long long ack_ms;
+} pub;
+/* The publisher's stack when it is a CLONE_VM child (it shares the launcher's memory): publish()
+ * and the wait need a few KiB. */
+static unsigned char pub_stack[64 * 1024] __attribute__((aligned(64)));
+
+/* Wait for the host's "ok", else publish the receipt; exits, never returns. The wait is bounded
+ * (ACK_WAIT_MS): a host that is frozen (SIGSTOP, a hung disk) must not keep the receipt back for
+ * ever. Published after that, it duplicates what the host may still commit, and the consumer
+ * discards it. */
+__attribute__((noreturn)) static int publisher_main(void *unused) {
+    (void)unused;
+    char ack[4];
+    struct pollfd answer = {pub.channel, POLLIN, 0};
+    unsigned long long left_ms = pub.ack_ms;
+    unsigned long long until = boot_ns() + left_ms * 1000000ULL;
+    int ready;
+    for (;;) {
+        ready = poll(&answer, 1, left_ms > 0x7fffffffULL ? 0x7fffffff : (int)left_ms);
+        if (ready >= 0 || errno != EINTR)
+            break;
+        unsigned long long now = boot_ns();
+        left_ms = now < until ? (until - now) / 1000000ULL : 0;
+    }
+    if (ready > 0 && read_line(pub.channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
+        _exit(0);
+    close(pub.channel);
+    _exit(publish(&pub.rec));
+}
+
 int main(int argc, char **argv) {
     /* Not dumpable: a task of the same user can then neither read this process's memory
      * (/proc/PID/mem, process_vm_readv: the hand-over message and the token are there) nor ptrace
@@ -1190,6 +1317,7 @@ int main(int argc, char **argv) {
     const char *cg_parent = getenv("_ql_cgroup"); /* containment: see cg_setup */
     if (argc == 2 && strcmp(argv[1], "--probe") == 0)
         return write_all(1, PROBE_ANSWER, sizeof PROBE_ANSWER - 1) == 0 ? 0 : LOST;
+    note_ignored_on_entry(); /* before the launcher changes any disposition itself */
     int factory = argc == 2 && strcmp(argv[1], "--factory") == 0;
     int standby = factory || (argc == 2 && strcmp(argv[1], "--standby") == 0);
     struct task t;
@@ -1295,11 +1423,14 @@ int main(int argc, char **argv) {
     /* vfork: the command's exec is on the critical path of every task, and copying even this small
      * process's page tables for a child that execs at once costs ~50 us. The launcher is single-
      * threaded and waits suspended until the child has exec'd or exited. */
-    pid_t pid = cg_dir[0] ? fork_into_cgroup() : -1;
+    struct child_args child = {&t, via_sh, &forwarded, 0, 0};
+    while (t.cmd[child.words] != NULL && child.words <= CLONE_VM_MAX_ARGS)
+        child.words++;
+    pid_t pid = cg_dir[0] ? fork_into_cgroup(&child) : -1;
     if (pid == -1)
         pid = vfork(); /* no containment, or no clone3 here: the child moves itself (cg_enter) */
     if (pid == 0)
-        child_after_fork(&t, via_sh, &forwarded, &saved_mask);
+        child_after_fork(&child);
     if (pid < 0)
         return LOST; /* CMD never ran, and nothing claims otherwise */
     free(via_sh);
@@ -1359,28 +1490,20 @@ int main(int argc, char **argv) {
     if (t.awaited) {
         signal(SIGPIPE, SIG_IGN);
         if (write_all(channel, "s", 1) == 0) {
-            pid_t publisher = fork();
-            if (publisher == 0) {
-                /* The wait for "ok" is bounded (ACK_WAIT_MS): a host that is frozen (SIGSTOP, a
-                 * hung disk) must not keep the receipt back for ever. Published after that, it
-                 * duplicates what the host may still commit, and the consumer discards it. */
-                char ack[4];
-                struct pollfd answer = {channel, POLLIN, 0};
-                unsigned long long left_ms = t.lim.ack_ms;
-                unsigned long long until = boot_ns() + left_ms * 1000000ULL;
-                int ready;
-                for (;;) {
-                    ready = poll(&answer, 1, left_ms > 0x7fffffffULL ? 0x7fffffff : (int)left_ms);
-                    if (ready >= 0 || errno != EINTR)
-                        break;
-                    unsigned long long now = boot_ns();
-                    left_ms = now < until ? (until - now) / 1000000ULL : 0;
-                }
-                if (ready > 0 && read_line(channel, ack, 3) == 2 && ack[0] == 'o' && ack[1] == 'k')
-                    _exit(0);
-                close(channel);
-                _exit(publish(&rec));
-            }
+            pub.rec = rec;
+            pub.channel = channel;
+            pub.ack_ms = t.lim.ack_ms;
+            /* CLONE_VM: the publisher lives on the launcher's memory (which it keeps alive once the
+             * launcher has exited), so the kernel neither copies the page tables nor tears down a
+             * second copy: ~0.05 ms less CPU per task than a fork (bench/bench_edge.py
+             * --cpu-only). The launcher touches nothing after it: it exits at once, without
+             * running anything of libc's exit. A fork where clone is refused. */
+            pid_t publisher = clone(publisher_main, pub_stack + sizeof pub_stack, CLONE_VM | SIGCHLD, NULL);
+            if (publisher > 0)
+                _exit(rec.status);
+            publisher = fork();
+            if (publisher == 0)
+                publisher_main(NULL);
             if (publisher > 0)
                 return rec.status;
             /* No publisher: the receipt is published now (a later commit of the same status by
