@@ -15,32 +15,51 @@ the true status and never commits a second one (docs/launcher.md, "The acknowled
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Callable
 
 from .clock import elapsed_ms_ceil, now_ms
 from .completion import CompletionOutcome
-from .consumer import ConsumeOutcome
 from .crashpoints import crashpoint
 from .log import logger
 from .logs import finalize_own_log, open_empty_log
 from .ports.journal import ConflictError, StoreBusyError
-from .receipts.codec import Receipt
 
 # What every awaited task's path uses is imported here, once (a function-level import runs the import
 # machinery on each call: ql_core/submit.py says what that costs); recovery's modules (the reconciler)
-# stay imported where a wait needs them, which an awaited run that ends normally never does.
+# stay imported where a wait needs them, which an awaited run that ends normally never does. The
+# receipt codec and the consumer are loaded on a wait's first use (cached: one lookup per task, not an
+# import), not at import: a reader (ql status) imports this module through ql_core.runtime and must
+# not load them (tests/foundation/test_layering.py).
 
 if TYPE_CHECKING:
     from .completion import CompletionResult
+    from .consumer import ConsumeOutcome
     from .logs import EmptyLog
     from .node import Node
     from .ports.executor import Executor, ExitObservation
+    from .receipts.codec import Receipt
     from .records import RunView
     from .submit import Submission
 
 __all__ = ["wait", "watch", "detach", "complete_from_wait", "INTENT_POLL_S", "FIRST_INTENT_CHECK_S", "BUSY_RETRY_S",
            "REATTACH_POLL_S"]
+
+
+@functools.cache
+def _receipt_type() -> type[Receipt]:
+    from .receipts.codec import Receipt
+
+    return Receipt
+
+
+@functools.cache
+def _consume_outcome() -> type[ConsumeOutcome]:
+    from .consumer import ConsumeOutcome
+
+    return ConsumeOutcome
+
 
 #: How often a waiting host re-reads the run for a cancel intent or a due KILL (it blocks in between).
 INTENT_POLL_S = 1.0
@@ -220,7 +239,7 @@ def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -
 
     assert node.consumer is not None
     consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=observed.exit_code)
-    if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+    if consumed.outcome in (_consume_outcome().APPLIED, _consume_outcome().ALREADY_TERMINAL):
         return None
     if seen is None:
         # The executor cannot vouch for the task's status (its launcher died, or lost the
@@ -233,7 +252,7 @@ def complete_from_wait(node: Node, sub: Submission, observed: ExitObservation) -
         recover_attempt(node, sub.attempt_id)
         return None
     result = node.completion.complete(seen, executor=sub.executor)
-    if consumed.outcome in (ConsumeOutcome.MISSING, ConsumeOutcome.UNUSABLE):
+    if consumed.outcome in (_consume_outcome().MISSING, _consume_outcome().UNUSABLE):
         # No receipt will ever come (the launcher is gone): the row rides out with the next create
         # commit or retention — no extra commit here.
         node.journal.note_consumed(sub.attempt_id)
@@ -246,7 +265,7 @@ def _host_observed(sub: Submission, observed: ExitObservation) -> Receipt | None
     if observed.exit_code is None:
         return None
     assert sub.attempt_id is not None
-    return Receipt(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
+    return _receipt_type()(schema_version=1, run_id=sub.run_id, attempt_id=sub.attempt_id,
                    callback_sequence=sub.callback_sequence, token=sub.token, started_at_ms=sub.started_at_ms,
                    finished_at_ms=max(observed.finished_at_ms, sub.started_at_ms), exit_code=observed.exit_code)
 
@@ -268,7 +287,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     assert executor is not None
     crashpoint("wait.after_exit")
     consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=seen.exit_code)
-    if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+    if consumed.outcome in (_consume_outcome().APPLIED, _consume_outcome().ALREADY_TERMINAL):
         executor.acknowledge(sub.task, committed=True)  # its publisher published already
         sub.awaited = False
         return None
@@ -321,7 +340,7 @@ def _consume_released(node: Node, sub: Submission, executor: Executor, exit_code
     while True:
         publishing = executor.inspect(sub.task.handle) is IdentityState.RUNNING
         consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=exit_code)
-        if consumed.outcome in (ConsumeOutcome.APPLIED, ConsumeOutcome.ALREADY_TERMINAL):
+        if consumed.outcome in (_consume_outcome().APPLIED, _consume_outcome().ALREADY_TERMINAL):
             return True
         if not publishing or time.monotonic() >= end:
             return False

@@ -57,6 +57,10 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeV
 
 from ql_core.value_class import lean_dataclass, value_class
 
+# At module level, not in create_facts: a function-level import runs the import machinery on every
+# task (tests/cli/test_run_imports.py); ports.context imports nothing of ql's at run time.
+from .context import RunEventInfo
+
 if TYPE_CHECKING:
     from ..records import (
         AttemptRecord,
@@ -69,7 +73,6 @@ if TYPE_CHECKING:
         RunRecord,
         RunView,
     )
-    from .context import RunEventInfo
 
 __all__ = [
     "StoreError",
@@ -507,8 +510,6 @@ class CreateFacts(NamedTuple):
 def create_facts(new: NewRun, handle: str | None = None) -> CreateFacts:
     """The facts of :meth:`JournalBackend.create` (``handle`` None) or of
     :meth:`RunningCreate.create_running` (a standby task's handle: created running, spawned)."""
-    from .context import RunEventInfo
-
     events = [RunEventInfo(run_id=new.run_id, seq=1, type="run.created", attempt_id=new.attempt_id)]
     if handle is None:
         return CreateFacts("queued", "starting", None, None, events)

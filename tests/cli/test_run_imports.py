@@ -134,5 +134,4 @@ def test_an_awaited_task_runs_no_import_statement(runtime) -> None:  # noqa: ANN
             runtime.run(["true"])
     finally:
         sys.setprofile(None)
-    # ql_core.ports.journal.create_facts still imports its RunEventInfo per call (not this change's file).
-    assert [where for where in seen if "/ql_core/ports/journal.py:" not in where] == []
+    assert seen == []
