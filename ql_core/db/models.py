@@ -78,7 +78,7 @@ class Run(QlTable, table=True):
                       Index("ix_ql_run_created", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # `ql list --status S`: the newest n runs in one state, read in order (0007).
                       # PostgreSQL only since 0013: SQLite's one ordered index of runs is
-                      # ix_ql_run_order (status_order, created_at_ms, id), the states numbered so that
+                      # ix_ql_run_order (status_order, created_at_ms; 0016), the states numbered so that
                       # the live ones are its right edge (SQLITE_ONLY_INDEXES).
                       Index("ix_ql_run_status", "status", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of

@@ -179,7 +179,7 @@ class SqliteJournal(SqlJournalKernel):
             excess = int(c.execute(statements.RUN_COUNT).fetchone()[0]) - keep_newest
             if excess > 0 and len(ids) < limit:
                 seen = set(ids)
-                for run_id, status, _created in c.execute(statements.OLDEST_RUNS,
+                for run_id, status, _created, _key in c.execute(statements.OLDEST_RUNS,
                                                           (min(excess, OLDEST_SLACK * limit),)):
                     if len(ids) >= limit:
                         break
@@ -204,13 +204,13 @@ class SqliteJournal(SqlJournalKernel):
         it is purged once the cutoff has passed its end. (A clock set back between a run's creation
         and its end can make it finish "before" it was created: it then goes when the cutoff passes
         its creation.)"""
-        found: list[tuple[int, str]] = []
+        found: list[tuple[int, int, str]] = []
         for state in sorted(RUN_TERMINAL):
-            for run_id, finished, created in c.execute(statements.OLDEST_ENDED_RUNS,
-                                                       (state, cutoff_ms, OLDEST_SLACK * limit)):
+            for run_id, finished, created, key in c.execute(statements.OLDEST_ENDED_RUNS,
+                                                            (state, cutoff_ms, OLDEST_SLACK * limit)):
                 if finished is not None and finished < cutoff_ms:
-                    found.append((created, run_id))
-        return [run_id for _created, run_id in sorted(found)[:limit]]
+                    found.append((created, key, run_id))
+        return [run_id for _created, _key, run_id in sorted(found)[:limit]]
 
     def purge_runs(self, run_ids: list[str]) -> int:
         # One transaction for the whole page; each statement runs over the page under its index.
