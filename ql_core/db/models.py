@@ -275,15 +275,18 @@ class AttemptHost(QlTable, table=True):
 
 
 class Tally(QlTable, table=True):
-    """Running totals kept by triggers (0007; SQLite only), so a round reads a count instead of
-    counting history: ``runs`` (rows of ql_run) and ``log_bytes:<owner>`` (recorded sizes of that
-    node's undeleted logs). The triggers are in migration 0007; every write path keeps them exact."""
+    """Running totals (0007; SQLite only), so a round reads a count instead of counting history:
+    ``log_bytes:<owner>`` (recorded sizes of that node's undeleted logs), kept exact by triggers on
+    every write path, and ``runs``: the rows of ql_run whose ``run_key`` is at most ``counted_to``
+    (0016: the newer ones are one key range counted when read, and folded in by history retention;
+    no write per created run)."""
 
     __tablename__ = "ql_tally"
     __table_args__ = {"info": {"ql_dialects": ("sqlite",)}}
 
     name: str = Field(primary_key=True, max_length=80)
     value: int = Field(sa_column=Column(BigInteger, nullable=False))
+    counted_to: Optional[int] = Field(default=None, sa_column=Column(BigInteger, nullable=True))
 
 
 

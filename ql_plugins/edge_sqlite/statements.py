@@ -72,10 +72,18 @@ from ql_core.db.sqlite_logs import (  # noqa: E402,F401
 ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log_bytes:' || ?), 0)"
 
 # -- history retention ------------------------------------------------------------------------
-# How many runs exist (ql_tally, kept by triggers): the excess over history_max_runs is known
-# without counting; the oldest runs are then read in index order (OLDEST_RUNS, above), as many as
-# are in excess. By age: OLDEST_ENDED_RUNS, one ended state at a time.
-RUN_COUNT = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'runs'), 0)"
+# How many runs exist: ql_tally's `runs` counts those up to its `counted_to` key (revision 0016; a
+# trigger takes deleted ones off), the newer ones are one range of the rowid — both index reads, so
+# the excess over history_max_runs is known without counting history; the oldest runs are then read
+# in index order (OLDEST_RUNS, above), as many as are in excess. By age: OLDEST_ENDED_RUNS, one ended
+# state at a time. Rows: (counted, newer).
+RUN_COUNT = ("SELECT t.value, (SELECT count(*) FROM ql_run r WHERE r.run_key > t.counted_to) FROM ql_tally t "
+             "WHERE t.name = 'runs'")
+# The newer runs folded into the row (history retention, once per round that finds some): the row
+# counts every run again, up to the newest key. In one write transaction: exact whatever ran between.
+FOLD_RUN_COUNT = ("UPDATE ql_tally SET value = value + (SELECT count(*) FROM ql_run r WHERE r.run_key > "
+                  "ql_tally.counted_to), counted_to = (SELECT max(run_key) FROM ql_run) WHERE name = 'runs' "
+                  "AND counted_to < (SELECT max(run_key) FROM ql_run)")
 RUN_ATTEMPTS_OWNERS = ("SELECT a.id, a.runtime_owner FROM ql_run r CROSS JOIN ql_run_attempt a "
                        f"ON {ATTEMPTS_OF} WHERE r.id = ?")
 # A run's logs are its attempts' logs (the attempts' key range, then the log's key): no index of the

@@ -1,7 +1,7 @@
-"""Migration 0016 (SQLite: ``ix_ql_run_order`` without the run id) upgrades a data dir at 0015 in
-place: every run, attempt, event, log, journal and tally row is kept as it was, the index holds
-(status_order, created_at_ms) and the rowid, and runs created in the same millisecond are read in
-creation order (``run_key``) by every ordered read."""
+"""Migration 0016 (SQLite: ``ix_ql_run_order`` without the run id; the run count up to a key) upgrades
+a data dir at 0015 in place: every run, attempt, event, log, journal and tally row is kept as it was,
+the index holds (status_order, created_at_ms) and the rowid, runs created in the same millisecond are
+read in creation order (``run_key``) by every ordered read, and the run count stays exact."""
 
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ def test_a_0015_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
             assert [r[2] for r in conn.execute("PRAGMA index_info(ix_ql_run_order)")] == ["status_order",
                                                                                           "created_at_ms"]
             assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            # The run count: exact, up to the newest key; no trigger on a run's insert any more.
+            assert conn.execute("SELECT value, counted_to FROM ql_tally WHERE name = 'runs'").fetchone() == (
+                40, conn.execute("SELECT max(run_key) FROM ql_run").fetchone()[0])
+            assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'ql_tally_run_insert'"
+                                ).fetchone()[0] == 0
             by_key = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY created_at_ms, run_key")]
         finally:
             conn.close()
@@ -80,5 +85,8 @@ def test_a_0015_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         made = new_run(created_at_ms=int(time.time() * 1000) + 120_000)
         store.create(made)
         assert store.list_views(status=None, limit=1)[0].run_id == made.run_id
+        # By count: 41 runs, the newest 38 kept: the three oldest ended ones are candidates.
+        found = store.history_candidates("node-x", finished_before_ms=0, keep_newest=38, limit=10)
+        assert list(found) == by_key[:3]
     finally:
         store.close()
