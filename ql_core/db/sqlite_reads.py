@@ -25,6 +25,7 @@ from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, Run
 from .journal_sql import shared_statements
 from .keep_wal import keep_wal_on_close
 from .sqlite_events import SELECT_EVENTS
+from .sqlite_logs import SELECT_LOG
 from .sqlite_runs import RUN_ROW, SELECT_ATTEMPTS_OF_RUN, SELECT_RUNS_NEWEST, SELECT_RUNS_NEWEST_BY_STATUS, attempts_of_runs
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
@@ -129,5 +130,5 @@ class SqliteReads:
         return [r[0] for r in rows if r[0].startswith(prefix)]
 
     def log_facts(self, log_id: str) -> LogFacts | None:
-        row = self._conn.execute(_SQL["SELECT_LOG"], (log_id,)).fetchone()
+        row = self._conn.execute(SELECT_LOG, (log_id,)).fetchone()  # its attempt through the run (0016)
         return None if row is None else log_facts_of(row)

@@ -45,8 +45,6 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
 # run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
               "updated_at_ms, deadline_at_ms) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)")
-INSERT_LOG = ("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, truncated, "
-              "created_at_ms) VALUES (?, ?, ?, ?, ?, 0, ?)")
 INSERT_JOURNAL = ("INSERT OR IGNORE INTO ql_receipt_journal (attempt_id, run_id, state, receipt_ref, "
                   "registered_at_ms, updated_at_ms) VALUES (?, ?, 'pending', ?, ?, ?)")
 
@@ -68,6 +66,9 @@ from ql_core.db.sqlite_logs import (  # noqa: E402,F401
     ENDED_LOGS_UNSIZED,
     PAGE_LIVE_LOGS,
 )
+# A log row without its attempt id and path (revision 0016: the row fits its page's cell); a log by
+# id reads its attempt's id through the run.
+from ql_core.db.sqlite_logs import INSERT_LOG, SELECT_LOG  # noqa: E402,F401
 # Kept exact by the triggers of migration 0007 (never a SUM over history).
 ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log_bytes:' || ?), 0)"
 
