@@ -47,7 +47,7 @@ CREATE TABLE "ql_receipt_journal" (
 	updated_at_ms BIGINT NOT NULL, 
 	terminal_seen_at_ms BIGINT, 
 	PRIMARY KEY (attempt_id)
-)
+) WITHOUT ROWID
 ;
 CREATE TABLE "ql_run" (
 	id VARCHAR(36) NOT NULL UNIQUE, 

@@ -45,8 +45,25 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
 # run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
               "updated_at_ms, deadline_at_ms) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)")
+# -- the receipt journal: one WITHOUT ROWID B-tree whose rows fit their cell (revision 0016) ----------
+# A row leaves run_id and receipt_ref empty when they are derived: the run is its attempt's (the
+# create writes the attempt first; a purge deletes it only after the journal row), the reference is
+# <xx>/<attempt_id>.json (ql_core.receipts.file_store.relative_ref). A row registered for a receipt
+# whose attempt is not there, or with another reference, keeps them. Parameters: attempt id, run id,
+# reference, registered, updated.
+_REF_OF = "substr({a}, -2) || '/' || {a} || '.json'"
 INSERT_JOURNAL = ("INSERT OR IGNORE INTO ql_receipt_journal (attempt_id, run_id, state, receipt_ref, "
-                  "registered_at_ms, updated_at_ms) VALUES (?, ?, 'pending', ?, ?, ?)")
+                  "registered_at_ms, updated_at_ms) VALUES (?1, CASE WHEN EXISTS (SELECT 1 FROM ql_run_attempt "
+                  f"WHERE id = ?1 AND run_id = ?2) THEN '' ELSE ?2 END, 'pending', CASE ?3 WHEN {_REF_OF.format(a='?1')} "
+                  "THEN '' ELSE ?3 END, ?4, ?5)")
+# The journal's columns (JournalEntry's first eight) with the derived ones filled in.
+_JOURNAL_COLUMNS = ("j.attempt_id, COALESCE(NULLIF(j.run_id, ''), (SELECT a.run_id FROM ql_run_attempt a "
+                    f"WHERE a.id = j.attempt_id), ''), j.state, COALESCE(NULLIF(j.receipt_ref, ''), "
+                    f"{_REF_OF.format(a='j.attempt_id')}), j.quarantine_reason, j.registered_at_ms, "
+                    "j.updated_at_ms, j.terminal_seen_at_ms")
+PAGE_JOURNAL = (f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id > ? "
+                "ORDER BY j.attempt_id LIMIT ?")
+SELECT_JOURNAL = f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id = ?"
 
 # -- cancellation dispatch -----------------------------------------------------------------
 # Due by the host's clock (the first parameter): one node owns this database.

@@ -67,6 +67,9 @@ def test_a_0015_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
                 40, conn.execute("SELECT max(run_key) FROM ql_run").fetchone()[0])
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'ql_tally_run_insert'"
                                 ).fetchone()[0] == 0
+            # The journal: one B-tree clustered on its key, its rows copied as they were.
+            assert conn.execute("SELECT sql FROM sqlite_master WHERE name = 'ql_receipt_journal'"
+                                ).fetchone()[0].rstrip().endswith("WITHOUT ROWID")
             by_key = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY created_at_ms, run_key")]
         finally:
             conn.close()
@@ -85,6 +88,9 @@ def test_a_0015_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         made = new_run(created_at_ms=int(time.time() * 1000) + 120_000)
         store.create(made)
         assert store.list_views(status=None, limit=1)[0].run_id == made.run_id
+        # An old journal row reads as it was written (its run id and reference stored).
+        entry = store.journal_entry("att-039")
+        assert (entry.run_id, entry.receipt_ref, entry.state) == ("run-039", "xx/att-039.json", "pending")
         # By count: 41 runs, the newest 38 kept: the three oldest ended ones are candidates.
         found = store.history_candidates("node-x", finished_before_ms=0, keep_newest=38, limit=10)
         assert list(found) == by_key[:3]

@@ -1,6 +1,6 @@
 """SQLite: fewer pages written per task — ``ix_ql_run_order`` without the run id, the run count up to a
-key instead of a trigger write in every create, log rows that fit their cell (issue 25: bytes written
-per task).
+key instead of a trigger write in every create, log and journal rows that fit their cell, the journal
+one B-tree (issue 25: bytes written per task).
 
 - ``ix_ql_run_order (status_order, created_at_ms, id)`` (0013) is written by both commits of every
   task: its entry is appended at the create and moved from the ``running`` range to the
@@ -31,9 +31,17 @@ per task).
   that keep ``log_bytes:<owner>`` find the owner the same way (through the run), for rows of either
   kind.
 
-Measured with ``python bench/wal_pages.py --tasks 100 --quiet``: 30.4 -> 27.7 WAL frames per
-awaited task (ix_ql_run_order 3.34 -> 2.29, ql_tally 1.00 -> 0, ql_log_artifact 3.91 -> 3.22) and
-1.1 -> 0.2 database pages of logs per task. Every row is kept as it is (an index is rebuilt, a
+- ``ql_receipt_journal`` becomes ``WITHOUT ROWID`` again, one B-tree instead of the rowid table
+  and the index of its text key (0012 made it a rowid table because its ~150-byte rows overflowed
+  an index B-tree's 102-byte cell). The store now leaves ``run_id`` and ``receipt_ref`` empty when
+  they are derived — the run is the attempt's (its row is written in the same create, and a purge
+  deletes it only after the journal row), the reference ``<xx>/<attempt_id>.json`` — so a row is
+  ~70 bytes and fits its cell; the reads derive both (``ql_plugins.edge_sqlite.statements``). A row
+  registered for a receipt whose attempt is not there keeps both. Rows are copied as they are.
+
+Measured with ``python bench/wal_pages.py --tasks 100 --quiet``: 30.4 -> 26.7 WAL frames per
+awaited task (ix_ql_run_order 3.34 -> 2.29, ql_tally 1.00 -> 0, ql_log_artifact 3.91 -> 3.22, the
+journal's key index 1.00 -> 0) and 1.1 -> 0.2 database pages of logs per task. Every row is kept as it is (an index is rebuilt, a
 column added, triggers replaced); PostgreSQL is not changed (no ql_tally there, its own statements).
 
 Revision ID: 0016_sqlite_lean_writes
@@ -69,6 +77,32 @@ _LOG_TRIGGERS = (
 )
 
 
+_JOURNAL = """(
+	attempt_id VARCHAR(36) NOT NULL, 
+	run_id VARCHAR(36) NOT NULL, 
+	state VARCHAR(16) NOT NULL, 
+	receipt_ref VARCHAR(64) NOT NULL, 
+	quarantine_reason VARCHAR(40), 
+	registered_at_ms BIGINT NOT NULL, 
+	updated_at_ms BIGINT NOT NULL, 
+	terminal_seen_at_ms BIGINT, 
+	PRIMARY KEY (attempt_id)
+) WITHOUT ROWID"""
+
+
+def _journal_without_rowid(bind) -> None:  # type: ignore[no-untyped-def]
+    """ql_receipt_journal as one B-tree clustered on its key, every row copied as it is."""
+    columns = ", ".join(r[1] for r in bind.exec_driver_sql("PRAGMA table_info(ql_receipt_journal)").fetchall())
+    op.execute(f"CREATE TABLE ql_receipt_journal_0016 {_JOURNAL}")
+    op.execute(f"INSERT INTO ql_receipt_journal_0016 ({columns}) SELECT {columns} FROM ql_receipt_journal")
+    kept = bind.exec_driver_sql("SELECT count(*) FROM ql_receipt_journal_0016").scalar()
+    had = bind.exec_driver_sql("SELECT count(*) FROM ql_receipt_journal").scalar()
+    if kept != had:
+        raise RuntimeError(f"0016: {had - kept} receipt-journal rows not copied: restore ql.db from a backup")
+    op.execute("DROP TABLE ql_receipt_journal")
+    op.execute("ALTER TABLE ql_receipt_journal_0016 RENAME TO ql_receipt_journal")
+
+
 def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name != "sqlite":
@@ -88,6 +122,7 @@ def upgrade() -> None:
     op.execute("DROP TRIGGER ql_tally_log_delete")
     for statement in _LOG_TRIGGERS:
         op.execute(statement)
+    _journal_without_rowid(bind)
 
 
 def downgrade() -> None:
