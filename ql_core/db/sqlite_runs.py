@@ -3,14 +3,15 @@
 On SQLite a run is in one ordered index, ``ix_ql_run_order (status_order, created_at_ms)``
 (0012's ``ix_ql_run_status``, its states numbered by 0013, its id dropped by 0016): each state is a
 range of it in creation order — ``created_at_ms``, then the rowid ``run_key`` that ends every index
-entry (runs created in the same millisecond, in the order they were created). The newest (or oldest) n runs of any state are the merge
-of the seven ranges (:data:`ql_core.states.RUN_ACTIVE` and :data:`~ql_core.states.RUN_TERMINAL`),
-written as a compound SELECT whose ORDER BY is the index's: SQLite runs each range as a co-routine
-and merges them (``MERGE (UNION ALL)`` in the plan, no sort), stopping after ``LIMIT`` rows — n rows
-and seven seeks, whatever the history, in the order ``ix_ql_run_created`` gave before (ties in
-one millisecond now by ``run_key``, not by id: revision 0016 keeps the 36-character id out of the
-index's entries, ~13 bytes an entry where ~50 made a 512-byte leaf split three times as often). The ended
-runs by age are the five ended ranges (:data:`OLDEST_ENDED_RUNS`, one state per call).
+entry (runs created in the same millisecond, in the order they were created). The newest (or
+oldest) n runs of any state are the merge of the seven ranges (:data:`ql_core.states.RUN_ACTIVE`
+and :data:`~ql_core.states.RUN_TERMINAL`), written as a compound SELECT whose ORDER BY is the
+index's: SQLite runs each range as a co-routine and merges them (``MERGE (UNION ALL)`` in the plan,
+no sort), stopping after ``LIMIT`` rows — n rows and seven seeks, whatever the history, in the order
+``ix_ql_run_created`` gave before (ties in one millisecond now by ``run_key``, not by id: revision
+0016 keeps the 36-character id out of the index's entries, ~13 bytes an entry where ~50 made a
+512-byte leaf split three times as often). The ended runs by age are the five ended ranges
+(:data:`OLDEST_ENDED_RUNS`, one state per call).
 
 Every write of a run used to move it in three ordered indexes (created, status, ended) plus its
 key's; now in one plus its key's: about two WAL frames fewer per awaited task at 512-byte pages,

@@ -41,8 +41,9 @@ one B-tree (issue 25: bytes written per task).
 
 Measured with ``python bench/wal_pages.py --tasks 100 --quiet``: 30.4 -> 26.7 WAL frames per
 awaited task (ix_ql_run_order 3.34 -> 2.29, ql_tally 1.00 -> 0, ql_log_artifact 3.91 -> 3.22, the
-journal's key index 1.00 -> 0) and 1.1 -> 0.2 database pages of logs per task. Every row is kept as it is (an index is rebuilt, a
-column added, triggers replaced); PostgreSQL is not changed (no ql_tally there, its own statements).
+journal's key index 1.00 -> 0) and 1.1 -> 0.2 database pages of logs per task. Every row is kept
+as it is (an index rebuilt, a column added, triggers replaced, the journal's rows copied);
+PostgreSQL is not changed (no ql_tally there; its own statements).
 
 Revision ID: 0016_sqlite_lean_writes
 Revises: 0015_sqlite_log_order
