@@ -286,7 +286,7 @@ class Tally(QlTable, table=True):
 
     name: str = Field(primary_key=True, max_length=80)
     value: int = Field(sa_column=Column(BigInteger, nullable=False))
-    counted_to: Optional[int] = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    # (``counted_to BIGINT``, revision 0016, is one of SQLITE_ONLY_COLUMNS: a key of ql_run's rowid.)
 
 
 
@@ -298,11 +298,11 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 
 
 #: SQLite's own integer keys (revisions 0011 and 0012, :mod:`ql_core.db.sqlite_events`,
-#: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
+#: :mod:`ql_core.db.sqlite_runs`; 0016: the run key ql_tally's ``runs`` counts up to): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
                                  ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
-                                 ("ql_log_artifact", "log_order")})
+                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
 #: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
 #: declared schema cannot name.
