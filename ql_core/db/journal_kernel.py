@@ -58,6 +58,8 @@ __all__ = ["SqlJournalKernel", "KERNEL_STATEMENTS", "MAX_NOTED", "FLUSH_BATCH", 
 T = TypeVar("T")
 #: Consumed attempts remembered in memory at most (beyond that, retention purges their rows).
 MAX_NOTED = 4096
+#: Columns of a run's record (a listed row may have more after them).
+_RUN_FIELDS = len(RunRecord._fields)
 #: Noted rows deleted per piggybacked flush (keeps the host's create transaction small).
 FLUSH_BATCH = 256
 
@@ -329,7 +331,9 @@ class SqlJournalKernel:
                 found = self._execute(c, self.sql.SELECT_RUNS_NEWEST_BY_STATUS, (status, limit))
             else:
                 found = self._execute(c, self.sql.SELECT_RUNS_NEWEST, (limit,))
-            runs = [RunRecord(*r) for r in found]
+            # A dialect's row may carry its order's key after the record's columns (SQLite's
+            # run_key, revision 0016): the record is the row's first fields.
+            runs = [RunRecord(*r[:_RUN_FIELDS]) for r in found]
             by_run: dict[str, list[AttemptRecord]] = {r.id: [] for r in runs}
             if runs:
                 for a in self._attempts_of_runs(c, list(by_run)):

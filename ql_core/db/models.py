@@ -78,7 +78,7 @@ class Run(QlTable, table=True):
                       Index("ix_ql_run_created", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # `ql list --status S`: the newest n runs in one state, read in order (0007).
                       # PostgreSQL only since 0013: SQLite's one ordered index of runs is
-                      # ix_ql_run_order (status_order, created_at_ms, id), the states numbered so that
+                      # ix_ql_run_order (status_order, created_at_ms; 0016), the states numbered so that
                       # the live ones are its right edge (SQLITE_ONLY_INDEXES).
                       Index("ix_ql_run_status", "status", "created_at_ms", "id", info={"ql_dialects": ("postgresql",)}),
                       # PostgreSQL only since 0009: no SQLite query reads it (EXPLAIN QUERY PLAN of
@@ -275,15 +275,18 @@ class AttemptHost(QlTable, table=True):
 
 
 class Tally(QlTable, table=True):
-    """Running totals kept by triggers (0007; SQLite only), so a round reads a count instead of
-    counting history: ``runs`` (rows of ql_run) and ``log_bytes:<owner>`` (recorded sizes of that
-    node's undeleted logs). The triggers are in migration 0007; every write path keeps them exact."""
+    """Running totals (0007; SQLite only), so a round reads a count instead of counting history:
+    ``log_bytes:<owner>`` (recorded sizes of that node's undeleted logs), kept exact by triggers on
+    every write path, and ``runs``: the rows of ql_run whose ``run_key`` is at most ``counted_to``
+    (0016: the newer ones are one key range counted when read, and folded in by history retention;
+    no write per created run)."""
 
     __tablename__ = "ql_tally"
     __table_args__ = {"info": {"ql_dialects": ("sqlite",)}}
 
     name: str = Field(primary_key=True, max_length=80)
     value: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # (``counted_to BIGINT``, revision 0016, is one of SQLITE_ONLY_COLUMNS: a key of ql_run's rowid.)
 
 
 
@@ -295,11 +298,11 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 
 
 #: SQLite's own integer keys (revisions 0011 and 0012, :mod:`ql_core.db.sqlite_events`,
-#: :mod:`ql_core.db.sqlite_runs`): columns the SQLite
+#: :mod:`ql_core.db.sqlite_runs`; 0016: the run key ql_tally's ``runs`` counts up to): columns the SQLite
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
                                  ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
-                                 ("ql_log_artifact", "log_order")})
+                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
 #: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
 #: declared schema cannot name.

@@ -25,7 +25,8 @@ from ql_core.records import AttemptRecord, EventRecord, LogFacts, RunRecord, Run
 from .journal_sql import shared_statements
 from .keep_wal import keep_wal_on_close
 from .sqlite_events import SELECT_EVENTS
-from .sqlite_runs import SELECT_ATTEMPTS_OF_RUN, SELECT_RUNS_NEWEST, SELECT_RUNS_NEWEST_BY_STATUS, attempts_of_runs
+from .sqlite_logs import SELECT_LOG
+from .sqlite_runs import RUN_ROW, SELECT_ATTEMPTS_OF_RUN, SELECT_RUNS_NEWEST, SELECT_RUNS_NEWEST_BY_STATUS, attempts_of_runs
 
 __all__ = ["SqliteReads", "EDGE_BUSY_TIMEOUT_MS"]
 
@@ -102,7 +103,7 @@ class SqliteReads:
                 found = c.execute(SELECT_RUNS_NEWEST_BY_STATUS, (status, limit))
             else:
                 found = c.execute(SELECT_RUNS_NEWEST, (limit,))
-            runs = [RunRecord(*r) for r in found]
+            runs = [RunRecord(*r[RUN_ROW]) for r in found]  # a row ends with run_key (revision 0016)
             by_run: dict[str, list[AttemptRecord]] = {r.id: [] for r in runs}
             if runs:
                 for a in c.execute(attempts_of_runs(len(by_run)), list(by_run)):
@@ -129,5 +130,5 @@ class SqliteReads:
         return [r[0] for r in rows if r[0].startswith(prefix)]
 
     def log_facts(self, log_id: str) -> LogFacts | None:
-        row = self._conn.execute(_SQL["SELECT_LOG"], (log_id,)).fetchone()
+        row = self._conn.execute(SELECT_LOG, (log_id,)).fetchone()  # its attempt through the run (0016)
         return None if row is None else log_facts_of(row)

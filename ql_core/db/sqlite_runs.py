@@ -1,13 +1,17 @@
 """SQLite's ordered reads of runs: every run from ``ix_ql_run_order`` alone (revisions 0012_sqlite_lean_runs, 0013_sqlite_run_order).
 
-On SQLite a run is in one ordered index, ``ix_ql_run_order (status_order, created_at_ms, id)``
-(0012's ``ix_ql_run_status``, its states numbered by 0013): each state is a range of it in
-creation order. The newest (or oldest) n runs of any state are the merge
-of the seven ranges (:data:`ql_core.states.RUN_ACTIVE` and :data:`~ql_core.states.RUN_TERMINAL`),
-written as a compound SELECT whose ORDER BY is the index's: SQLite runs each range as a co-routine
-and merges them (``MERGE (UNION ALL)`` in the plan, no sort), stopping after ``LIMIT`` rows — n rows
-and seven seeks, whatever the history, in the order ``ix_ql_run_created`` gave before. The ended
-runs by age are the five ended ranges (:data:`OLDEST_ENDED_RUNS`, one state per call).
+On SQLite a run is in one ordered index, ``ix_ql_run_order (status_order, created_at_ms)``
+(0012's ``ix_ql_run_status``, its states numbered by 0013, its id dropped by 0016): each state is a
+range of it in creation order — ``created_at_ms``, then the rowid ``run_key`` that ends every index
+entry (runs created in the same millisecond, in the order they were created). The newest (or
+oldest) n runs of any state are the merge of the seven ranges (:data:`ql_core.states.RUN_ACTIVE`
+and :data:`~ql_core.states.RUN_TERMINAL`), written as a compound SELECT whose ORDER BY is the
+index's: SQLite runs each range as a co-routine and merges them (``MERGE (UNION ALL)`` in the plan,
+no sort), stopping after ``LIMIT`` rows — n rows and seven seeks, whatever the history, in the order
+``ix_ql_run_created`` gave before (ties in one millisecond now by ``run_key``, not by id: revision
+0016 keeps the 36-character id out of the index's entries, ~13 bytes an entry where ~50 made a
+512-byte leaf split three times as often). The ended runs by age are the five ended ranges
+(:data:`OLDEST_ENDED_RUNS`, one state per call).
 
 Every write of a run used to move it in three ordered indexes (created, status, ended) plus its
 key's; now in one plus its key's: about two WAL frames fewer per awaited task at 512-byte pages,
@@ -35,7 +39,7 @@ from ql_core.states import RUN_ACTIVE, RUN_TERMINAL
 
 from .journal_sql import ACTIVE, ATTEMPT_COLUMNS, RUN_COLUMNS
 
-__all__ = ["RUN_STATES", "STATUS_ORDER", "SELECT_RUNS_NEWEST", "SELECT_RUNS_NEWEST_BY_STATUS", "OLDEST_RUNS",
+__all__ = ["RUN_STATES", "STATUS_ORDER", "SELECT_RUNS_NEWEST", "RUN_ROW", "SELECT_RUNS_NEWEST_BY_STATUS", "OLDEST_RUNS",
            "OLDEST_ENDED_RUNS"]
 
 #: Every state a run can be in, in a fixed order (the arms of the merges).
@@ -51,25 +55,31 @@ _ORDER_OF_PARAM = "CASE ? " + " ".join(f"WHEN '{s}' THEN {n}" for n, s in enumer
 def _merged(columns: str, descending: bool) -> str:
     order = "DESC" if descending else "ASC"
     # `?1` in every arm: one parameter, the limit. Each arm is one state's range of the index (the
-    # hint keeps it there); the compound's ORDER BY is that range's order, so SQLite merges, not sorts.
-    arms = " UNION ALL ".join(f"SELECT {columns} FROM ql_run INDEXED BY ix_ql_run_order "
+    # hint keeps it there), in (created_at_ms, run_key) order; the compound's ORDER BY is that order,
+    # so SQLite merges, not sorts. (A compound orders by result columns only: ``columns`` ends with
+    # ``run_key`` — revision 0016 — and the reader drops it.)
+    arms = " UNION ALL ".join(f"SELECT {columns}, run_key FROM ql_run INDEXED BY ix_ql_run_order "
                               f"WHERE status_order = {STATUS_ORDER.index(s) + 1}" for s in RUN_STATES)
-    return f"{arms} ORDER BY created_at_ms {order}, id {order} LIMIT ?1"
+    return f"{arms} ORDER BY created_at_ms {order}, run_key {order} LIMIT ?1"
 
 
-#: ``ql list`` without ``--status``: the newest ``?1`` runs (parameters: limit).
+#: ``ql list`` without ``--status``: the newest ``?1`` runs (parameters: limit), each row the columns
+#: of :data:`~ql_core.db.journal_sql.RUN_COLUMNS` and then ``run_key`` (:data:`RUN_ROW`: the record's part).
 SELECT_RUNS_NEWEST = _merged(RUN_COLUMNS, descending=True)
-#: History by count: the oldest ``?1`` runs, with their states (parameters: limit).
+#: The part of a :data:`SELECT_RUNS_NEWEST` row that is a ``RunRecord`` (``RunRecord(*row[RUN_ROW])``).
+RUN_ROW = slice(0, len(RUN_COLUMNS.split(",")))
+#: History by count: the oldest ``?1`` runs, with their states (parameters: limit; rows: id, status,
+#: created_at_ms, run_key).
 OLDEST_RUNS = _merged("id, status, created_at_ms", descending=False)
 #: History by age, one ended state at a time: its oldest runs created before the cutoff, at most a
 #: bounded number (parameters: state, cutoff, limit). The caller keeps those that also *finished*
 #: before the cutoff: a run that ended after it is stepped over (only runs that were live at the
 #: cutoff, never history), and the next page comes once the cutoff has moved past it.
-OLDEST_ENDED_RUNS = ("SELECT id, finished_at_ms, created_at_ms FROM ql_run INDEXED BY ix_ql_run_order "
-                     f"WHERE status_order = {_ORDER_OF_PARAM} AND created_at_ms < ? ORDER BY created_at_ms, id LIMIT ?")
+OLDEST_ENDED_RUNS = ("SELECT id, finished_at_ms, created_at_ms, run_key FROM ql_run INDEXED BY ix_ql_run_order "
+                     f"WHERE status_order = {_ORDER_OF_PARAM} AND created_at_ms < ? ORDER BY created_at_ms, run_key LIMIT ?")
 #: ``ql list --status S``: the newest ``limit`` runs in state S (parameters: state, limit).
 SELECT_RUNS_NEWEST_BY_STATUS = (f"SELECT {RUN_COLUMNS} FROM ql_run INDEXED BY ix_ql_run_order "
-                                f"WHERE status_order = {_ORDER_OF_PARAM} ORDER BY created_at_ms DESC, id DESC LIMIT ?")
+                                f"WHERE status_order = {_ORDER_OF_PARAM} ORDER BY created_at_ms DESC, run_key DESC LIMIT ?")
 
 # -- a run's attempts: one range of the attempt key (revision 0012_sqlite_lean_runs) ----------------
 #: ``ql_run_attempt.attempt_key = run_key << ATTEMPT_KEY_BITS | attempt_no``: a run's attempts are one

@@ -45,10 +45,25 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
 # run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
               "updated_at_ms, deadline_at_ms) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)")
-INSERT_LOG = ("INSERT INTO ql_log_artifact (id, run_id, attempt_id, relative_path, max_bytes, truncated, "
-              "created_at_ms) VALUES (?, ?, ?, ?, ?, 0, ?)")
+# -- the receipt journal: one WITHOUT ROWID B-tree whose rows fit their cell (revision 0016) ----------
+# A row leaves run_id and receipt_ref empty when they are derived: the run is its attempt's (the
+# create writes the attempt first; a purge deletes it only after the journal row), the reference is
+# <xx>/<attempt_id>.json (ql_core.receipts.file_store.relative_ref). A row registered for a receipt
+# whose attempt is not there, or with another reference, keeps them. Parameters: attempt id, run id,
+# reference, registered, updated.
+_REF_OF = "substr({a}, -2) || '/' || {a} || '.json'"
 INSERT_JOURNAL = ("INSERT OR IGNORE INTO ql_receipt_journal (attempt_id, run_id, state, receipt_ref, "
-                  "registered_at_ms, updated_at_ms) VALUES (?, ?, 'pending', ?, ?, ?)")
+                  "registered_at_ms, updated_at_ms) VALUES (?1, CASE WHEN EXISTS (SELECT 1 FROM ql_run_attempt "
+                  f"WHERE id = ?1 AND run_id = ?2) THEN '' ELSE ?2 END, 'pending', CASE ?3 WHEN {_REF_OF.format(a='?1')} "
+                  "THEN '' ELSE ?3 END, ?4, ?5)")
+# The journal's columns (JournalEntry's first eight) with the derived ones filled in.
+_JOURNAL_COLUMNS = ("j.attempt_id, COALESCE(NULLIF(j.run_id, ''), (SELECT a.run_id FROM ql_run_attempt a "
+                    f"WHERE a.id = j.attempt_id), ''), j.state, COALESCE(NULLIF(j.receipt_ref, ''), "
+                    f"{_REF_OF.format(a='j.attempt_id')}), j.quarantine_reason, j.registered_at_ms, "
+                    "j.updated_at_ms, j.terminal_seen_at_ms")
+PAGE_JOURNAL = (f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id > ? "
+                "ORDER BY j.attempt_id LIMIT ?")
+SELECT_JOURNAL = f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id = ?"
 
 # -- cancellation dispatch -----------------------------------------------------------------
 # Due by the host's clock (the first parameter): one node owns this database.
@@ -68,14 +83,25 @@ from ql_core.db.sqlite_logs import (  # noqa: E402,F401
     ENDED_LOGS_UNSIZED,
     PAGE_LIVE_LOGS,
 )
+# A log row without its attempt id and path (revision 0016: the row fits its page's cell); a log by
+# id reads its attempt's id through the run.
+from ql_core.db.sqlite_logs import INSERT_LOG, SELECT_LOG  # noqa: E402,F401
 # Kept exact by the triggers of migration 0007 (never a SUM over history).
 ENDED_LOG_BYTES = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'log_bytes:' || ?), 0)"
 
 # -- history retention ------------------------------------------------------------------------
-# How many runs exist (ql_tally, kept by triggers): the excess over history_max_runs is known
-# without counting; the oldest runs are then read in index order (OLDEST_RUNS, above), as many as
-# are in excess. By age: OLDEST_ENDED_RUNS, one ended state at a time.
-RUN_COUNT = "SELECT COALESCE((SELECT value FROM ql_tally WHERE name = 'runs'), 0)"
+# How many runs exist: ql_tally's `runs` counts those up to its `counted_to` key (revision 0016; a
+# trigger takes deleted ones off), the newer ones are one range of the rowid — both index reads, so
+# the excess over history_max_runs is known without counting history; the oldest runs are then read
+# in index order (OLDEST_RUNS, above), as many as are in excess. By age: OLDEST_ENDED_RUNS, one ended
+# state at a time. Rows: (counted, newer).
+RUN_COUNT = ("SELECT t.value, (SELECT count(*) FROM ql_run r WHERE r.run_key > t.counted_to) FROM ql_tally t "
+             "WHERE t.name = 'runs'")
+# The newer runs folded into the row (history retention, once per round that finds some): the row
+# counts every run again, up to the newest key. In one write transaction: exact whatever ran between.
+FOLD_RUN_COUNT = ("UPDATE ql_tally SET value = value + (SELECT count(*) FROM ql_run r WHERE r.run_key > "
+                  "ql_tally.counted_to), counted_to = (SELECT max(run_key) FROM ql_run) WHERE name = 'runs' "
+                  "AND counted_to < (SELECT max(run_key) FROM ql_run)")
 RUN_ATTEMPTS_OWNERS = ("SELECT a.id, a.runtime_owner FROM ql_run r CROSS JOIN ql_run_attempt a "
                        f"ON {ATTEMPTS_OF} WHERE r.id = ?")
 # A run's logs are its attempts' logs (the attempts' key range, then the log's key): no index of the

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Seque
 
 from ql_core.db.journal_kernel import FLUSH_BATCH, MAX_NOTED, SqlJournalKernel
 from ql_core.db.sqlite_runs import attempts_of_runs
+from ql_core.ports.journal import StoreError
 from ql_core.states import RUN_TERMINAL
 
 from . import statements
@@ -170,16 +171,19 @@ class SqliteJournal(SqlJournalKernel):
     def history_candidates(self, owner: str, *, finished_before_ms: int, keep_newest: int,
                            limit: int) -> dict[str, list[str]]:
         # Index-driven only (docs/recovery.md "Cost of a round"): ended runs past the age window, the
-        # oldest created first; the run count from ql_tally, and — only when it exceeds keep_newest —
-        # the oldest runs in creation order, at most as many as are in excess. Non-terminal runs among
-        # those are kept (never purged), so up to OLDEST_SLACK pages of them are stepped over.
+        # oldest created first; the run count from ql_tally and the runs created since its last fold
+        # (one key range: the work since the last round, never history), and — only when it exceeds
+        # keep_newest — the oldest runs in creation order, at most as many as are in excess.
+        # Non-terminal runs among those are kept (never purged), so up to OLDEST_SLACK pages of them
+        # are stepped over.
         out: dict[str, list[str]] = {}
         with self._db.read() as c:
             ids = self._ended_before(c, finished_before_ms, limit)
-            excess = int(c.execute(statements.RUN_COUNT).fetchone()[0]) - keep_newest
+            counted, newer = c.execute(statements.RUN_COUNT).fetchone() or (0, 0)
+            excess = int(counted) + int(newer) - keep_newest
             if excess > 0 and len(ids) < limit:
                 seen = set(ids)
-                for run_id, status, _created in c.execute(statements.OLDEST_RUNS,
+                for run_id, status, _created, _key in c.execute(statements.OLDEST_RUNS,
                                                           (min(excess, OLDEST_SLACK * limit),)):
                     if len(ids) >= limit:
                         break
@@ -192,7 +196,28 @@ class SqliteJournal(SqlJournalKernel):
                 if any(c.execute(statements.JOURNAL_EXISTS, (a,)).fetchone() for a, _o in attempts):
                     continue  # a receipt may still exist: the journal row goes first
                 out[run_id] = [r[0] for r in c.execute(statements.LIVE_LOGS_OF_RUN, (run_id,))]
+        if newer:
+            self._fold_run_count()
         return out
+
+    def _fold_run_count(self) -> None:
+        """Fold the runs created since the last fold into ql_tally's ``runs`` row (revision 0016), so
+        the next round's count reads no more than the runs created meanwhile.
+
+        One statement, exact whatever committed between (it counts inside its own transaction). It
+        skips the WAL fsync, as :meth:`record_log_sizes` does: a fold lost to a power cut leaves the
+        row as it was — still exact for the keys it covers — and the next round folds again; its one
+        frame reaches the disk with the next durable commit. A busy or failing store is no reason to
+        fail retention: the count is exact without the fold."""
+        conn = self._db.connection()
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._db.write() as c:
+                c.execute(statements.FOLD_RUN_COUNT)
+        except StoreError:
+            pass
+        finally:
+            conn.execute("PRAGMA synchronous=FULL")
 
     @staticmethod
     def _ended_before(c: sqlite3.Connection, cutoff_ms: int, limit: int) -> list[str]:
@@ -204,13 +229,13 @@ class SqliteJournal(SqlJournalKernel):
         it is purged once the cutoff has passed its end. (A clock set back between a run's creation
         and its end can make it finish "before" it was created: it then goes when the cutoff passes
         its creation.)"""
-        found: list[tuple[int, str]] = []
+        found: list[tuple[int, int, str]] = []
         for state in sorted(RUN_TERMINAL):
-            for run_id, finished, created in c.execute(statements.OLDEST_ENDED_RUNS,
-                                                       (state, cutoff_ms, OLDEST_SLACK * limit)):
+            for run_id, finished, created, key in c.execute(statements.OLDEST_ENDED_RUNS,
+                                                            (state, cutoff_ms, OLDEST_SLACK * limit)):
                 if finished is not None and finished < cutoff_ms:
-                    found.append((created, run_id))
-        return [run_id for _created, run_id in sorted(found)[:limit]]
+                    found.append((created, key, run_id))
+        return [run_id for _created, _key, run_id in sorted(found)[:limit]]
 
     def purge_runs(self, run_ids: list[str]) -> int:
         # One transaction for the whole page; each statement runs over the page under its index.

@@ -82,3 +82,35 @@ def test_a_logs_create_and_end_write_one_leaf_of_the_index_each(tmp_path: Path) 
     finally:
         conn.close()
         store.close()
+
+
+def test_a_log_row_fits_its_cell_and_reads_its_attempt_through_the_run(tmp_path: Path) -> None:
+    """0016: a new log row stores neither its attempt's id nor its path (both derived), so it fits the
+    102 bytes a 512-byte index page keeps in a cell (no overflow page per task); every read gives
+    its attempt's id as before, and the owner's log total still follows its size."""
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    try:
+        made = [new_run() for _ in range(20)]
+        for new in made:
+            store.create(new)
+        for new in made[:10]:
+            _end(store, new.attempt_id)
+        store.record_log_sizes({new.log_artifact_id: 100 for new in made[:10]})
+        conn = sqlite3.connect(db)
+        try:
+            assert conn.execute("SELECT count(*) FROM dbstat WHERE name = 'ql_log_artifact' "
+                                "AND pagetype = 'overflow'").fetchone()[0] == 0
+            assert conn.execute("SELECT DISTINCT attempt_id, relative_path FROM ql_log_artifact").fetchall() == [("", "")]
+        finally:
+            conn.close()
+        for new in made:
+            facts = store.log_facts(new.log_artifact_id)
+            assert (facts.run_id, facts.attempt_id) == (new.run_id, new.attempt_id)
+        assert {f.attempt_id for f in store.ended_logs(OWNER, sized=True, limit=50)} == {n.attempt_id for n in made[:10]}
+        assert {f.attempt_id for f in store.page_live_logs(OWNER, "", 50)} == {n.attempt_id for n in made[10:]}
+        assert store.ended_log_bytes(OWNER) == 1000  # the tally's triggers find the owner through the run
+        store.mark_log_deleted(made[0].log_artifact_id, 5_000, 100)
+        assert store.ended_log_bytes(OWNER) == 900
+    finally:
+        store.close()

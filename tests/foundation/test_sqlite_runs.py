@@ -26,7 +26,8 @@ def test_every_state_a_run_can_be_in_is_an_arm_of_the_merged_reads() -> None:
 def test_newest_and_oldest_runs_merge_the_states_in_creation_order(tmp_path: Path) -> None:
     store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
     try:
-        # Creation times interleave the states; two runs share a time (the id breaks the tie).
+        # Creation times interleave the states; two runs share a time (the run's key, its creation
+        # order, breaks the tie: revision 0016).
         made = [new_run(created_at_ms=10_000 + (i // 2 if i < 4 else i) * 7) for i in range(3 * len(RUN_STATES))]
         for new in made:
             store.create(new)
@@ -36,7 +37,7 @@ def test_newest_and_oldest_runs_merge_the_states_in_creation_order(tmp_path: Pat
             conn.execute("UPDATE ql_run SET status = ?, finished_at_ms = created_at_ms + 1 WHERE id = ?",
                          (state, new.run_id))
         conn.commit()
-        expected = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY created_at_ms, id")]
+        expected = [r[0] for r in conn.execute("SELECT id FROM ql_run ORDER BY created_at_ms, run_key")]
         conn.close()
         assert len({r.created_at_ms for r in made}) < len(made)  # the tie is there
         for limit in (1, 5, len(made), len(made) + 3):
@@ -52,7 +53,7 @@ def test_newest_and_oldest_runs_merge_the_states_in_creation_order(tmp_path: Pat
         conn = sqlite3.connect(tmp_path / "ql.db")
         want = [r[0] for r in conn.execute(
             "SELECT id FROM ql_run WHERE status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') "
-            "AND finished_at_ms < ? ORDER BY created_at_ms, id", (cutoff,))]
+            "AND finished_at_ms < ? ORDER BY created_at_ms, run_key", (cutoff,))]
         conn.close()
         assert aged == want and want
         with store.connections.read() as c:
