@@ -197,6 +197,13 @@ class ShipTable:
     def forget(self, attempt_id: str) -> None:
         self._exec_unsynced("DELETE FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
 
+    def shipping_among(self, attempt_ids: list[str]) -> list[ShipRow]:
+        """The rows of these attempts still ``shipping`` (at most :data:`SHIP_PAGE` ids per call)."""
+        marks = ",".join("?" * len(attempt_ids))
+        return [ShipRow(*r) for r in self._exec(
+            f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = 'shipping' AND attempt_id IN ({marks})",
+            tuple(attempt_ids))]
+
     def due_deletions(self, finalized_before_ms: int, limit: int = SHIP_PAGE) -> list[ShipRow]:
         return [ShipRow(*r) for r in self._exec(
             f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = 'final' AND finalized_at_ms < ?"
@@ -300,6 +307,45 @@ class LogShipper:
         self.table.track(rows)
         self._wake.set()
 
+    # -- empty logs carried by the completions (control loop thread) ----------------------------------
+    def empty_final_logs(self, attempt_ids: list[str]) -> dict[str, ShipRow]:
+        """Of these attempts (ended locally: each has its completion in the outbox), those whose log
+        can be recorded with their completion (``ControlDB.complete_many_with_empty_logs``) instead of
+        by this shipper: still ``shipping``, never opened by this process, and the local log empty
+        (or already dropped as empty) — final, since the attempt's terminal commit is done, exactly
+        what :meth:`_ship` would finalize as empty. Anything else (bytes, an error reading the
+        file) is left to the shipper."""
+        out: dict[str, ShipRow] = {}
+        for i in range(0, len(attempt_ids), SHIP_PAGE):
+            for row in self.table.shipping_among(attempt_ids[i:i + SHIP_PAGE]):
+                if row.attempt_id in self._progress or row.lease_token is None:
+                    continue
+                try:
+                    if self._local_size(row.log_id) == 0:
+                        out[row.attempt_id] = row
+                except Exception:  # noqa: BLE001 - an unreadable/unsafe file: the shipper's, as before
+                    continue
+        return out
+
+    def carried(self, row: ShipRow, answer: str) -> None:
+        """The store's answer to the empty log recorded with the completion: acknowledged (the row
+        goes ``final`` like any finalized log), else the shipper goes on with it as before."""
+        if answer in ("finalized", "already_finalized"):
+            self.table.finalized(row.attempt_id, 0)
+            self._progress.pop(row.attempt_id, None)
+            self._count("finalized_with_completion")
+        else:
+            self._wake.set()
+
+    def _local_size(self, log_id: str) -> int:
+        fd = _open_local(self.node.config.data_dir, log_id)
+        if fd is None:
+            return 0
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
@@ -361,6 +407,8 @@ class LogShipper:
             if row.lease_token is None:
                 self.table.abandon(row.attempt_id, "NO_TOKEN")
                 continue
+            if self._nothing_to_open(row, attempt):
+                continue
             rows.append((row, attempt))
         opened = self._open_new([row for row, _attempt in rows], fence)
         empty: list[tuple[ShipRow, LeaseFence]] = []
@@ -373,6 +421,23 @@ class LogShipper:
             self._finalize_empty(empty)
         self._delete_shipped()
         return next_due
+
+    def _nothing_to_open(self, row: ShipRow, attempt: Any) -> bool:
+        """An attempt whose artifact is not open here and whose local log is empty: nothing to do
+        yet. While it runs, its artifact is opened with its first byte (a task that prints later
+        still ships from byte 0; a quiet one never costs an open). Once it ended, and while its
+        completion is in the outbox, the completion records the empty log
+        (:meth:`empty_final_logs`) in its own transaction — no open and no finalize of ours. Once the
+        completion is answered, a log it did not record (an older control database, a refusal, a
+        crash in between) is this shipper's again, as before."""
+        if row.attempt_id in self._progress:
+            return False
+        if attempt.status in RUN_TERMINAL and self._lease_state(row.attempt_id) != "outbox":
+            return False
+        try:
+            return self._local_size(row.log_id) == 0
+        except Exception:  # noqa: BLE001 - an unreadable/unsafe file: opened (or refused) as before
+            return False
 
     def _open_new(self, rows: list[ShipRow], fence: WorkerFence) -> dict[str, Any]:
         """The artifacts of the attempts not opened yet in this process, opened in one batch when

@@ -15,14 +15,15 @@ from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 
-from .control_db import WORKER_BATCH, Completion, ControlDBError, TransientError
+from .control_db import WORKER_BATCH, Completion, ControlDB, ControlDBError, TransientError
 from .outbox import FENCED
 from .results import EndAnswer, EndStatus
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
     from .held_attempts import HeldAttempts
-    from .log_shipper import LogShipper
+    from .log_shipper import LogShipper, ShipRow
+    from .results import CompletionResult
     from .worker_tables import LeaseRow
 
 __all__ = ["OutboxSender"]
@@ -80,7 +81,7 @@ class OutboxSender:
             # first, or the completion (accepted from 'starting' too) would leave the run without
             # its attempt.spawned event at the control plane.
             self.before_complete()
-        if len(completions) == 1:
+        if len(completions) == 1 and not self._empty_logs(completions):
             return answered + int(self._submit(completions[0]))
         for i in range(0, len(completions), WORKER_BATCH):
             answered += self._submit_completions(completions[i:i + WORKER_BATCH])
@@ -94,8 +95,22 @@ class OutboxSender:
             assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
             calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
                                                   bool(row.signalled), row.digest)))
+        empty = self._empty_logs(rows)
+        proofs = [row.fence() for row in rows if row.attempt_id in empty]
+        carried: list[tuple[str, str | None]] | None = None
         try:
-            results, _sent = self.session.call(lambda db: db.complete_many(calls))
+            if proofs:
+                assert self.shipper is not None
+                max_bytes = self.shipper.max_bytes
+
+                def call(db: ControlDB) -> list[CompletionResult]:
+                    nonlocal carried
+                    results, carried = db.complete_many_with_empty_logs(calls, proofs, max_bytes=max_bytes)
+                    return results
+
+                results, _sent = self.session.call(call)
+            else:
+                results, _sent = self.session.call(lambda db: db.complete_many(calls))
         except TransientError:
             for row in rows:
                 self._retry_later(row)
@@ -110,10 +125,30 @@ class OutboxSender:
                     self._retry_later(row)
             return answered
         crashpoint("worker.outbox.after_submit")
+        if proofs and self.shipper is not None:
+            # Before the rows are marked answered: the shipper takes an empty log back only once its
+            # completion is answered, and by then its ship row is final (or it is the shipper's).
+            ship_rows = [empty[row.attempt_id] for row in rows if row.attempt_id in empty]
+            for ship_row, (answer, _reason) in zip(ship_rows, carried or [("", None)] * len(ship_rows)):
+                self.shipper.carried(ship_row, answer)
         self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)])
         for row, res in zip(rows, results):
             self._answered(row, str(res.answer), res.fence_reason or res.status)
         return len(rows)
+
+    def _empty_logs(self, rows: list[LeaseRow]) -> dict[str, ShipRow]:
+        """The attempts among these completions whose empty, final log goes with the completion
+        (:meth:`.log_shipper.LogShipper.empty_final_logs`); none without a shipper, or when the
+        control database has no ``ql_artifact_empty_many`` (revision 0016)."""
+        if self.shipper is None:
+            return {}
+        try:
+            if not self.session.db().carries_empty_logs:
+                return {}
+            return self.shipper.empty_final_logs([row.attempt_id for row in rows])
+        except Exception as exc:  # noqa: BLE001 - the local table: the shipper ships them as before
+            logger.warning("empty logs not sent with their completions ({})", type(exc).__name__)
+            return {}
 
     def _retry_later(self, row: LeaseRow) -> None:
         tries = row.tries + 1
