@@ -128,7 +128,13 @@ _SQL_RENEW_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_renew_many({_FENCE_ARRA
 _SQL_COMPLETE_MANY = ("SELECT ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
                       f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])")
 #: Revision 0016: the empty, final logs of completed attempts as finalized 0-byte artifacts.
-_SQL_EMPTY_LOGS_MANY = f"SELECT ord, answer, fence_reason FROM ql_artifact_empty_many({_FENCE_ARRAYS}, %s::bigint)"
+#: ONE statement (one transaction, one round trip, one prepared plan): the completions' rows (kind 0),
+#: then the empty logs' (kind 1: ord, answer, -, -, fence_reason, -). UNION ALL runs both in full.
+_SQL_COMPLETE_AND_EMPTY_LOGS = (
+    "SELECT 0 AS kind, ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
+    f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])"
+    " UNION ALL SELECT 1, ord, answer, NULL, NULL, fence_reason, NULL"
+    f" FROM ql_artifact_empty_many({_FENCE_ARRAYS}, %s::bigint)")
 #: A batched function that is not there (a control database before 0011: 42883) or not granted (a
 #: worker role granted before it: 42501): the client makes the same calls pipelined instead.
 _NO_BATCH_FUNCTION = ("42883", "42501")
@@ -536,7 +542,7 @@ class ControlDB:
     def complete_many_with_empty_logs(self, calls: Sequence[tuple[LeaseFence, Completion]],
                                       empty_logs: Sequence[LeaseFence], *, max_bytes: int
                                       ) -> tuple[list[CompletionResult], list[tuple[str, str | None]] | None]:
-        """:meth:`complete_many`, and in the SAME transaction and round trip (pipelined) the empty,
+        """:meth:`complete_many`, and in the SAME statement (transaction, round trip) the empty,
         final logs of some of those attempts recorded as finalized artifacts of 0 bytes
         (``ql_artifact_empty_many``, revision 0016): a task that printed nothing then costs the
         artifact store no call of its own (no open, no finalize, no round trip or commit).
@@ -555,9 +561,8 @@ class ControlDB:
                   for f, c in calls]
         empty_params = (*_columns([f.params() for f in empty_logs]), int(max_bytes))
         try:
-            complete_rows, empty_rows = self._call(
-                "complete_many", lambda conn: _fetch_pipelined(conn, _SQL_COMPLETE_MANY, tuple(_columns(params)),
-                                                               _SQL_EMPTY_LOGS_MANY, empty_params))
+            rows = self._rows("complete_many", _SQL_COMPLETE_AND_EMPTY_LOGS,
+                              (*_columns(params), *empty_params))
         except ControlDBError as exc:
             if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
                 raise
@@ -565,6 +570,8 @@ class ControlDB:
             # completions alone, and the shipper keeps finalizing the empty logs itself.
             self._empty_logs_function = False
             return self.complete_many(calls), None
+        complete_rows = [r[1:] for r in rows if r[0] == 0]
+        empty_rows = [r[1:] for r in rows if r[0] == 1]
         if len(complete_rows) != len(calls) or len(empty_rows) != len(empty_logs):
             raise ControlDBError("complete_many", "unexpected number of rows")
         ordered: list[tuple[Any, ...]] = [()] * len(complete_rows)
@@ -572,7 +579,7 @@ class ControlDB:
             ordered[r[0] - 1] = r[1:]
         empties: list[tuple[str, str | None]] = [("", None)] * len(empty_rows)
         for r in empty_rows:
-            empties[r[0] - 1] = (r[1], r[2])
+            empties[r[0] - 1] = (r[1], r[4])
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4]) for r in ordered], empties
 
     def end_without_completion(self, fence: LeaseFence, *, status: EndStatus | str, reason: str | None = None,
@@ -605,16 +612,6 @@ def _fetch_batch(conn: Any, sql: str, params_seq: Sequence[Sequence[Any]]) -> li
             if not cur.nextset():
                 break
     return rows
-
-
-def _fetch_pipelined(conn: Any, sql1: str, params1: Sequence[Any], sql2: str, params2: Sequence[Any]
-                     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Two statements in ONE transaction, pipelined: ``BEGIN``, both, ``COMMIT`` in one round trip."""
-    with conn.pipeline(), conn.cursor() as cur1, conn.cursor() as cur2:
-        with conn.transaction():  # its exit sends COMMIT and syncs: any error of either raises here
-            cur1.execute(sql1, params1, prepare=True)
-            cur2.execute(sql2, params2, prepare=True)
-        return cur1.fetchall(), cur2.fetchall()
 
 
 #: TCP keepalives: a peer that vanished (host down, cable cut) is noticed by the kernel, not never.

@@ -6,7 +6,8 @@ or a completion — a database that is down only delays the shipping (capped bac
 
 What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker.db``):
 
-1. **open** the artifact (quota: the profile's ``log_max_bytes``); the store answers its committed
+1. **open** the artifact (quota: the profile's ``log_max_bytes``) once its local log has a byte
+   (not before: a task that prints nothing never costs an open); the store answers its committed
    offset — where shipping resumes after any crash, restart or lost connection. Nothing about
    progress is trusted from local state: the store's offset is the truth.
 2. **ship** new bytes of the local log while the task runs: when at least ``ship_batch_bytes``
@@ -20,6 +21,11 @@ What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker
 4. **delete** the local copy only after the store acknowledged the finalize and the attempt ended
    more than ``shipped_log_keep_s`` ago. The local log retention skips a log still ``shipping``
    (:meth:`~.worker_store.WorkerJournal.ended_logs`), so a worker cut off from the database keeps it.
+
+An attempt that ended with an empty log, never opened here, is not this thread's while its
+completion is in the outbox: the completion records the log as finalized and empty in its own
+statement (:meth:`LogShipper.empty_final_logs`, ``ql_artifact_empty_many``, revision 0016). Once the
+completion is answered, a log it did not record is finalized here as before.
 
 Steps 1 and 3 are batched per round where the store can (``open_many``, ``finalize_empty_many``:
 one transaction and one round trip for the round's new attempts, and for its empty logs of ended
@@ -182,6 +188,15 @@ class ShipTable:
             f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = ? ORDER BY created_at_ms, attempt_id LIMIT ?",
             (state, limit))]
 
+    @staticmethod
+    def finalized_in(c: Any, attempt_ids: list[str]) -> None:
+        """Empty logs acknowledged with their completions (0 bytes), inside the transaction of another
+        connection to the same file (the one that records the completions' answers)."""
+        now = now_ms()
+        c.executemany("UPDATE ql_log_ship SET state = 'final', total_bytes = 0, finalized_at_ms = ?,"
+                      " lease_token = NULL, updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'",
+                      [(now, now, attempt_id) for attempt_id in attempt_ids])
+
     def finalized(self, attempt_id: str, total_bytes: int) -> None:
         now = now_ms()
         self._exec_unsynced("UPDATE ql_log_ship SET state = 'final', total_bytes = ?, finalized_at_ms = ?,"
@@ -327,15 +342,18 @@ class LogShipper:
                     continue
         return out
 
-    def carried(self, row: ShipRow, answer: str) -> None:
-        """The store's answer to the empty log recorded with the completion: acknowledged (the row
-        goes ``final`` like any finalized log), else the shipper goes on with it as before."""
-        if answer in ("finalized", "already_finalized"):
-            self.table.finalized(row.attempt_id, 0)
-            self._progress.pop(row.attempt_id, None)
-            self._count("finalized_with_completion")
-        else:
+    def carried(self, answers: list[tuple[ShipRow, str]]) -> list[str]:
+        """The store's answers to the empty logs recorded with their completions. Returns the
+        attempts acknowledged (``finalized``/``already_finalized``), whose rows the caller marks
+        ``final`` (:meth:`ShipTable.finalized_in`) in the commit that records the completions'
+        answers; any other answer leaves the log to this shipper, as before (woken for it)."""
+        acked = [row.attempt_id for row, answer in answers if answer in ("finalized", "already_finalized")]
+        for attempt_id in acked:
+            self._progress.pop(attempt_id, None)
+        self._count("finalized_with_completion", len(acked))
+        if len(acked) < len(answers):
             self._wake.set()
+        return acked
 
     def _local_size(self, log_id: str) -> int:
         fd = _open_local(self.node.config.data_dir, log_id)

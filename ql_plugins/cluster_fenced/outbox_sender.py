@@ -96,7 +96,7 @@ class OutboxSender:
             calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
                                                   bool(row.signalled), row.digest)))
         empty = self._empty_logs(rows)
-        proofs = [row.fence() for row in rows if row.attempt_id in empty]
+        proofs = [fence for (fence, _c), row in zip(calls, rows) if row.attempt_id in empty]
         carried: list[tuple[str, str | None]] | None = None
         try:
             if proofs:
@@ -125,13 +125,19 @@ class OutboxSender:
                     self._retry_later(row)
             return answered
         crashpoint("worker.outbox.after_submit")
+        also = None
         if proofs and self.shipper is not None:
-            # Before the rows are marked answered: the shipper takes an empty log back only once its
-            # completion is answered, and by then its ship row is final (or it is the shipper's).
             ship_rows = [empty[row.attempt_id] for row in rows if row.attempt_id in empty]
-            for ship_row, (answer, _reason) in zip(ship_rows, carried or [("", None)] * len(ship_rows)):
-                self.shipper.carried(ship_row, answer)
-        self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)])
+            answers = [answer for answer, _reason in (carried or [("", None)] * len(ship_rows))]
+            acked = self.shipper.carried(list(zip(ship_rows, answers)))
+            if acked:
+                # The empty logs' rows go 'final' in the commit of these answers: a crash leaves
+                # both undone (sent again: 'already_finalized') or both done.
+                from .log_shipper import ShipTable
+
+                also = lambda c: ShipTable.finalized_in(c, acked)  # noqa: E731
+        self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)],
+                                       also=also)
         for row, res in zip(rows, results):
             self._answered(row, str(res.answer), res.fence_reason or res.status)
         return len(rows)
