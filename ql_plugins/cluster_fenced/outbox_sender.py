@@ -81,13 +81,15 @@ class OutboxSender:
             # first, or the completion (accepted from 'starting' too) would leave the run without
             # its attempt.spawned event at the control plane.
             self.before_complete()
-        if len(completions) == 1 and not self._empty_logs(completions):
+        # The empty, final logs among them go with their completions (one look for the round).
+        empty = self._empty_logs(completions) if completions else {}
+        if len(completions) == 1 and not empty:
             return answered + int(self._submit(completions[0]))
         for i in range(0, len(completions), WORKER_BATCH):
-            answered += self._submit_completions(completions[i:i + WORKER_BATCH])
+            answered += self._submit_completions(completions[i:i + WORKER_BATCH], empty)
         return answered
 
-    def _submit_completions(self, rows: list[LeaseRow]) -> int:
+    def _submit_completions(self, rows: list[LeaseRow], empty: dict[str, ShipRow] | None = None) -> int:
         """Many completions in one transaction (each fenced on its own); one by one when the batch
         fails for good, so one row never holds the others' completions back."""
         calls = []
@@ -95,7 +97,7 @@ class OutboxSender:
             assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
             calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
                                                   bool(row.signalled), row.digest)))
-        empty = self._empty_logs(rows)
+        empty = empty or {}
         proofs = [fence for (fence, _c), row in zip(calls, rows) if row.attempt_id in empty]
         carried: list[tuple[str, str | None]] | None = None
         try:
