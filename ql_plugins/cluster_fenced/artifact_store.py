@@ -66,6 +66,8 @@ ARTIFACT_WORKER_FUNCTIONS: tuple[str, ...] = (
     "ql_artifact_append(text, bigint, text, text, bigint, text, bigint, bytea, text)",
     "ql_artifact_finalize(text, bigint, text, text, bigint, text, bigint, text)",
     "ql_artifact_chunks(text, bigint, text, text, bigint, text, bigint, integer)",
+    # revision 0016: empty, final logs recorded with the completions (control_db.py)
+    "ql_artifact_empty_many(text[], bigint[], text[], text[], bigint[], text[], bigint)",
 )
 
 #: Chunks fetched per round trip when the store re-reads an artifact to verify its SHA-256.

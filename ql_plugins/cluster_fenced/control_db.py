@@ -127,6 +127,14 @@ _SQL_RUNNING_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_running_many({_FENCE_
 _SQL_RENEW_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_renew_many({_FENCE_ARRAYS}, %s::bigint)"
 _SQL_COMPLETE_MANY = ("SELECT ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
                       f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])")
+#: Revision 0016: the empty, final logs of completed attempts as finalized 0-byte artifacts.
+#: ONE statement (one transaction, one round trip, one prepared plan): the completions' rows (kind 0),
+#: then the empty logs' (kind 1: ord, answer, -, -, fence_reason, -). UNION ALL runs both in full.
+_SQL_COMPLETE_AND_EMPTY_LOGS = (
+    "SELECT 0 AS kind, ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
+    f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])"
+    " UNION ALL SELECT 1, ord, answer, NULL, NULL, fence_reason, NULL"
+    f" FROM ql_artifact_empty_many({_FENCE_ARRAYS}, %s::bigint)")
 #: A batched function that is not there (a control database before 0011: 42883) or not granted (a
 #: worker role granted before it: 42501): the client makes the same calls pipelined instead.
 _NO_BATCH_FUNCTION = ("42883", "42501")
@@ -226,6 +234,9 @@ class ControlDB:
         self._call_timeout_s = call_timeout_s
         #: False once a batched function (revision 0011) was missing or not granted: pipelined calls.
         self._batch_functions = True
+        #: False once ``ql_artifact_empty_many`` (revision 0016) was missing or not granted: the log
+        #: shipper finalizes empty logs itself, as before.
+        self._empty_logs_function = True
 
     # -- connection --------------------------------------------------------------------------
     @classmethod
@@ -522,6 +533,54 @@ class ControlDB:
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
                 for r in self._batched("complete_many", _SQL_COMPLETE_MANY, _columns(params), (),
                                        _SQL_COMPLETE, params)]
+
+    @property
+    def carries_empty_logs(self) -> bool:
+        """False once ``ql_artifact_empty_many`` (revision 0016) turned out missing or not granted."""
+        return self._empty_logs_function
+
+    def complete_many_with_empty_logs(self, calls: Sequence[tuple[LeaseFence, Completion]],
+                                      empty_logs: Sequence[LeaseFence], *, max_bytes: int
+                                      ) -> tuple[list[CompletionResult], list[tuple[str, str | None]] | None]:
+        """:meth:`complete_many`, and in the SAME statement (transaction, round trip) the empty,
+        final logs of some of those attempts recorded as finalized artifacts of 0 bytes
+        (``ql_artifact_empty_many``, revision 0016): a task that printed nothing then costs the
+        artifact store no call of its own (no open, no finalize, no round trip or commit).
+
+        ``empty_logs``: the lease fences (proofs) of attempts whose local log is final and empty.
+        Returns the completions' results and, per empty log, ``(answer, fence_reason)`` — or None
+        when the function is not there or not granted (then only the completions were made; the
+        log shipper finalizes those logs as before). A final error of the batch raises as
+        :meth:`complete_many`'s does. Replay-safe: an artifact already finalized empty answers
+        ``already_finalized``."""
+        if not empty_logs or not self._empty_logs_function:
+            return self.complete_many(calls), None
+        if len(calls) > MAX_BATCH or len(empty_logs) > MAX_BATCH:
+            raise ValueError(f"at most {MAX_BATCH} calls per batch")
+        params = [(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled, c.completion_digest)
+                  for f, c in calls]
+        empty_params = (*_columns([f.params() for f in empty_logs]), int(max_bytes))
+        try:
+            rows = self._rows("complete_many", _SQL_COMPLETE_AND_EMPTY_LOGS,
+                              (*_columns(params), *empty_params))
+        except ControlDBError as exc:
+            if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
+                raise
+            # Revision 0016 not there, or not granted to this role: nothing committed; the
+            # completions alone, and the shipper keeps finalizing the empty logs itself.
+            self._empty_logs_function = False
+            return self.complete_many(calls), None
+        complete_rows = [r[1:] for r in rows if r[0] == 0]
+        empty_rows = [r[1:] for r in rows if r[0] == 1]
+        if len(complete_rows) != len(calls) or len(empty_rows) != len(empty_logs):
+            raise ControlDBError("complete_many", "unexpected number of rows")
+        ordered: list[tuple[Any, ...]] = [()] * len(complete_rows)
+        for r in complete_rows:
+            ordered[r[0] - 1] = r[1:]
+        empties: list[tuple[str, str | None]] = [("", None)] * len(empty_rows)
+        for r in empty_rows:
+            empties[r[0] - 1] = (r[1], r[4])
+        return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4]) for r in ordered], empties
 
     def end_without_completion(self, fence: LeaseFence, *, status: EndStatus | str, reason: str | None = None,
                                signalled: bool = False) -> EndResult:

@@ -6,7 +6,8 @@ or a completion — a database that is down only delays the shipping (capped bac
 
 What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker.db``):
 
-1. **open** the artifact (quota: the profile's ``log_max_bytes``); the store answers its committed
+1. **open** the artifact (quota: the profile's ``log_max_bytes``) once its local log has a byte
+   (not before: a task that prints nothing never costs an open); the store answers its committed
    offset — where shipping resumes after any crash, restart or lost connection. Nothing about
    progress is trusted from local state: the store's offset is the truth.
 2. **ship** new bytes of the local log while the task runs: when at least ``ship_batch_bytes``
@@ -20,6 +21,11 @@ What it does, per attempt this worker claimed (table ``ql_log_ship`` in ``worker
 4. **delete** the local copy only after the store acknowledged the finalize and the attempt ended
    more than ``shipped_log_keep_s`` ago. The local log retention skips a log still ``shipping``
    (:meth:`~.worker_store.WorkerJournal.ended_logs`), so a worker cut off from the database keeps it.
+
+An attempt that ended with an empty log, never opened here, is not this thread's while its
+completion is in the outbox: the completion records the log as finalized and empty in its own
+statement (:meth:`LogShipper.empty_final_logs`, ``ql_artifact_empty_many``, revision 0016). Once the
+completion is answered, a log it did not record is finalized here as before.
 
 Steps 1 and 3 are batched per round where the store can (``open_many``, ``finalize_empty_many``:
 one transaction and one round trip for the round's new attempts, and for its empty logs of ended
@@ -182,6 +188,15 @@ class ShipTable:
             f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = ? ORDER BY created_at_ms, attempt_id LIMIT ?",
             (state, limit))]
 
+    @staticmethod
+    def finalized_in(c: Any, attempt_ids: list[str]) -> None:
+        """Empty logs acknowledged with their completions (0 bytes), inside the transaction of another
+        connection to the same file (the one that records the completions' answers)."""
+        now = now_ms()
+        c.executemany("UPDATE ql_log_ship SET state = 'final', total_bytes = 0, finalized_at_ms = ?,"
+                      " lease_token = NULL, updated_at_ms = ? WHERE attempt_id = ? AND state = 'shipping'",
+                      [(now, now, attempt_id) for attempt_id in attempt_ids])
+
     def finalized(self, attempt_id: str, total_bytes: int) -> None:
         now = now_ms()
         self._exec_unsynced("UPDATE ql_log_ship SET state = 'final', total_bytes = ?, finalized_at_ms = ?,"
@@ -196,6 +211,13 @@ class ShipTable:
 
     def forget(self, attempt_id: str) -> None:
         self._exec_unsynced("DELETE FROM ql_log_ship WHERE attempt_id = ?", (attempt_id,))
+
+    def shipping_among(self, attempt_ids: list[str]) -> list[ShipRow]:
+        """The rows of these attempts still ``shipping`` (at most :data:`SHIP_PAGE` ids per call)."""
+        marks = ",".join("?" * len(attempt_ids))
+        return [ShipRow(*r) for r in self._exec(
+            f"SELECT {_COLUMNS} FROM ql_log_ship WHERE state = 'shipping' AND attempt_id IN ({marks})",
+            tuple(attempt_ids))]
 
     def due_deletions(self, finalized_before_ms: int, limit: int = SHIP_PAGE) -> list[ShipRow]:
         return [ShipRow(*r) for r in self._exec(
@@ -300,6 +322,48 @@ class LogShipper:
         self.table.track(rows)
         self._wake.set()
 
+    # -- empty logs carried by the completions (control loop thread) ----------------------------------
+    def empty_final_logs(self, attempt_ids: list[str]) -> dict[str, ShipRow]:
+        """Of these attempts (ended locally: each has its completion in the outbox), those whose log
+        can be recorded with their completion (``ControlDB.complete_many_with_empty_logs``) instead of
+        by this shipper: still ``shipping``, never opened by this process, and the local log empty
+        (or already dropped as empty) — final, since the attempt's terminal commit is done, exactly
+        what :meth:`_ship` would finalize as empty. Anything else (bytes, an error reading the
+        file) is left to the shipper."""
+        out: dict[str, ShipRow] = {}
+        for i in range(0, len(attempt_ids), SHIP_PAGE):
+            for row in self.table.shipping_among(attempt_ids[i:i + SHIP_PAGE]):
+                if row.attempt_id in self._progress or row.lease_token is None:
+                    continue
+                try:
+                    if self._local_size(row.log_id) == 0:
+                        out[row.attempt_id] = row
+                except Exception:  # noqa: BLE001 - an unreadable/unsafe file: the shipper's, as before
+                    continue
+        return out
+
+    def carried(self, answers: list[tuple[ShipRow, str]]) -> list[str]:
+        """The store's answers to the empty logs recorded with their completions. Returns the
+        attempts acknowledged (``finalized``/``already_finalized``), whose rows the caller marks
+        ``final`` (:meth:`ShipTable.finalized_in`) in the commit that records the completions'
+        answers; any other answer leaves the log to this shipper, as before (woken for it)."""
+        acked = [row.attempt_id for row, answer in answers if answer in ("finalized", "already_finalized")]
+        for attempt_id in acked:
+            self._progress.pop(attempt_id, None)
+        self._count("finalized_with_completion", len(acked))
+        if len(acked) < len(answers):
+            self._wake.set()
+        return acked
+
+    def _local_size(self, log_id: str) -> int:
+        fd = _open_local(self.node.config.data_dir, log_id)
+        if fd is None:
+            return 0
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
@@ -361,6 +425,8 @@ class LogShipper:
             if row.lease_token is None:
                 self.table.abandon(row.attempt_id, "NO_TOKEN")
                 continue
+            if self._nothing_to_open(row, attempt):
+                continue
             rows.append((row, attempt))
         opened = self._open_new([row for row, _attempt in rows], fence)
         empty: list[tuple[ShipRow, LeaseFence]] = []
@@ -373,6 +439,23 @@ class LogShipper:
             self._finalize_empty(empty)
         self._delete_shipped()
         return next_due
+
+    def _nothing_to_open(self, row: ShipRow, attempt: Any) -> bool:
+        """An attempt whose artifact is not open here and whose local log is empty: nothing to do
+        yet. While it runs, its artifact is opened with its first byte (a task that prints later
+        still ships from byte 0; a quiet one never costs an open). Once it ended, and while its
+        completion is in the outbox, the completion records the empty log
+        (:meth:`empty_final_logs`) in its own transaction — no open and no finalize of ours. Once the
+        completion is answered, a log it did not record (an older control database, a refusal, a
+        crash in between) is this shipper's again, as before."""
+        if row.attempt_id in self._progress:
+            return False
+        if attempt.status in RUN_TERMINAL and self._lease_state(row.attempt_id) != "outbox":
+            return False
+        try:
+            return self._local_size(row.log_id) == 0
+        except Exception:  # noqa: BLE001 - an unreadable/unsafe file: opened (or refused) as before
+            return False
 
     def _open_new(self, rows: list[ShipRow], fence: WorkerFence) -> dict[str, Any]:
         """The artifacts of the attempts not opened yet in this process, opened in one batch when

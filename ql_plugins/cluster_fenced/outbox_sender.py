@@ -15,14 +15,15 @@ from ql_core.clock import now_ms
 from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
 
-from .control_db import WORKER_BATCH, Completion, ControlDBError, TransientError
+from .control_db import WORKER_BATCH, Completion, ControlDB, ControlDBError, TransientError
 from .outbox import FENCED
 from .results import EndAnswer, EndStatus
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
     from .held_attempts import HeldAttempts
-    from .log_shipper import LogShipper
+    from .log_shipper import LogShipper, ShipRow
+    from .results import CompletionResult
     from .worker_tables import LeaseRow
 
 __all__ = ["OutboxSender"]
@@ -80,13 +81,15 @@ class OutboxSender:
             # first, or the completion (accepted from 'starting' too) would leave the run without
             # its attempt.spawned event at the control plane.
             self.before_complete()
-        if len(completions) == 1:
+        # The empty, final logs among them go with their completions (one look for the round).
+        empty = self._empty_logs(completions) if completions else {}
+        if len(completions) == 1 and not empty:
             return answered + int(self._submit(completions[0]))
         for i in range(0, len(completions), WORKER_BATCH):
-            answered += self._submit_completions(completions[i:i + WORKER_BATCH])
+            answered += self._submit_completions(completions[i:i + WORKER_BATCH], empty)
         return answered
 
-    def _submit_completions(self, rows: list[LeaseRow]) -> int:
+    def _submit_completions(self, rows: list[LeaseRow], empty: dict[str, ShipRow] | None = None) -> int:
         """Many completions in one transaction (each fenced on its own); one by one when the batch
         fails for good, so one row never holds the others' completions back."""
         calls = []
@@ -94,8 +97,22 @@ class OutboxSender:
             assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
             calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
                                                   bool(row.signalled), row.digest)))
+        empty = empty or {}
+        proofs = [fence for (fence, _c), row in zip(calls, rows) if row.attempt_id in empty]
+        carried: list[tuple[str, str | None]] | None = None
         try:
-            results, _sent = self.session.call(lambda db: db.complete_many(calls))
+            if proofs:
+                assert self.shipper is not None
+                max_bytes = self.shipper.max_bytes
+
+                def call(db: ControlDB) -> list[CompletionResult]:
+                    nonlocal carried
+                    results, carried = db.complete_many_with_empty_logs(calls, proofs, max_bytes=max_bytes)
+                    return results
+
+                results, _sent = self.session.call(call)
+            else:
+                results, _sent = self.session.call(lambda db: db.complete_many(calls))
         except TransientError:
             for row in rows:
                 self._retry_later(row)
@@ -110,10 +127,36 @@ class OutboxSender:
                     self._retry_later(row)
             return answered
         crashpoint("worker.outbox.after_submit")
-        self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)])
+        also = None
+        if proofs and self.shipper is not None:
+            ship_rows = [empty[row.attempt_id] for row in rows if row.attempt_id in empty]
+            answers = [answer for answer, _reason in (carried or [("", None)] * len(ship_rows))]
+            acked = self.shipper.carried(list(zip(ship_rows, answers)))
+            if acked:
+                # The empty logs' rows go 'final' in the commit of these answers: a crash leaves
+                # both undone (sent again: 'already_finalized') or both done.
+                from .log_shipper import ShipTable
+
+                also = lambda c: ShipTable.finalized_in(c, acked)  # noqa: E731
+        self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)],
+                                       also=also)
         for row, res in zip(rows, results):
             self._answered(row, str(res.answer), res.fence_reason or res.status)
         return len(rows)
+
+    def _empty_logs(self, rows: list[LeaseRow]) -> dict[str, ShipRow]:
+        """The attempts among these completions whose empty, final log goes with the completion
+        (:meth:`.log_shipper.LogShipper.empty_final_logs`); none without a shipper, or when the
+        control database has no ``ql_artifact_empty_many`` (revision 0016)."""
+        if self.shipper is None:
+            return {}
+        try:
+            if not self.session.db().carries_empty_logs:
+                return {}
+            return self.shipper.empty_final_logs([row.attempt_id for row in rows])
+        except Exception as exc:  # noqa: BLE001 - the local table: the shipper ships them as before
+            logger.warning("empty logs not sent with their completions ({})", type(exc).__name__)
+            return {}
 
     def _retry_later(self, row: LeaseRow) -> None:
         tries = row.tries + 1

@@ -236,11 +236,16 @@ class WorkerLeases:
         with self._unsynced() as c:
             return c.execute(_ANSWER, (answer, now, now, attempt_id)).rowcount == 1
 
-    def mark_answered_many(self, answers: Iterable[tuple[str, str]]) -> None:
-        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one unsynced transaction."""
+    def mark_answered_many(self, answers: Iterable[tuple[str, str]], *,
+                           also: Callable[[Any], None] | None = None) -> None:
+        """:meth:`mark_answered` for many ``(attempt_id, answer)`` pairs, in one unsynced transaction;
+        ``also(c)`` writes more rows of the same file in it (the log shipper's, for the empty logs
+        the same answers acknowledged)."""
         now = _now_ms()
         with self._unsynced() as c:
             c.executemany(_ANSWER, [(answer, now, now, attempt_id) for attempt_id, answer in answers])
+            if also is not None:
+                also(c)
 
     def note_try(self, attempt_id: str, kind: str | None = None, row: LeaseRow | None = None) -> None:
         with self._db.write() as c:
