@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
+from . import control_sql as sql
 from .call_deadlines import CALL_DEADLINES
 from .results import (
     CancelAnswer,
@@ -97,51 +98,9 @@ WORKER_BATCH = 32
 
 T = TypeVar("T")
 
-# -- prebuilt statements ------------------------------------------------------------------------
-# Array parameters travel in binary (``%b``): psycopg dumps a list in text format element by element
-# through Python, quoting each one (~20 us per array of 32 ids, and the server parses the text back);
-# binary skips both. Scalars stay ``%s``.
-_SQL_SUBMIT = "SELECT answer, created_at_ms, db_now_ms FROM ql_submit(%s, %s, %s, %b::bytea[], %s, %s)"
-_SQL_CANCEL = "SELECT answer, status, db_now_ms FROM ql_request_cancel(%s, %s)"
-_SQL_REGISTER = "SELECT generation, lease_expires_at_ms, db_now_ms FROM ql_register(%s, %s, %s, %s, %s)"
-_SQL_HEARTBEAT = "SELECT answer, lease_expires_at_ms, db_now_ms FROM ql_heartbeat(%s, %s, %s, %s)"
-_SQL_DEREGISTER = "SELECT answer, db_now_ms FROM ql_deregister(%s, %s, %s)"
-_SQL_DRAIN = "SELECT answer, db_now_ms FROM ql_drain(%s, %s, %s)"
-_SQL_CLAIM = ("SELECT answer, run_id, attempt_id, attempt_no, lease_generation, lease_token, spec_key_id,"
-              " spec_ordinal, sealed_spec, timeout_ms, lease_expires_at_ms, db_now_ms"
-              " FROM ql_claim(%s, %s, %s, %s, %s, %s, %b::text[], %b::text[], %s)")
-_LEASE_COLUMNS = ("answer, reason, lease_expires_at_ms, db_now_ms, cancel_reason, cancel_requested_at_ms,"
-                  " deadline_at_ms")
-_SQL_START = f"SELECT {_LEASE_COLUMNS} FROM ql_start(%s, %s, %s, %s, %s, %s)"
-_SQL_RUNNING = f"SELECT {_LEASE_COLUMNS} FROM ql_running(%s, %s, %s, %s, %s, %s, %s)"
-_SQL_RENEW = f"SELECT {_LEASE_COLUMNS} FROM ql_renew(%s, %s, %s, %s, %s, %s, %s)"
-_SQL_COMPLETE = ("SELECT answer, status, reason, fence_reason, db_now_ms"
-                 " FROM ql_complete(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-_SQL_END = ("SELECT answer, outcome, fence_reason, db_now_ms"
-            " FROM ql_end_without_completion(%s, %s, %s, %s, %s, %s, %s, %s, %s)")
-# The batched functions of revision 0011 (one statement per batch; each call inside is the single
-# function above). Arrays: element i is call i; rows come back with ord = i (1-based).
-_FENCE_ARRAYS = "%b::text[], %b::bigint[], %b::text[], %b::text[], %b::bigint[], %b::text[]"
-_SQL_START_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_start_many({_FENCE_ARRAYS})"
-_SQL_RUNNING_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_running_many({_FENCE_ARRAYS}, %b::bigint[])"
-_SQL_RENEW_MANY = f"SELECT ord, {_LEASE_COLUMNS} FROM ql_renew_many({_FENCE_ARRAYS}, %s::bigint)"
-_SQL_COMPLETE_MANY = ("SELECT ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
-                      f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])")
-#: Revision 0016: the empty, final logs of completed attempts as finalized 0-byte artifacts.
-#: ONE statement (one transaction, one round trip, one prepared plan): the completions' rows (kind 0),
-#: then the empty logs' (kind 1: ord, answer, -, -, fence_reason, -). UNION ALL runs both in full.
-_SQL_COMPLETE_AND_EMPTY_LOGS = (
-    "SELECT 0 AS kind, ord, answer, status, reason, fence_reason, db_now_ms FROM ql_complete_many("
-    f"{_FENCE_ARRAYS}, %b::integer[], %b::bigint[], %b::bigint[], %b::boolean[], %b::text[])"
-    " UNION ALL SELECT 1, ord, answer, NULL, NULL, fence_reason, NULL"
-    f" FROM ql_artifact_empty_many({_FENCE_ARRAYS}, %s::bigint)")
 #: A batched function that is not there (a control database before 0011: 42883) or not granted (a
 #: worker role granted before it: 42501): the client makes the same calls pipelined instead.
 _NO_BATCH_FUNCTION = ("42883", "42501")
-_SQL_SWEEP = ("SELECT requeued, lost, retried, timeouts, leases_deleted, specs_deleted, skipped, db_now_ms"
-              " FROM ql_sweep(%s, %s)")
-_SQL_MAP_OUTCOME = "SELECT status, reason, moot FROM ql_map_outcome(%s, %s, %s, %s, %s, %s)"
-
 #: SQLSTATE classes/codes worth a retry: connection exceptions, serialization failure, deadlock,
 #: lock not available, query canceled (statement_timeout), operator intervention (shutdown).
 _TRANSIENT_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53")
@@ -368,14 +327,14 @@ class ControlDB:
         per attempt (the deadline is set when the attempt starts running); ``max_attempts`` > 1
         only for tasks declared safe to run again after a lost attempt. ``EXISTS`` on a replay.
         """
-        row = self._one("submit", _SQL_SUBMIT, (run_id, name, sealed.key_id, list(sealed.copies), timeout_ms,
+        row = self._one("submit", sql.SUBMIT, (run_id, name, sealed.key_id, list(sealed.copies), timeout_ms,
                                                  max_attempts))
         return SubmitResult(SubmitAnswer(row[0]), row[1], row[2])
 
     def submit_many(self, runs: Sequence[QueuedSubmit]) -> list[SubmitResult]:
         """A bulk :meth:`submit` (a cron burst): up to :data:`MAX_BATCH` runs in ONE transaction and one
         round trip; they are all queued or none (a replay answers ``EXISTS`` for those that were)."""
-        rows = self._many("submit_many", _SQL_SUBMIT, [(r.run_id, r.name, r.sealed.key_id, list(r.sealed.copies),
+        rows = self._many("submit_many", sql.SUBMIT, [(r.run_id, r.name, r.sealed.key_id, list(r.sealed.copies),
                                                         r.timeout_ms, r.max_attempts) for r in runs])
         return [SubmitResult(SubmitAnswer(row[0]), row[1], row[2]) for row in rows]
 
@@ -387,7 +346,7 @@ class ControlDB:
         """
         if reason not in _CANCEL_REASONS:
             raise ValueError(f"cancel reason must be one of {sorted(_CANCEL_REASONS)}")
-        row = self._one("request_cancel", _SQL_CANCEL, (run_id, reason))
+        row = self._one("request_cancel", sql.CANCEL, (run_id, reason))
         return CancelResult(CancelAnswer(row[0]), row[1], row[2])
 
     def sweep(self, limit: int = SWEEP_PAGE, *, retention_ms: int = 3_600_000) -> SweepCounts:
@@ -397,14 +356,14 @@ class ControlDB:
         started leases ``lost`` (or queued again by the retry policy), timeout intents for running
         attempts past their deadline, retention of ended leases and leftover specs.
         """
-        row = self._one("sweep", _SQL_SWEEP, (limit, retention_ms))
+        row = self._one("sweep", sql.SWEEP, (limit, retention_ms))
         return SweepCounts(*row)
 
     def map_outcome(self, *, cancel_reason: str | None, cancel_requested_at_ms: int | None,
                     deadline_at_ms: int | None, signalled: bool, exit_code: int,
                     finished_at_ms: int) -> Outcome:
         """The database's outcome rule alone (pure; for parity tests with core's Python)."""
-        row = self._one("map_outcome", _SQL_MAP_OUTCOME, (cancel_reason, cancel_requested_at_ms, deadline_at_ms,
+        row = self._one("map_outcome", sql.MAP_OUTCOME, (cancel_reason, cancel_requested_at_ms, deadline_at_ms,
                                                           signalled, exit_code, finished_at_ms))
         return Outcome(row[0], row[1], bool(row[2]))
 
@@ -418,23 +377,23 @@ class ControlDB:
         A restarted worker submits the completions in its outbox with their OLD fence *before*
         registering: registering first fences them.
         """
-        row = self._one("register", _SQL_REGISTER, (worker_id, session, slots, ql_version, ttl_ms))
+        row = self._one("register", sql.REGISTER, (worker_id, session, slots, ql_version, ttl_ms))
         return Registration(WorkerFence(worker_id, int(row[0]), session), row[1], row[2])
 
     def heartbeat(self, worker: WorkerFence, *, ttl_ms: int = 45_000) -> HeartbeatResult:
         """Every ~10 s: extend the worker session lease. ``FENCED`` → another process has the id."""
-        row = self._one("heartbeat", _SQL_HEARTBEAT, (worker.worker_id, worker.generation, worker.session, ttl_ms))
+        row = self._one("heartbeat", sql.HEARTBEAT, (worker.worker_id, worker.generation, worker.session, ttl_ms))
         return HeartbeatResult(LeaseAnswer(row[0]), row[1], row[2])
 
     def drain(self, worker: WorkerFence) -> LeaseAnswer:
         """The worker starts draining: its row shows ``draining`` to operators (revision 0008). Replay-safe;
         ``FENCED`` when another process holds the id. No fence or claim depends on it."""
-        row = self._one("drain", _SQL_DRAIN, (worker.worker_id, worker.generation, worker.session))
+        row = self._one("drain", sql.DRAIN, (worker.worker_id, worker.generation, worker.session))
         return LeaseAnswer(row[0])
 
     def deregister(self, worker: WorkerFence) -> LeaseAnswer:
         """A drained worker ends its session lease (status ``stopped``; revision 0004). Replay-safe."""
-        row = self._one("deregister", _SQL_DEREGISTER, (worker.worker_id, worker.generation, worker.session))
+        row = self._one("deregister", sql.DEREGISTER, (worker.worker_id, worker.generation, worker.session))
         return LeaseAnswer(row[0])
 
     def claim(self, worker: WorkerFence, *, max_n: int, free_slots: int, executor: str,
@@ -448,7 +407,7 @@ class ControlDB:
         """
         if len(attempt_ids) != len(log_ids):
             raise ValueError("attempt_ids and log_ids must have the same length")
-        rows = self._rows("claim", _SQL_CLAIM, (worker.worker_id, worker.generation, worker.session, max_n,
+        rows = self._rows("claim", sql.CLAIM, (worker.worker_id, worker.generation, worker.session, max_n,
                                                 free_slots, executor, list(attempt_ids), list(log_ids),
                                                 lease_ttl_ms))
         if rows and rows[0][0] == "fenced":
@@ -472,7 +431,7 @@ class ControlDB:
         Only ``OK`` allows the spawn; ``FENCED`` means the lease is gone (expired, cancelled
         before start, another generation): do not spawn. The run's intents come back too.
         """
-        return self._lease_result(self._one("start", _SQL_START, fence.params()))
+        return self._lease_result(self._one("start", sql.START, fence.params()))
 
     def running(self, fence: LeaseFence, *, started_at_ms: int) -> LeaseResult:
         """starting → running, after the executor's durable handle is stored locally.
@@ -480,7 +439,7 @@ class ControlDB:
         ``started_at_ms`` is the process start (worker clock, clamped by the database). The
         attempt's deadline (db now + the run's timeout) comes back in ``intents``.
         """
-        return self._lease_result(self._one("running", _SQL_RUNNING, (*fence.params(), started_at_ms)))
+        return self._lease_result(self._one("running", sql.RUNNING, (*fence.params(), started_at_ms)))
 
     def renew(self, fence: LeaseFence, *, ttl_ms: int = 30_000) -> LeaseResult:
         """At half the lease's life: extend it and learn the run's intents (cancel, deadline).
@@ -488,7 +447,7 @@ class ControlDB:
         ``FENCED`` (or no answer before the worker's own lease deadline on its monotonic clock):
         stop the attempt's process group, keep receipt and log, mark it recovery-required.
         """
-        return self._lease_result(self._one("renew", _SQL_RENEW, (*fence.params(), ttl_ms)))
+        return self._lease_result(self._one("renew", sql.RENEW, (*fence.params(), ttl_ms)))
 
     def complete(self, fence: LeaseFence, *, exit_code: int, started_at_ms: int | None, finished_at_ms: int,
                  signalled: bool, completion_digest: str) -> CompletionResult:
@@ -498,7 +457,7 @@ class ControlDB:
         ``completion_digest``: :func:`~ql_plugins.cluster_fenced.results.completion_digest` of
         this payload, persisted with it. Every :class:`CompletionAnswer` is final.
         """
-        row = self._one("complete", _SQL_COMPLETE, (*fence.params(), exit_code, started_at_ms, finished_at_ms,
+        row = self._one("complete", sql.COMPLETE, (*fence.params(), exit_code, started_at_ms, finished_at_ms,
                                                     signalled, completion_digest))
         return CompletionResult(CompletionAnswer(row[0]), row[1], row[2], row[3], row[4])
 
@@ -506,21 +465,21 @@ class ControlDB:
     def start_many(self, fences: Sequence[LeaseFence]) -> list[LeaseResult]:
         """:meth:`start` for each fence (each fenced on its own), in one transaction."""
         params = [f.params() for f in fences]
-        return [self._lease_result(r) for r in self._batched("start_many", _SQL_START_MANY, _columns(params), (),
-                                                             _SQL_START, params)]
+        return [self._lease_result(r) for r in self._batched("start_many", sql.START_MANY, _columns(params), (),
+                                                             sql.START, params)]
 
     def running_many(self, calls: Sequence[tuple[LeaseFence, int]]) -> list[LeaseResult]:
         """:meth:`running` for each ``(fence, started_at_ms)``, in one transaction."""
         params = [(*f.params(), started) for f, started in calls]
-        return [self._lease_result(r) for r in self._batched("running_many", _SQL_RUNNING_MANY, _columns(params), (),
-                                                             _SQL_RUNNING, params)]
+        return [self._lease_result(r) for r in self._batched("running_many", sql.RUNNING_MANY, _columns(params), (),
+                                                             sql.RUNNING, params)]
 
     def renew_many(self, fences: Sequence[LeaseFence], *, ttl_ms: int = 30_000) -> list[LeaseResult]:
         """:meth:`renew` for each fence, in one transaction."""
         params = [(*f.params(), ttl_ms) for f in fences]
-        return [self._lease_result(r) for r in self._batched("renew_many", _SQL_RENEW_MANY,
+        return [self._lease_result(r) for r in self._batched("renew_many", sql.RENEW_MANY,
                                                              _columns([p[:6] for p in params]), (ttl_ms,),
-                                                             _SQL_RENEW, params)]
+                                                             sql.RENEW, params)]
 
     def complete_many(self, calls: Sequence[tuple[LeaseFence, Completion | dict[str, Any]]]) -> list[CompletionResult]:
         """:meth:`complete` for each ``(fence, completion)``, in one transaction (each still fenced and
@@ -531,8 +490,8 @@ class ControlDB:
             params.append((*fence.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
                            c.completion_digest))
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
-                for r in self._batched("complete_many", _SQL_COMPLETE_MANY, _columns(params), (),
-                                       _SQL_COMPLETE, params)]
+                for r in self._batched("complete_many", sql.COMPLETE_MANY, _columns(params), (),
+                                       sql.COMPLETE, params)]
 
     @property
     def carries_empty_logs(self) -> bool:
@@ -561,7 +520,7 @@ class ControlDB:
                   for f, c in calls]
         empty_params = (*_columns([f.params() for f in empty_logs]), int(max_bytes))
         try:
-            rows = self._rows("complete_many", _SQL_COMPLETE_AND_EMPTY_LOGS,
+            rows = self._rows("complete_many", sql.COMPLETE_AND_EMPTY_LOGS,
                               (*_columns(params), *empty_params))
         except ControlDBError as exc:
             if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
@@ -587,7 +546,7 @@ class ControlDB:
         """End the attempt without a receipt: ``LOST`` (it provably exited without one) or
         ``RELEASED`` (never spawned; back to the queue, e.g. on drain — refused once running)."""
         status = EndStatus(status)
-        row = self._one("end_without_completion", _SQL_END, (*fence.params(), status.value, reason, signalled))
+        row = self._one("end_without_completion", sql.END, (*fence.params(), status.value, reason, signalled))
         return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
 
 

@@ -18,12 +18,14 @@ from ql_core.log import logger
 from .control_db import WORKER_BATCH, Completion, ControlDB, ControlDBError, TransientError
 from .outbox import FENCED
 from .results import EndAnswer, EndStatus
+from .ship_table import ShipTable
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
     from .held_attempts import HeldAttempts
-    from .log_shipper import LogShipper, ShipRow
+    from .log_shipper import LogShipper
     from .results import CompletionResult
+    from .ship_table import ShipRow
     from .worker_tables import LeaseRow
 
 __all__ = ["OutboxSender"]
@@ -135,8 +137,6 @@ class OutboxSender:
             if acked:
                 # The empty logs' rows go 'final' in the commit of these answers: a crash leaves
                 # both undone (sent again: 'already_finalized') or both done.
-                from .log_shipper import ShipTable
-
                 also = lambda c: ShipTable.finalized_in(c, acked)  # noqa: E731
         self.leases.mark_answered_many([(row.attempt_id, str(res.answer)) for row, res in zip(rows, results)],
                                        also=also)

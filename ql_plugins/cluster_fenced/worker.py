@@ -142,7 +142,8 @@ class Worker:
         name = self.node.config.artifact_store
         if not name:
             return
-        from .log_shipper import LogShipper, open_ship_table
+        from .log_shipper import LogShipper
+        from .ship_table import open_ship_table
 
         profile = self.session.profile
         table = open_ship_table(self.node.config.data_dir, int(profile.busy_timeout_ms))
