@@ -61,6 +61,38 @@ def _wait_dead(pid: int) -> None:
         time.sleep(0.005)
 
 
+def _wait_stopped(pid: int) -> None:
+    """Until ``pid`` is stopped, a zombie or gone (bounded): it then runs no more code until continued."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = _state_and_status(pid)
+        if state is None or state[0] in (b"T", b"t", b"Z", b"X"):
+            return
+        time.sleep(0.001)
+
+
+def _comm_and_parent(pid: int) -> tuple[bytes, int] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return raw[raw.index(b"(") + 1:raw.rfind(b")")], int(raw[raw.rfind(b")") + 2:].split()[1])
+
+
+def _has_publisher(launcher: int) -> bool:
+    """Does the (stopped) launcher have its acknowledged-path publisher: a child of its own with its
+    command name (the command's processes were exec'd and carry theirs)?"""
+    own = _comm_and_parent(launcher)
+    if own is None:
+        return False
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != launcher:
+            member = _comm_and_parent(int(name))
+            if member is not None and member == (own[0], launcher):
+                return True
+    return False
+
+
 def _state_and_status(pid: int) -> tuple[bytes, int | None] | None:
     """The process state letter and, for a zombie, its wait status (/proc/PID/stat field 52)."""
     try:
@@ -253,18 +285,28 @@ class Loop:
         before = _state_and_status(target["pid"])
         if before is None or before[0] in (b"Z", b"X"):
             return  # the launcher already ended on its own: a kill now would hit nothing
+        publisher = False
         try:
             if choice == "group":
                 os.killpg(target["pid"], signal.SIGKILL)
             else:
+                # Stopped first, the launcher creates nothing more; whether it had already left its
+                # acknowledged-path publisher (created only after it reaped the command's status,
+                # which that publisher holds and publishes once the host closes the channel) is
+                # then known exactly at the moment of the kill.
+                os.kill(target["pid"], signal.SIGSTOP)
+                _wait_stopped(target["pid"])
+                publisher = _has_publisher(target["pid"])
+                self.injected["launcher killed beside its publisher"] += publisher
                 os.kill(target["pid"], signal.SIGKILL)
         except ProcessLookupError:
             return
         self.killed[target["attempt"]] = choice
         # Once the launcher is really dead it can publish nothing more: a receipt there now
-        # was published before the kill (a true verdict, not a false success).
+        # was published before the kill (a true verdict, not a false success) — or by its
+        # publisher, which holds the true status.
         _wait_dead(target["pid"])
-        if _receipt(self.data_dir, target["attempt"]).exists():
+        if publisher or _receipt(self.data_dir, target["attempt"]).exists():
             self.published_before_kill.add(target["attempt"])
         after = _state_and_status(target["pid"])
         if after is not None and after[1] is not None and after[1] & 0x7F == 0:
@@ -393,7 +435,7 @@ class Loop:
         kills = {k: self.injected[k] for k in ("host", "group", "launcher", "reconciler", "supervisor")}
         steps = part("clock step to ")
         return (f"kill loop seed {seed}: {len(rows)} runs checked, outcomes {dict(sorted(outcomes.items()))}; "
-                f"SIGKILLs {kills}; stops {part('stopped ')}; cancels {self.injected['cancel']}, "
+                f"SIGKILLs {kills} (launchers beside their publisher {self.injected['launcher killed beside its publisher']}); stops {part('stopped ')}; cancels {self.injected['cancel']}, "
                 f"commands started while a host was stopped {self.injected['commands started while a host was stopped']}, "
                 f"submitters {self.injected['submit']}; clock steps {sum(steps.values())} {steps}; "
                 f"faked processes {sum(self.faked.values())} {dict(sorted(self.faked.items()))}; "
