@@ -151,7 +151,8 @@ def _full_run(config: pytest.Config) -> bool:
         and not config.getoption("keyword")
         and not config.getoption("markexpr")
         and not config.getoption("deselect")
-        and not config.getoption("lf")
+        # ``lf`` is the cache provider's: absent under ``-p no:cacheprovider``.
+        and not config.getoption("lf", default=False)
     )
 
 
