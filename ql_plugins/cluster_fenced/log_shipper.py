@@ -193,7 +193,7 @@ class LogShipper:
                 if row.attempt_id in self._progress or row.lease_token is None:
                     continue
                 try:
-                    if self._local_size(row.log_id) == 0:
+                    if self._ended_size(row.log_id) == 0:
                         out[row.attempt_id] = row
                 except Exception:  # noqa: BLE001 - an unreadable/unsafe file: the shipper's, as before
                     continue
@@ -211,6 +211,15 @@ class LogShipper:
         if len(acked) < len(answers):
             self._wake.set()
         return acked
+
+    def _ended_size(self, log_id: str) -> int:
+        """An ended attempt's log size: the one its runner recorded (an empty log's 0 is written in
+        the attempt's terminal commit, a sized log's after it) — no open, no walk of the log's
+        directories, no fstat; the file itself only while no size is recorded yet."""
+        facts = self.node.journal.log_facts(log_id)
+        if facts is not None and facts.size_bytes is not None:
+            return int(facts.size_bytes)
+        return self._local_size(log_id)
 
     def _local_size(self, log_id: str) -> int:
         fd = _open_local(self.node.config.data_dir, log_id)
@@ -316,6 +325,8 @@ class LogShipper:
             again = self.table.get(row.attempt_id)
             return again is None or again.state != "shipping"
         try:
+            if attempt.status in RUN_TERMINAL:
+                return self._ended_size(row.log_id) == 0  # in the outbox: its completion's
             return self._local_size(row.log_id) == 0
         except Exception:  # noqa: BLE001 - an unreadable/unsafe file: opened (or refused) as before
             return False

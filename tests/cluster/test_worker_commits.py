@@ -96,6 +96,15 @@ def test_an_ended_quiet_attempt_is_left_to_its_completion_even_once_answered(tmp
         assert not shipper._nothing_to_open(b, store.attempt(b.attempt_id))  # noqa: SLF001
         # Still in the outbox: the completion's.
         assert shipper._nothing_to_open(c, store.attempt(c.attempt_id))  # noqa: SLF001
+        assert shipper.empty_final_logs([c.attempt_id]) == {c.attempt_id: c}
+        # An ended attempt's size is the recorded one (no file is opened): bytes -> the shipper's.
+        store.record_log_sizes({c.log_id: 5})
+        assert not shipper._nothing_to_open(c, store.attempt(c.attempt_id))  # noqa: SLF001
+        assert shipper.empty_final_logs([c.attempt_id]) == {}
+        opened: list[str] = []
+        shipper._local_size = lambda log_id: opened.append(log_id) or 0  # type: ignore[method-assign]
+        store.record_log_sizes({c.log_id: 0})
+        assert shipper.empty_final_logs([c.attempt_id]) == {c.attempt_id: c} and opened == []
     finally:
         table.close()
         store.close()
