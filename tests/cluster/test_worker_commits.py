@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from ql_core.ports.journal import EventSpec, Transition
 
 
-def _store(d: Path):  # noqa: ANN202 - test helper
+def _store(d: Path):
     from ql_core.profiles import PROFILES
     from ql_plugins.cluster_fenced.settings import ClusterSettings
     from ql_plugins.cluster_fenced.worker_store import WorkerJournal
@@ -21,7 +21,7 @@ def _store(d: Path):  # noqa: ANN202 - test helper
                          profile=PROFILES["cluster-worker"])
 
 
-def _end(store, attempt_id: str) -> None:  # noqa: ANN001 - test helper
+def _end(store, attempt_id: str) -> None:
     store.transition(attempt_id, lambda snap: (None, Transition(
         attempt={"status": "succeeded", "exit_code": 0, "started_at_ms": 1_000, "finished_at_ms": 2_000},
         run={"status": "succeeded", "exit_code": 0, "finished_at_ms": 2_000},
@@ -38,9 +38,9 @@ def test_the_claim_commit_is_unsynced_and_leaves_its_connection_synchronous_full
     store = _store(d)
     open_ship_table(d, 5000).close()  # the shipper's table (created by it, as the worker does first)
     try:
-        conn = store.leases._db.connection()  # noqa: SLF001 - this thread's connection, as the control loop's
+        conn = store.leases._db.connection()
         seen: list[str] = []
-        store.leases._db.trace(lambda _c, sql: seen.append(sql))  # noqa: SLF001
+        store.leases._db.trace(lambda _c, sql: seen.append(sql))
         r = new_run(created_at_ms=1_000)
         fence = LeaseFence("w", 1, "s", r.attempt_id, 1, "tok")
         store.leases.insert_claimed([(fence, r.run_id)], also=lambda c: ShipTable.track_in(
@@ -66,7 +66,7 @@ def test_an_ended_quiet_attempt_is_left_to_its_completion_even_once_answered(tmp
     store = _store(d)
     table = open_ship_table(d, 5000)
 
-    def no_store():  # noqa: ANN202 - the shipper must not call the artifact store here
+    def no_store():
         raise AssertionError("the artifact store was called")
 
     node = SimpleNamespace(journal=store, config=SimpleNamespace(data_dir=d))
@@ -86,20 +86,20 @@ def test_an_ended_quiet_attempt_is_left_to_its_completion_even_once_answered(tmp
         a, b, c = (rows[r.attempt_id] for r in runs)
         attempt = store.attempt(a.attempt_id)
         # In the outbox, empty (no file at all here): the completion carries it.
-        assert shipper._nothing_to_open(a, attempt)  # noqa: SLF001
+        assert shipper._nothing_to_open(a, attempt)
         # Answered after the round's read, with the empty log recorded in the answers' commit: its
         # ship row is final — not opened again.
         store.leases.mark_answered_many([(a.attempt_id, "applied"), (b.attempt_id, "applied")],
                                         also=lambda conn: ShipTable.finalized_in(conn, [a.attempt_id]))
-        assert shipper._nothing_to_open(a, store.attempt(a.attempt_id))  # noqa: SLF001
+        assert shipper._nothing_to_open(a, store.attempt(a.attempt_id))
         # Answered without it (an older control database, a refusal): the shipper's again, at once.
-        assert not shipper._nothing_to_open(b, store.attempt(b.attempt_id))  # noqa: SLF001
+        assert not shipper._nothing_to_open(b, store.attempt(b.attempt_id))
         # Still in the outbox: the completion's.
-        assert shipper._nothing_to_open(c, store.attempt(c.attempt_id))  # noqa: SLF001
+        assert shipper._nothing_to_open(c, store.attempt(c.attempt_id))
         assert shipper.empty_final_logs([c.attempt_id]) == {c.attempt_id: c}
         # An ended attempt's size is the recorded one (no file is opened): bytes -> the shipper's.
         store.record_log_sizes({c.log_id: 5})
-        assert not shipper._nothing_to_open(c, store.attempt(c.attempt_id))  # noqa: SLF001
+        assert not shipper._nothing_to_open(c, store.attempt(c.attempt_id))
         assert shipper.empty_final_logs([c.attempt_id]) == {}
         opened: list[str] = []
         shipper._local_size = lambda log_id: opened.append(log_id) or 0  # type: ignore[method-assign]
