@@ -77,9 +77,6 @@ _ROUND_BYTES = 16 * MAX_CHUNK_BYTES
 #: How long a woken shipper waits before its round, for the other attempts that end meanwhile: a
 #: log is finalized that much later, and a busy worker's round batches several attempts' calls.
 COALESCE_S = 0.05
-#: How long an ended attempt whose completion is not in the outbox yet is left to that completion
-#: (which carries an empty log) before this shipper finalizes its log itself.
-UNQUEUED_WAIT_S = 10.0
 #: SHA-256 of zero bytes: an empty log's whole-file digest.
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 #: Fence reasons that can never turn into a yes for this attempt: stop trying, keep the local log.
@@ -134,8 +131,6 @@ class LogShipper:
         self.max_bytes = int(profile.log_max_bytes)
         self.keep_ms = int(float(profile.shipped_log_keep_s) * 1000)
         self._progress: dict[str, _Progress] = {}
-        #: Ended attempts seen before their completion reached the outbox (monotonic time first seen).
-        self._ended_unqueued: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -198,7 +193,7 @@ class LogShipper:
                 if row.attempt_id in self._progress or row.lease_token is None:
                     continue
                 try:
-                    if self._local_size(row.log_id) == 0:
+                    if self._ended_size(row.log_id) == 0:
                         out[row.attempt_id] = row
                 except Exception:  # noqa: BLE001 - an unreadable/unsafe file: the shipper's, as before
                     continue
@@ -212,12 +207,19 @@ class LogShipper:
         acked = [row.attempt_id for row, answer in answers if answer in ("finalized", "already_finalized")]
         for attempt_id in acked:
             self._progress.pop(attempt_id, None)
-        for row, _answer in answers:  # this shipper's rows no more, or looked at again from the start
-            self._ended_unqueued.pop(row.attempt_id, None)
         self._count("finalized_with_completion", len(acked))
         if len(acked) < len(answers):
             self._wake.set()
         return acked
+
+    def _ended_size(self, log_id: str) -> int:
+        """An ended attempt's log size: the one its runner recorded (an empty log's 0 is written in
+        the attempt's terminal commit, a sized log's after it) — no open, no walk of the log's
+        directories, no fstat; the file itself only while no size is recorded yet."""
+        facts = self.node.journal.log_facts(log_id)
+        if facts is not None and facts.size_bytes is not None:
+            return int(facts.size_bytes)
+        return self._local_size(log_id)
 
     def _local_size(self, log_id: str) -> int:
         fd = _open_local(self.node.config.data_dir, log_id)
@@ -314,23 +316,17 @@ class LogShipper:
         crash in between) is this shipper's again, as before."""
         if row.attempt_id in self._progress:
             return False
-        if attempt.status in RUN_TERMINAL:
-            state = self._lease_state(row.attempt_id)
-            if state in (None, "answered"):
-                self._ended_unqueued.pop(row.attempt_id, None)
-                return False
-            if state != "outbox":
-                # Ended, its completion not in the outbox yet: the runner writes the outbox row just
-                # after the terminal commit, so this is a moment's window, and the completion will
-                # carry the empty log. Waited for at most UNQUEUED_WAIT_S (monotonic): a crash in
-                # between leaves the log to this shipper, as before.
-                first = self._ended_unqueued.setdefault(row.attempt_id, time.monotonic())
-                if time.monotonic() - first > UNQUEUED_WAIT_S:
-                    self._ended_unqueued.pop(row.attempt_id, None)
-                    return False
-            else:
-                self._ended_unqueued.pop(row.attempt_id, None)
+        if attempt.status in RUN_TERMINAL and self._lease_state(row.attempt_id) != "outbox":
+            # The outbox row is written in the attempt's terminal commit itself (.worker_local), so
+            # an ended attempt outside the outbox has its completion answered already (or its
+            # payload was deferred: a data dir of an earlier release, a payload that could not be
+            # built). An answered completion that carried the empty log made this ship row
+            # ``final`` in the answers' commit — after this round read it ``shipping``: read again.
+            again = self.table.get(row.attempt_id)
+            return again is None or again.state != "shipping"
         try:
+            if attempt.status in RUN_TERMINAL:
+                return self._ended_size(row.log_id) == 0  # in the outbox: its completion's
             return self._local_size(row.log_id) == 0
         except Exception:  # noqa: BLE001 - an unreadable/unsafe file: opened (or refused) as before
             return False

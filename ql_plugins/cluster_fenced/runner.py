@@ -167,8 +167,10 @@ class Runner:
         also = None
         if shipper is not None:
             # Tracked for log shipping in the same commit as the lease rows (before anything spawns:
-            # every byte of these logs is shipped) — one fsync per claim, not two. A SIGKILL before
-            # it leaves neither (never started: the sweeper requeues the claims); after it, both.
+            # every byte of these logs is shipped) — one commit per claim, not two, and unsynced
+            # (WorkerLeases.insert_claimed: each attempt's fsync'd create commit carries it). A
+            # SIGKILL before it leaves neither (never started: the sweeper requeues the claims);
+            # after it, both.
             ship_rows = [(f.attempt_id, run_id, log_of[f.attempt_id], f.lease_generation, f.lease_token)
                          for f, run_id in fences]
             also = lambda c: shipper.table.track_in(c, ship_rows)  # noqa: E731
