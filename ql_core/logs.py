@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .dirfd import DIR_FLAGS
 from .errors import UnsafePathError
-from .paths import FILE_MODE, ensure_private_dir, log_relative_path, logs_root
+from .paths import FILE_MODE, ensure_private_dir, find_log_relative_path, log_relative_path, logs_root
 from .records import LogFacts
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class _LogDir:
     """
 
     def __init__(self, data_dir: Path, log_artifact_id: str) -> None:
-        shard, self.name = log_relative_path(log_artifact_id).split("/")
+        shard, self.name = find_log_relative_path(data_dir, log_artifact_id).split("/")
         self.fd: int | None = None
         #: The file's stat as :meth:`open` checked it (its last open).
         self.st: os.stat_result | None = None

@@ -33,7 +33,7 @@ from .errors import PersistBeforeSpawnError, QlError, UsageError
 from .ids import new_id
 from .log import logger
 from .logs import open_log_artifact
-from .paths import log_path, log_relative_path
+from .paths import log_relative_path, logs_root
 from .ports.executor import SpawnRequest, check_handle
 from .ports.journal import BulkQueueing, QueuedRun, QueueingBackend, TaskSpec
 from .ports.receipt_store import ReceiptStoreError
@@ -410,7 +410,8 @@ def _request(node: Node, sub: Submission, location: str, command: tuple[str, ...
     return SpawnRequest(run_id=sub.run_id, attempt_id=sub.attempt_id,
                         callback_sequence=sub.callback_sequence, token=sub.token,
                         started_at_ms=sub.started_at_ms, command=command, shell=shell,
-                        log_path=log_path(node.config.data_dir, sub.log_artifact_id),
+                        # Where open_log_artifact created it (this version's layout: no lookup).
+                        log_path=logs_root(node.config.data_dir) / log_relative_path(sub.log_artifact_id),
                         receipt_location=location, cwd=cwd, env=env, awaited=sub.awaited,
                         timeout_ms=(sub.deadline_at_ms - sub.started_at_ms
                                     if sub.deadline_at_ms is not None else None),

@@ -31,7 +31,9 @@ def test_a_run_queued_on_the_control_side_runs_on_a_worker(harness: Harness) -> 
     local = harness.local_attempt("a", attempt["id"])
     assert local is not None and (local["run_id"], local["exit_code"], local["status"]) == (run_id, 7, "failed")
     assert local["log_artifact_id"] == attempt["log_artifact_id"]
-    log = harness.worker_dir("a") / "logs" / attempt["log_artifact_id"][-2:] / f"{attempt['log_artifact_id']}.log"
+    from ql_core.paths import log_path
+
+    log = log_path(harness.worker_dir("a"), attempt["log_artifact_id"])
     assert log.read_bytes() == b"out\n"
     (row,) = harness.lease_rows("a")
     assert (row["state"], row["answer"], row["kind"], row["lease_token"]) == ("answered", "applied", "complete", None)

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from ql_core.paths import log_path
+
 from tests.cluster.proxy import Proxy
 from tests.cluster.worker_support import Harness, trigger_command, wait_for
 
@@ -145,8 +147,7 @@ def test_kill_at_a_crash_point_then_restart_with_the_same_id(harness: Harness, t
     # Nothing launched was ever started twice: every local attempt's log says "started" at most once
     # (never, for an attempt released because it provably never started).
     for attempt in attempts:
-        log = (harness.worker_dir("a") / "logs" / attempt["log_artifact_id"][-2:]
-               / f"{attempt['log_artifact_id']}.log")
+        log = log_path(harness.worker_dir("a"), attempt["log_artifact_id"])
         if log.exists():
             expected = 0 if attempt["reason"] == "RELEASED" else 1
             assert log.read_text().count("started") == expected, (attempt["id"], log.read_text())
@@ -186,8 +187,7 @@ def test_kill_at_a_standby_crash_point_then_restart_with_the_same_id(harness: Ha
     assert (attempts[0]["status"], attempts[0]["reason"]) == (status, reason), (attempts, harness.logs())
     assert len(attempts) == (1 if status == "succeeded" else 2)
     # The first attempt's command ran exactly when the hand-over happened; no command ran twice.
-    log = (harness.worker_dir("a") / "logs" / attempts[0]["log_artifact_id"][-2:]
-           / f"{attempts[0]['log_artifact_id']}.log")
+    log = log_path(harness.worker_dir("a"), attempts[0]["log_artifact_id"])
     assert (log.read_text().count("started") if log.exists() else 0) == (1 if ran else 0), harness.logs()
     wait_for(lambda: all(r["state"] == "answered" for r in harness.lease_rows("a")),
              what="every outbox row to get its final answer", diagnose=harness.logs)

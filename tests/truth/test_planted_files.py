@@ -55,7 +55,9 @@ def test_reconcile_supervise_and_logs_never_block_on_a_planted_fifo(ql_env: dict
     _wait_receipt(data_dir, unrelated["attempt_id"])
     status = json.loads(run_ql(["--json", "status", victim["run_id"]], ql_env).stdout.splitlines()[0])
     log_id = status["attempts"][0]["log_artifact_id"]
-    _plant_fifo(data_dir / "logs" / log_id[-2:] / f"{log_id}.log")
+    from ql_core.paths import log_path
+
+    _plant_fifo(log_path(data_dir, log_id))
     try:
         # reconcile: finishes its pass, settles the unrelated run, counts the bad log.
         out = run_ql(["--json", "reconcile"], ql_env, timeout=BOUND_S)
