@@ -51,57 +51,57 @@ MAX_BUSY = 3
 FREEZE_SPANS = (((0.05, 0.5), 4), ((0.5, 2.5), 3), ((2.5, 5.0), 3))
 
 
-def _wait_dead(pid: int) -> None:
-    """Until ``pid`` is gone or a zombie (bounded): a SIGKILLed process runs no more code then."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        state = _state_and_status(pid)
-        if state is None or state[0] in (b"Z", b"X"):
-            return
-        time.sleep(0.005)
-
-
-def _wait_stopped(pid: int) -> None:
-    """Until ``pid`` is stopped, a zombie or gone (bounded): it then runs no more code until continued."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        state = _state_and_status(pid)
-        if state is None or state[0] in (b"T", b"t", b"Z", b"X"):
-            return
-        time.sleep(0.001)
-
-
-def _comm_and_parent(pid: int) -> tuple[bytes, int] | None:
+def _proc_stat(pid: int) -> tuple[bytes, list[bytes]] | None:
+    """``/proc/PID/stat``: the command name and the fields after it (state first); None once gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return raw[raw.index(b"(") + 1:raw.rfind(b")")], int(raw[raw.rfind(b")") + 2:].split()[1])
+    close = raw.rfind(b")")
+    return raw[raw.index(b"(") + 1:close], raw[close + 2:].split()
+
+
+def _state_and_status(pid: int) -> tuple[bytes, int | None] | None:
+    """The process state letter and, for a zombie, its wait status (/proc/PID/stat field 52)."""
+    stat = _proc_stat(pid)
+    if stat is None:
+        return None
+    fields = stat[1]
+    return fields[0], (int(fields[49]) if fields[0] == b"Z" and len(fields) > 49 else None)
+
+
+def _wait_state(pid: int, states: tuple[bytes, ...], step_s: float) -> None:
+    """Until ``pid`` is in one of ``states``, a zombie or gone (bounded)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = _state_and_status(pid)
+        if state is None or state[0] in (*states, b"Z", b"X"):
+            return
+        time.sleep(step_s)
+
+
+def _wait_dead(pid: int) -> None:
+    """Until ``pid`` is gone or a zombie (bounded): a SIGKILLed process runs no more code then."""
+    _wait_state(pid, (), 0.005)
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until ``pid`` is stopped, a zombie or gone (bounded): it then runs no more code until continued."""
+    _wait_state(pid, (b"T", b"t"), 0.001)
 
 
 def _has_publisher(launcher: int) -> bool:
     """Does the (stopped) launcher have its acknowledged-path publisher: a child of its own with its
     command name (the command's processes were exec'd and carry theirs)?"""
-    own = _comm_and_parent(launcher)
+    own = _proc_stat(launcher)
     if own is None:
         return False
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != launcher:
-            member = _comm_and_parent(int(name))
-            if member is not None and member == (own[0], launcher):
+            member = _proc_stat(int(name))
+            if member is not None and member[0] == own[0] and int(member[1][1]) == launcher:
                 return True
     return False
-
-
-def _state_and_status(pid: int) -> tuple[bytes, int | None] | None:
-    """The process state letter and, for a zombie, its wait status (/proc/PID/stat field 52)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = raw[raw.rfind(b")") + 2:].split()
-    state = fields[0]
-    return state, (int(fields[49]) if state == b"Z" and len(fields) > 49 else None)
 
 
 def _boot() -> float:
