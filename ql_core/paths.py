@@ -185,6 +185,10 @@ def legacy_log_relative_path(log_artifact_id: str) -> str:
     two hex digits)."""
     if not is_uuid7(log_artifact_id):
         raise ValueError("log artifact id must be a lowercase UUIDv7")
+    return _legacy(log_artifact_id)
+
+
+def _legacy(log_artifact_id: str) -> str:
     return f"{shard_of(log_artifact_id)}/{log_artifact_id}.log"
 
 
@@ -197,7 +201,7 @@ def find_log_relative_path(data_dir: Path, log_artifact_id: str) -> str:
     root = logs_root(data_dir)
     if os.path.lexists(root / relative):
         return relative
-    legacy = legacy_log_relative_path(log_artifact_id)
+    legacy = _legacy(log_artifact_id)  # the id was checked just above
     return legacy if os.path.lexists(root / legacy) else relative
 
 
