@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 TABLES = ("ql_run", "ql_run_attempt", "ql_run_event", "ql_log_artifact", "ql_receipt_journal", "ql_tally")
 
@@ -75,10 +76,28 @@ def _fill(db: Path, n: int) -> None:
     conn.close()
 
 
-def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> None:
+def _upgrade_keeping_every_row(db: Path) -> tuple[Any, dict[str, list[str]], dict[str, list[tuple[object, ...]]]]:
+    """Open the store on the old ``db`` (its first use migrates it to head in a child process) and check
+    that every row of the old schema was kept, byte for byte: the open store, the old columns and the
+    rows as they were before the upgrade."""
     from ql_core.db.migrate import SCHEMA_HEAD
     from ql_plugins.edge_sqlite.store import SqliteJournal
 
+    conn = sqlite3.connect(db)
+    old_columns = _columns(conn)
+    conn.close()
+    before = _rows(db)
+    store = SqliteJournal(f"sqlite:///{db}")
+    try:
+        assert store.connections.schema_revision() == SCHEMA_HEAD
+        assert _rows(db, old_columns) == before  # every row kept, byte for byte
+    except BaseException:
+        store.close()
+        raise
+    return store, old_columns, before
+
+
+def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     db = data / "ql.db"
@@ -87,15 +106,11 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
     conn = sqlite3.connect(db)
     conn.execute("UPDATE ql_run_attempt SET host_handle = '{\"pid\":1}' WHERE id = 'att-059'")  # kept in its row (0014)
     conn.commit()
-    old_columns = _columns(conn)
     conn.close()
-    before = _rows(db)
-    assert dict(before["ql_tally"]) == {"runs": 60, "log_bytes:node-x": sum(100 + i for i in range(59))}
 
-    store = SqliteJournal(f"sqlite:///{db}")  # first use: migrates to head in a child process
+    store, old_columns, before = _upgrade_keeping_every_row(db)
     try:
-        assert store.connections.schema_revision() == SCHEMA_HEAD
-        assert _rows(db, old_columns) == before  # every row kept, byte for byte
+        assert dict(before["ql_tally"]) == {"runs": 60, "log_bytes:node-x": sum(100 + i for i in range(59))}
         conn = sqlite3.connect(db)
         try:
             # The rebuilt tables are clustered on their keys (the journal a rowid table in 0012-0015:

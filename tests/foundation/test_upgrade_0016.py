@@ -9,7 +9,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tests.foundation.test_upgrade_0010 import _columns, _db_at_0009, _fill, _rows
+from tests.foundation.test_upgrade_0010 import _db_at_0009, _fill, _upgrade_keeping_every_row
 
 
 def _db_at_0015(db: Path, runs: int) -> None:
@@ -39,24 +39,16 @@ def _db_at_0015(db: Path, runs: int) -> None:
 
 
 def test_a_0015_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> None:
-    from ql_core.db.migrate import SCHEMA_HEAD
     from ql_plugins.edge_sqlite import statements
-    from ql_plugins.edge_sqlite.store import SqliteJournal
 
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     db = data / "ql.db"
     _db_at_0015(db, 40)
-    conn = sqlite3.connect(db)
-    old_columns = _columns(conn)
-    conn.close()
-    before = _rows(db)
-    assert len(before["ql_run"]) == 40 and before["ql_receipt_journal"]
 
-    store = SqliteJournal(f"sqlite:///{db}")  # first use: migrates to head in a child process
+    store, _old_columns, before = _upgrade_keeping_every_row(db)
     try:
-        assert store.connections.schema_revision() == SCHEMA_HEAD
-        assert _rows(db, old_columns) == before  # every row kept, byte for byte
+        assert len(before["ql_run"]) == 40 and before["ql_receipt_journal"]
         conn = sqlite3.connect(db)
         try:
             assert [r[2] for r in conn.execute("PRAGMA index_info(ix_ql_run_order)")] == ["status_order",
