@@ -16,6 +16,7 @@ from ql_core.log import logger
 
 from .control_db import ControlDBError, TransientError
 from .fence_guard import IDLE_S
+from .round_report import RoundReport
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
@@ -28,7 +29,7 @@ __all__ = ["ControlLoop"]
 
 
 class ControlLoop:
-    """One round after another: spawned reports, starts, outbox, claims, purge."""
+    """One round after another: claims, then starts, spawned reports and outbox (one statement), purge."""
 
     def __init__(self, session: ControlSession, *, guard: FenceGuard, runner: Runner, outbox: OutboxSender) -> None:
         self.session = session
@@ -37,6 +38,7 @@ class ControlLoop:
         self.outbox = outbox
         #: The attempts this worker holds (the guard's).
         self.held: HeldAttempts = guard.held
+        self.report = RoundReport(session, guard=guard, runner=runner, outbox=outbox)
 
     # -- one round -----------------------------------------------------------------------------------------
     def tick(self, *, claiming: bool) -> None:
@@ -47,9 +49,8 @@ class ControlLoop:
             # not for the running reports and the completions before it.
             if claiming:
                 self.runner.claim()
-            self.guard.report_spawned()
-            self.runner.start_pending()
-            self.outbox.submit_due()
+            # The claim's starts, the running reports and the completions: one transaction.
+            self.report.report()
             self.outbox.purge()
         except ControlDBError as exc:  # a final error of one call (a bug or a schema mismatch)
             logger.error("control call failed: {}", exc)

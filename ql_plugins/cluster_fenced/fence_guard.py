@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from .control_session import ControlSession
     from .held_attempts import Held, HeldAttempts
+    from .results import LeaseFence
     from .worker_tables import WorkerLeases
 
 __all__ = ["FenceGuard", "renew_due_at", "IDLE_S"]
@@ -130,9 +131,8 @@ class FenceGuard:
         self._spawned.put(attempt_id)
         self.session.wake.set()
 
-    def report_spawned(self) -> None:
-        """On the control loop: tell the control plane each attempt spawned since the last round
-        (all of them in one transaction)."""
+    def take_spawned(self) -> list[Held]:
+        """The attempts spawned since the last look whose ``running`` report is still to be made."""
         spawned = []
         while True:
             try:
@@ -142,12 +142,32 @@ class FenceGuard:
             held = self.held.get(attempt_id)
             if held is not None and held.sub is not None and held.stop_reason is None:
                 spawned.append(held)
+        return spawned
+
+    def report_later(self, spawned: list[Held]) -> None:
+        """No answer to these reports: made again with a later round (the loop looks at least every
+        :data:`IDLE_S`; no wake-up here, so a database that does not answer is not asked in a loop;
+        the renewals keep the leases meanwhile, and a completion works from 'starting' too)."""
+        for held in spawned:
+            self._spawned.put(held.attempt_id)
+
+    def running_calls(self, spawned: list[Held]) -> list[tuple[LeaseFence, int]]:
+        """Each spawned attempt's ``running`` call (fence, process start on the database's clock)."""
+        return [(held.fence, self._started_at(held)) for held in spawned]
+
+    def report_spawned(self) -> None:
+        """On the control loop: tell the control plane each attempt spawned since the last round
+        (all of them in one transaction)."""
+        self.report_running_many(self.take_spawned())
+
+    def report_running_many(self, spawned: list[Held]) -> None:
+        """``running`` for these attempts, a batch per transaction (one by one when a batch fails for good)."""
         if len(spawned) == 1:
             self.report_running(spawned[0])
             return
         for i in range(0, len(spawned), WORKER_BATCH):
             chunk = spawned[i:i + WORKER_BATCH]
-            calls = [(held.fence, self._started_at(held)) for held in chunk]
+            calls = self.running_calls(chunk)
             crashpoint("worker.running.before_call")
             for _ in range(3):
                 try:
@@ -159,7 +179,7 @@ class FenceGuard:
                         self.report_running(held)
                     break
                 for held, res in zip(chunk, results):
-                    self._running_answer(held, res, sent)
+                    self.running_answer(held, res, sent)
                 break
             # No answer: the next renewals keep the leases; the completion works from 'starting' too.
 
@@ -168,7 +188,7 @@ class FenceGuard:
         assert sub is not None
         return self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
 
-    def _running_answer(self, held: Held, res: Any, sent: float) -> None:
+    def running_answer(self, held: Held, res: Any, sent: float) -> None:
         if res.answer is LeaseAnswer.OK:
             held.state = "running" if not held.ended else held.state
             self.lease_ok(held, res, sent)
@@ -186,7 +206,7 @@ class FenceGuard:
                 res, sent = self.session.call(lambda db: db.running(held.fence, started_at_ms=started))
             except TransientError:
                 continue
-            self._running_answer(held, res, sent)
+            self.running_answer(held, res, sent)
             return
         # No answer: the next renewals keep the lease; the completion works from 'starting' too.
 
