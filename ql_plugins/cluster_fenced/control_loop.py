@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ql_core.log import logger
 
 from .control_db import ControlDBError, TransientError
-from .fence_guard import IDLE_S
+from .fence_guard import IDLE_S, RUNNING_REPORT_WITHIN_S
 from .round_report import RoundReport
 
 if TYPE_CHECKING:
@@ -61,12 +61,17 @@ class ControlLoop:
             self.session.stop.wait(1.0)
 
     def sleep(self) -> None:
-        """Until the next thing due (a start, an outbox try, a claim, the purge), or woken."""
+        """Until the next thing due (a start, a running report, an outbox try, a claim, the purge), or woken."""
         now = time.monotonic()
         due = [self.outbox.purge_due]
+        spawned_since = self.guard.spawned_since
+        if spawned_since is not None:
+            due.append(spawned_since + RUNNING_REPORT_WITHIN_S)  # its running report (FenceGuard.spawned)
         for held in self.held.select():
             if held.state == "claimed":
                 due.append(held.start_retry)
+            elif held.state in ("started", "launching"):
+                due.append(now + RUNNING_REPORT_WITHIN_S)  # about to spawn: a report follows, wakes nobody
         due += list(self.held.outbox_next.values())
         if self.runner.may_claim():
             due.append(self.runner.claim_due)

@@ -39,10 +39,13 @@ if TYPE_CHECKING:
     from .results import LeaseFence
     from .worker_tables import WorkerLeases
 
-__all__ = ["FenceGuard", "renew_due_at", "IDLE_S"]
+__all__ = ["FenceGuard", "renew_due_at", "IDLE_S", "RUNNING_REPORT_WITHIN_S"]
 
 #: How long a worker thread sleeps at most between looks (it is woken earlier by every event).
 IDLE_S = 0.5
+#: How long an attempt's ``running`` report may wait for a round with other calls (its completion,
+#: a start): the run shows ``starting`` and its timeout starts that much later, at most.
+RUNNING_REPORT_WITHIN_S = 0.05
 
 
 def renew_due_at(sent: float, own_deadline: float, ttl_s: float) -> float:
@@ -65,6 +68,8 @@ class FenceGuard:
         #: Wakes the lease keeper (a renewal is due now: an intent was notified, a lease was granted).
         self.renew_wake = threading.Event()
         self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
+        #: Monotonic: when the oldest spawn not yet taken for a report was queued (None: none).
+        self.spawned_since: float | None = None
 
     @property
     def leases(self) -> WorkerLeases:
@@ -127,13 +132,18 @@ class FenceGuard:
             logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
 
     def spawned(self, attempt_id: str) -> None:
-        """From a runner thread: the attempt's handle is stored locally; the control loop reports it."""
+        """From a runner thread: the attempt's handle is stored locally; the control loop reports it
+        with its next round, at the latest :data:`RUNNING_REPORT_WITHIN_S` later
+        (:meth:`.control_loop.ControlLoop.sleep`) — not at once: a short task's completion comes
+        within that time, and the report goes in the same statement (one transaction, not two)."""
         self._spawned.put(attempt_id)
-        self.session.wake.set()
+        if self.spawned_since is None:
+            self.spawned_since = time.monotonic()
 
     def take_spawned(self) -> list[Held]:
         """The attempts spawned since the last look whose ``running`` report is still to be made."""
         spawned = []
+        self.spawned_since = None  # before the queue is read: a spawn queued meanwhile sets it again
         while True:
             try:
                 attempt_id = self._spawned.get_nowait()
