@@ -216,14 +216,11 @@ class Runner:
         return new
 
     def pending_starts(self) -> list[Held]:
-        """The claimed attempts whose earlier ``start`` got no answer and is due again."""
+        """The claimed attempts whose ``start`` is due: just claimed, or their earlier call got no
+        answer (then again a second later)."""
         now = time.monotonic()
         return self.held.select(lambda h: h.state == "claimed" and h.stop_reason is None
                                 and h.start_retry <= now and not h.previous)
-
-    def start_pending(self) -> None:
-        """Retry ``start`` for the claimed attempts whose earlier call got no answer."""
-        self.start_many(self.pending_starts())
 
     def start_many(self, helds: list[Held]) -> None:
         """``start`` for a whole claim in one transaction (each still fenced on its own); one by one
