@@ -98,3 +98,25 @@ def test_a_worker_runs_its_tasks_through_rounds_and_falls_back_without_the_funct
                         " bigint)")
     more = rt.submit_many([{"command": ["true"]} for _ in range(6)])
     assert {harness.wait_status(s.run_id)["status"] for s in more} == {"succeeded"}
+
+
+def test_a_long_task_is_reported_running_without_waiting_for_its_end(harness) -> None:  # type: ignore[no-untyped-def]
+    """A spawn no longer wakes the control loop (its running report waits for a round with other
+    calls, RUNNING_REPORT_WITHIN_S at most): a task that runs on is still reported running within
+    that bound — not at its completion, and not never."""
+    import time
+
+    from tests.cluster.worker_support import wait_for
+
+    harness.start_worker("a", slots=2)
+    run_id = harness.submit(["sleep", "6"])
+    attempt = harness.wait_attempt(run_id, ("starting", "running"))
+    t0 = time.monotonic()
+    # The lease goes 'running' (and the run gets its attempt.spawned event) with the report; well
+    # before the task's end (6 s) — the bound is 50 ms, the rest is this machine's load.
+    wait_for(lambda: harness.lease(attempt["id"])["status"] == "running", timeout=4.0,
+             what="the running report of a task that runs on", diagnose=harness.logs)
+    assert time.monotonic() - t0 < 4.0
+    assert "attempt.spawned" in harness.event_types(run_id)
+    assert harness.status(run_id) == "running"
+    assert harness.wait_status(run_id)["status"] == "succeeded"
