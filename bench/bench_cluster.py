@@ -17,7 +17,10 @@ Everything runs against one fresh database (created, migrated and dropped here),
 - **embedded host**: one ``Runtime`` on a local SQLite data dir keeping 4 ``true`` tasks in flight
   (``submit(awaited=True)`` / ``wait``): what one machine does without a cluster;
 - **ql worker**: 1, 2, 4 real ``ql worker`` processes (4 slots each) running ``true`` through the
-  launcher, receipts, the local journal and the outbox;
+  launcher, receipts, the local journal and the outbox; each phase first drains ``--warmup-n`` runs
+  per worker, not measured (a worker's first tasks pay its one-time costs — runner threads and their
+  local-store connections, the standby launchers, the spec cipher's import: ~50 ms of CPU here —
+  which, spread over the 200 measured runs, counted 4x more per task with 4 workers than with 1);
 - **burst**: with the 4 workers idle, ``--burst-n`` runs submitted at once (``ControlDB.submit_many``,
   one transaction per ``SUBMIT_BATCH``), then drained: seconds from the first submit to the last
   completion, as a rate beside the 4-worker steady rate;
@@ -474,6 +477,8 @@ def main() -> None:
                              "the clients register 64 slots)")
     parser.add_argument("--embedded-n", type=int, default=200, help="tasks of the embedded host")
     parser.add_argument("--e2e-n", type=int, default=200, help="runs per ql worker measurement")
+    parser.add_argument("--warmup-n", type=int, default=16,
+                        help="runs per worker drained before each worker measurement, not measured (0: none)")
     parser.add_argument("--burst-n", type=int, default=1000, help="runs of the burst (the issue's goal: 10000; 0: no burst phase)")
     parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
@@ -519,6 +524,9 @@ def main() -> None:
                 workers = Workers(dsn, k, tmp, key_file)
                 try:
                     workers.wait_registered(timeout)
+                    if args.warmup_n > 0:
+                        warm, _ = _submit(dsn, args.warmup_n * k, key_file)
+                        workers.drain(warm, f"warm-up of {k} ql workers", timeout)
                     cpu0 = workers.cpu_s()
                     rate = end_to_end(workers, args.e2e_n, key_file, timeout)
                     cpu1 = workers.cpu_s()

@@ -57,7 +57,6 @@ from .results import (
     SweepCounts,
     WorkerFence,
 )
-
 from .sealing import SealedCopy, SealedSpec
 
 if TYPE_CHECKING:
@@ -196,6 +195,8 @@ class ControlDB:
         #: False once ``ql_artifact_empty_many`` (revision 0016) was missing or not granted: the log
         #: shipper finalizes empty logs itself, as before.
         self._empty_logs_function = True
+        #: False once a round's one statement (:mod:`.round_call`) was missing a function or its grant.
+        self.reports_rounds = True
 
     # -- connection --------------------------------------------------------------------------
     @classmethod
@@ -238,6 +239,9 @@ class ControlDB:
 
     def _rows(self, operation: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return self._call(operation, lambda conn: _fetch_one_statement(conn, sql, params))
+
+    #: One prebuilt statement of another module (:mod:`.round_call`), its rows; errors as every call's.
+    statement_rows = _rows
 
     def _many(self, operation: str, sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """Many calls of one function in ONE transaction and one round trip (pipelined): one row each.
@@ -575,8 +579,6 @@ def _fetch_batch(conn: Any, sql: str, params_seq: Sequence[Sequence[Any]]) -> li
 
 #: TCP keepalives: a peer that vanished (host down, cable cut) is noticed by the kernel, not never.
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
-
-
 
 
 def with_retries(call: Callable[[], T], *, attempts: int = 5, base_delay_s: float = 0.05,

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from ql_core.log import logger
 
 from .control_db import ControlDBError, TransientError
-from .fence_guard import IDLE_S
+from .fence_guard import IDLE_S, RUNNING_REPORT_WITHIN_S
+from .round_report import RoundReport
 
 if TYPE_CHECKING:
     from .control_session import ControlSession
@@ -28,7 +29,7 @@ __all__ = ["ControlLoop"]
 
 
 class ControlLoop:
-    """One round after another: spawned reports, starts, outbox, claims, purge."""
+    """One round after another: claims, then starts, spawned reports and outbox (one statement), purge."""
 
     def __init__(self, session: ControlSession, *, guard: FenceGuard, runner: Runner, outbox: OutboxSender) -> None:
         self.session = session
@@ -37,6 +38,7 @@ class ControlLoop:
         self.outbox = outbox
         #: The attempts this worker holds (the guard's).
         self.held: HeldAttempts = guard.held
+        self.report = RoundReport(session, guard=guard, runner=runner, outbox=outbox)
 
     # -- one round -----------------------------------------------------------------------------------------
     def tick(self, *, claiming: bool) -> None:
@@ -47,9 +49,8 @@ class ControlLoop:
             # not for the running reports and the completions before it.
             if claiming:
                 self.runner.claim()
-            self.guard.report_spawned()
-            self.runner.start_pending()
-            self.outbox.submit_due()
+            # The claim's starts, the running reports and the completions: one transaction.
+            self.report.report()
             self.outbox.purge()
         except ControlDBError as exc:  # a final error of one call (a bug or a schema mismatch)
             logger.error("control call failed: {}", exc)
@@ -60,12 +61,17 @@ class ControlLoop:
             self.session.stop.wait(1.0)
 
     def sleep(self) -> None:
-        """Until the next thing due (a start, an outbox try, a claim, the purge), or woken."""
+        """Until the next thing due (a start, a running report, an outbox try, a claim, the purge), or woken."""
         now = time.monotonic()
         due = [self.outbox.purge_due]
+        spawned_since = self.guard.spawned_since
+        if spawned_since is not None:
+            due.append(spawned_since + RUNNING_REPORT_WITHIN_S)  # its running report (FenceGuard.spawned)
         for held in self.held.select():
             if held.state == "claimed":
                 due.append(held.start_retry)
+            elif held.state in ("started", "launching"):
+                due.append(now + RUNNING_REPORT_WITHIN_S)  # about to spawn: a report follows, wakes nobody
         due += list(self.held.outbox_next.values())
         if self.runner.may_claim():
             due.append(self.runner.claim_due)

@@ -36,12 +36,16 @@ if TYPE_CHECKING:
 
     from .control_session import ControlSession
     from .held_attempts import Held, HeldAttempts
+    from .results import LeaseFence
     from .worker_tables import WorkerLeases
 
-__all__ = ["FenceGuard", "renew_due_at", "IDLE_S"]
+__all__ = ["FenceGuard", "renew_due_at", "IDLE_S", "RUNNING_REPORT_WITHIN_S"]
 
 #: How long a worker thread sleeps at most between looks (it is woken earlier by every event).
 IDLE_S = 0.5
+#: How long an attempt's ``running`` report may wait for a round with other calls (its completion,
+#: a start): the run shows ``starting`` and its timeout starts that much later, at most.
+RUNNING_REPORT_WITHIN_S = 0.05
 
 
 def renew_due_at(sent: float, own_deadline: float, ttl_s: float) -> float:
@@ -64,6 +68,8 @@ class FenceGuard:
         #: Wakes the lease keeper (a renewal is due now: an intent was notified, a lease was granted).
         self.renew_wake = threading.Event()
         self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
+        #: Monotonic: when the oldest spawn not yet taken for a report was queued (None: none).
+        self.spawned_since: float | None = None
 
     @property
     def leases(self) -> WorkerLeases:
@@ -126,14 +132,18 @@ class FenceGuard:
             logger.warning("intent of attempt {} not dispatched yet: {}", held.attempt_id, type(exc).__name__)
 
     def spawned(self, attempt_id: str) -> None:
-        """From a runner thread: the attempt's handle is stored locally; the control loop reports it."""
+        """From a runner thread: the attempt's handle is stored locally; the control loop reports it
+        with its next round, at the latest :data:`RUNNING_REPORT_WITHIN_S` later
+        (:meth:`.control_loop.ControlLoop.sleep`) — not at once: a short task's completion comes
+        within that time, and the report goes in the same statement (one transaction, not two)."""
         self._spawned.put(attempt_id)
-        self.session.wake.set()
+        if self.spawned_since is None:
+            self.spawned_since = time.monotonic()
 
-    def report_spawned(self) -> None:
-        """On the control loop: tell the control plane each attempt spawned since the last round
-        (all of them in one transaction)."""
+    def take_spawned(self) -> list[Held]:
+        """The attempts spawned since the last look whose ``running`` report is still to be made."""
         spawned = []
+        self.spawned_since = None  # before the queue is read: a spawn queued meanwhile sets it again
         while True:
             try:
                 attempt_id = self._spawned.get_nowait()
@@ -142,12 +152,32 @@ class FenceGuard:
             held = self.held.get(attempt_id)
             if held is not None and held.sub is not None and held.stop_reason is None:
                 spawned.append(held)
+        return spawned
+
+    def report_later(self, spawned: list[Held]) -> None:
+        """No answer to these reports: made again with a later round (the loop looks at least every
+        :data:`IDLE_S`; no wake-up here, so a database that does not answer is not asked in a loop;
+        the renewals keep the leases meanwhile, and a completion works from 'starting' too)."""
+        for held in spawned:
+            self._spawned.put(held.attempt_id)
+
+    def running_calls(self, spawned: list[Held]) -> list[tuple[LeaseFence, int]]:
+        """Each spawned attempt's ``running`` call (fence, process start on the database's clock)."""
+        return [(held.fence, self._started_at(held)) for held in spawned]
+
+    def report_spawned(self) -> None:
+        """On the control loop: tell the control plane each attempt spawned since the last round
+        (all of them in one transaction)."""
+        self.report_running_many(self.take_spawned())
+
+    def report_running_many(self, spawned: list[Held]) -> None:
+        """``running`` for these attempts, a batch per transaction (one by one when a batch fails for good)."""
         if len(spawned) == 1:
             self.report_running(spawned[0])
             return
         for i in range(0, len(spawned), WORKER_BATCH):
             chunk = spawned[i:i + WORKER_BATCH]
-            calls = [(held.fence, self._started_at(held)) for held in chunk]
+            calls = self.running_calls(chunk)
             crashpoint("worker.running.before_call")
             for _ in range(3):
                 try:
@@ -159,7 +189,7 @@ class FenceGuard:
                         self.report_running(held)
                     break
                 for held, res in zip(chunk, results):
-                    self._running_answer(held, res, sent)
+                    self.running_answer(held, res, sent)
                 break
             # No answer: the next renewals keep the leases; the completion works from 'starting' too.
 
@@ -168,7 +198,7 @@ class FenceGuard:
         assert sub is not None
         return self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
 
-    def _running_answer(self, held: Held, res: Any, sent: float) -> None:
+    def running_answer(self, held: Held, res: Any, sent: float) -> None:
         if res.answer is LeaseAnswer.OK:
             held.state = "running" if not held.ended else held.state
             self.lease_ok(held, res, sent)
@@ -186,7 +216,7 @@ class FenceGuard:
                 res, sent = self.session.call(lambda db: db.running(held.fence, started_at_ms=started))
             except TransientError:
                 continue
-            self._running_answer(held, res, sent)
+            self.running_answer(held, res, sent)
             return
         # No answer: the next renewals keep the lease; the completion works from 'starting' too.
 

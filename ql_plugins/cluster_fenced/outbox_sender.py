@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .control_session import ControlSession
     from .held_attempts import HeldAttempts
     from .log_shipper import LogShipper
-    from .results import CompletionResult
+    from .results import CompletionResult, LeaseFence
     from .ship_table import ShipRow
     from .worker_tables import LeaseRow
 
@@ -59,6 +59,19 @@ class OutboxSender:
 
     def submit_due(self, *, pre_register: bool = False) -> int:
         """Submit due outbox rows with their fences; returns how many got a final answer."""
+        answered, completions = self.take_due(pre_register=pre_register)
+        if completions and self.before_complete is not None:
+            # A runner queues its attempt's "spawned" before the terminal commit that writes its
+            # outbox row, so every spawn behind these rows is queued by now — but maybe after this
+            # round's running reports were taken (a task that ended during that call). Reported
+            # first, or the completion (accepted from 'starting' too) would leave the run without
+            # its attempt.spawned event at the control plane.
+            self.before_complete()
+        return answered + self.submit_completions(completions)
+
+    def take_due(self, *, pre_register: bool = False) -> tuple[int, list[LeaseRow]]:
+        """Submit the due rows that are not completions (each alone); returns how many of those got
+        a final answer, and the due completions (left to the caller: they go in one statement)."""
         answered = 0
         now = time.monotonic()
         wall = now_ms()
@@ -73,32 +86,38 @@ class OutboxSender:
             if pre_register and row.stop_reason == FENCED:
                 continue  # submitted under the new registration: certainly answered 'fenced'
             if row.kind == "complete":
-                completions.append(row)  # together, below
+                completions.append(row)  # together, by the caller
             elif self._submit(row):
                 answered += 1
-        if completions and self.before_complete is not None:
-            # A runner queues its attempt's "spawned" before the terminal commit that writes its
-            # outbox row, so every spawn behind these rows is queued by now — but maybe after this
-            # round's running reports were taken (a task that ended during that call). Reported
-            # first, or the completion (accepted from 'starting' too) would leave the run without
-            # its attempt.spawned event at the control plane.
-            self.before_complete()
-        # The empty, final logs among them go with their completions (one look for the round).
-        empty = self._empty_logs(completions) if completions else {}
+        return answered, completions
+
+    def submit_completions(self, completions: list[LeaseRow]) -> int:
+        """These completions, a batch per transaction (with the empty, final logs among them: one
+        look for the round); returns how many got a final answer."""
+        if not completions:
+            return 0
+        empty = self.empty_logs(completions)
         if len(completions) == 1 and not empty:
-            return answered + int(self._submit(completions[0]))
+            return int(self._submit(completions[0]))
+        answered = 0
         for i in range(0, len(completions), WORKER_BATCH):
             answered += self._submit_completions(completions[i:i + WORKER_BATCH], empty)
         return answered
 
-    def _submit_completions(self, rows: list[LeaseRow], empty: dict[str, ShipRow] | None = None) -> int:
-        """Many completions in one transaction (each fenced on its own); one by one when the batch
-        fails for good, so one row never holds the others' completions back."""
+    @staticmethod
+    def completion_calls(rows: list[LeaseRow]) -> list[tuple[LeaseFence, Completion]]:
+        """Each row's completion call (fence and payload)."""
         calls = []
         for row in rows:
             assert row.exit_code is not None and row.finished_at_ms is not None and row.digest is not None
             calls.append((row.fence(), Completion(row.exit_code, row.started_at_ms, row.finished_at_ms,
                                                   bool(row.signalled), row.digest)))
+        return calls
+
+    def _submit_completions(self, rows: list[LeaseRow], empty: dict[str, ShipRow] | None = None) -> int:
+        """Many completions in one transaction (each fenced on its own); one by one when the batch
+        fails for good, so one row never holds the others' completions back."""
+        calls = self.completion_calls(rows)
         empty = empty or {}
         proofs = [fence for (fence, _c), row in zip(calls, rows) if row.attempt_id in empty]
         carried: list[tuple[str, str | None]] | None = None
@@ -116,22 +135,37 @@ class OutboxSender:
             else:
                 results, _sent = self.session.call(lambda db: db.complete_many(calls))
         except TransientError:
-            for row in rows:
-                self._retry_later(row)
+            self.retry_later(rows)
             return 0
         except ControlDBError:
-            answered = 0
-            for row in rows:
-                try:
-                    answered += int(self._submit(row))
-                except ControlDBError as exc:  # this row only: the others' completions go on
-                    logger.error("attempt {}: completion not accepted ({}); retried later", row.attempt_id, exc)
-                    self._retry_later(row)
-            return answered
+            return self.submit_each(rows)
+        self.completions_answered(rows, results, empty, carried)
+        return len(rows)
+
+    def retry_later(self, rows: list[LeaseRow]) -> None:
+        """No answer (it may or may not have committed): each row again after its backoff."""
+        for row in rows:
+            self._retry_later(row)
+
+    def submit_each(self, rows: list[LeaseRow]) -> int:
+        """The batch failed for good: each row alone, so one row never holds the others back."""
+        answered = 0
+        for row in rows:
+            try:
+                answered += int(self._submit(row))
+            except ControlDBError as exc:  # this row only: the others' completions go on
+                logger.error("attempt {}: completion not accepted ({}); retried later", row.attempt_id, exc)
+                self._retry_later(row)
+        return answered
+
+    def completions_answered(self, rows: list[LeaseRow], results: list[CompletionResult],
+                             empty: dict[str, ShipRow], carried: list[tuple[str, str | None]] | None) -> None:
+        """The answers to these completions (``carried``: to the empty logs sent with them, in
+        ``rows`` order, None when they were not sent): recorded, and the attempts no longer held."""
         crashpoint("worker.outbox.after_submit")
+        ship_rows = [empty[row.attempt_id] for row in rows if row.attempt_id in empty]
         also = None
-        if proofs and self.shipper is not None:
-            ship_rows = [empty[row.attempt_id] for row in rows if row.attempt_id in empty]
+        if ship_rows and self.shipper is not None:
             answers = [answer for answer, _reason in (carried or [("", None)] * len(ship_rows))]
             acked = self.shipper.carried(list(zip(ship_rows, answers)))
             if acked:
@@ -142,9 +176,8 @@ class OutboxSender:
                                        also=also)
         for row, res in zip(rows, results):
             self._answered(row, str(res.answer), res.fence_reason or res.status)
-        return len(rows)
 
-    def _empty_logs(self, rows: list[LeaseRow]) -> dict[str, ShipRow]:
+    def empty_logs(self, rows: list[LeaseRow]) -> dict[str, ShipRow]:
         """The attempts among these completions whose empty, final log goes with the completion
         (:meth:`.log_shipper.LogShipper.empty_final_logs`); none without a shipper, or when the
         control database has no ``ql_artifact_empty_many`` (revision 0016)."""

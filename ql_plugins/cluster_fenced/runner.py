@@ -45,7 +45,11 @@ if TYPE_CHECKING:
     from .log_shipper import LogShipper
     from .worker_ports import WorkerStore
 
-__all__ = ["Runner", "spawn_claimed", "task_spec"]
+__all__ = ["Runner", "spawn_claimed", "task_spec", "CLAIM_GATHER_S"]
+
+#: How long a busy worker (fewer than half its slots free) waits for more slots to free before it
+#: claims: a refill of one slot at a time costs a claim, a local commit and a start per run.
+CLAIM_GATHER_S = 0.005
 
 
 def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, token: str,
@@ -116,6 +120,8 @@ class Runner:
         self.ring: Any = None
         self.shipper: LogShipper | None = None
         self.claim_due = 0.0
+        #: Monotonic: since when a claim waits for more slots to free (None: it does not).
+        self.gather_since: float | None = None
         #: A queue notification arrived: claim now, not at ``claim_due``.
         self.queue_woken = False
         #: The runner threads, each kept for the next attempt (its local-store connection with it).
@@ -127,17 +133,29 @@ class Runner:
         return (s.worker is not None and not s.draining and not s.claim_paused and not s.taken_over
                 and not s.stop.is_set() and self.held.live_processes() < s.settings.slots)
 
-    def claim(self) -> None:
+    def claim(self) -> list[Held]:
+        """Claim up to the free slots and record the claims locally; returns the attempts claimed,
+        whose ``start`` the caller makes (with the round's other reports: :mod:`.round_report`)."""
         if not self.may_claim():
-            return
+            return []
         now = time.monotonic()
         if now < self.claim_due and not self.queue_woken:
-            return
+            return []
+        slots = self.session.settings.slots
+        free = slots - self.held.live_processes()
+        if free < (slots + 1) // 2:
+            # Busy, and few slots free: wait a moment for more to free, so one claim (its
+            # transaction, local commit and start) serves several runs, not one run each.
+            if self.gather_since is None:
+                self.gather_since = now
+            if now < self.gather_since + CLAIM_GATHER_S:
+                self.claim_due = self.gather_since + CLAIM_GATHER_S
+                return []
+        self.gather_since = None
         self.queue_woken = False
         from ql_core.ids import new_id
 
         profile = self.session.profile
-        free = self.session.settings.slots - self.held.live_processes()
         n = min(free, int(profile.claim_batch))
         worker = self.session.worker
         assert worker is not None
@@ -151,16 +169,16 @@ class Runner:
         except TransientError:
             # Never replayed: claims whose answer was lost stay 'claimed' and the sweeper requeues them.
             self.claim_due = time.monotonic() + 1.0
-            return
+            return []
         crashpoint("worker.claim.after_answer")
         if result.answer is LeaseAnswer.FENCED:
             logger.warning("claim fenced (session lapsed or taken over): claiming paused until a heartbeat answers")
             self.session.claim_paused = True
             self.session.heartbeat_due = 0.0
-            return
+            return []
         if not result.attempts:
             self.claim_due = time.monotonic() + profile.claim_interval_s
-            return
+            return []
         fences = [(a.fence(worker), a.run_id) for a in result.attempts]
         log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
         shipper = self.shipper
@@ -180,7 +198,7 @@ class Runner:
             logger.error("claimed {} attempts but could not record them locally ({}); they are not started",
                          len(fences), type(exc).__name__)
             self.claim_due = time.monotonic() + 1.0
-            return
+            return []
         # The shipper is not woken here: nothing of these attempts is spawned yet, so its round would
         # find no local attempt to open a log for (its next round, at the latest ship_interval_s
         # later or when an attempt ends, does).
@@ -193,16 +211,16 @@ class Runner:
                         last_ok=time.monotonic())
             self.held.add(held)
             new.append(held)
-        self.start_many(new)
         self.claim_due = time.monotonic() if len(result.attempts) == n else (
             time.monotonic() + profile.claim_interval_s)
+        return new
 
-    def start_pending(self) -> None:
-        """Retry ``start`` for the claimed attempts whose earlier call got no answer."""
+    def pending_starts(self) -> list[Held]:
+        """The claimed attempts whose ``start`` is due: just claimed, or their earlier call got no
+        answer (then again a second later)."""
         now = time.monotonic()
-        pending = self.held.select(lambda h: h.state == "claimed" and h.stop_reason is None
-                                   and h.start_retry <= now and not h.previous)
-        self.start_many(pending)
+        return self.held.select(lambda h: h.state == "claimed" and h.stop_reason is None
+                                and h.start_retry <= now and not h.previous)
 
     def start_many(self, helds: list[Held]) -> None:
         """``start`` for a whole claim in one transaction (each still fenced on its own); one by one
@@ -223,7 +241,7 @@ class Runner:
                     self.start(held)
                 continue
             for held, res in zip(chunk, results):
-                self._started(held, res, sent)
+                self.started(held, res, sent)
 
     def start(self, held: Held) -> None:
         try:
@@ -231,9 +249,9 @@ class Runner:
         except TransientError:
             held.start_retry = time.monotonic() + 1.0
             return
-        self._started(held, res, sent)
+        self.started(held, res, sent)
 
-    def _started(self, held: Held, res: Any, sent: float) -> None:
+    def started(self, held: Held, res: Any, sent: float) -> None:
         """The control plane's answer to ``start``: spawn (a runner thread), hand back, or forget."""
         if res.answer is not LeaseAnswer.OK:
             # Gone before it started (cancelled while claimed, expired, another generation): never spawned.
