@@ -15,12 +15,13 @@ Everything runs against one fresh database (created, migrated and dropped here),
   one transaction each (``ControlDB.start_many`` …, what ``ql worker`` does); ``--calls single``
   one call per attempt;
 - **embedded host**: one ``Runtime`` on a local SQLite data dir keeping 4 ``true`` tasks in flight
-  (``submit(awaited=True)`` / ``wait``): what one machine does without a cluster;
+  (``submit(awaited=True)`` / ``wait``), after ``--warmup-n`` tasks of its own: what one machine does
+  without a cluster;
 - **ql worker**: 1, 2, 4 real ``ql worker`` processes (4 slots each) running ``true`` through the
   launcher, receipts, the local journal and the outbox; each phase first drains ``--warmup-n`` runs
   per worker, not measured (a worker's first tasks pay its one-time costs — runner threads and their
   local-store connections, the standby launchers, the spec cipher's import: ~50 ms of CPU here —
-  which, spread over the 200 measured runs, counted 4x more per task with 4 workers than with 1);
+  which, spread over 200 measured runs, counted 4x more per task with 4 workers than with 1);
 - **burst**: with the 4 workers idle, ``--burst-n`` runs submitted at once (``ControlDB.submit_many``,
   one transaction per ``SUBMIT_BATCH``), then drained: seconds from the first submit to the last
   completion, as a rate beside the 4-worker steady rate;
@@ -283,7 +284,9 @@ from ql_core.runtime import Runtime
 n, data, k = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 data.mkdir(mode=0o700)
 rt = Runtime.open(load_config(data_dir=data, environ={}, cwd=data.parent))
-rt.wait(rt.submit(["true"], awaited=True))  # schema and first use out of the way
+warm = int(sys.argv[4])
+for _ in range(max(1, warm)):  # schema, first use and the standby launchers out of the way, as each worker's warm-up
+    rt.wait(rt.submit(["true"], awaited=True))
 window, t0 = [], time.perf_counter()
 for _ in range(n):
     window.append(rt.submit(["true"], awaited=True))
@@ -296,10 +299,10 @@ rt.close()
 """
 
 
-def embedded(n: int, tmp: Path, timeout: float) -> float:
+def embedded(n: int, tmp: Path, timeout: float, warm: int) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     try:
-        done = subprocess.run([sys.executable, "-c", HOST, str(n), str(tmp / "embedded"), "4"], env=env,
+        done = subprocess.run([sys.executable, "-c", HOST, str(n), str(tmp / "embedded"), "4", str(warm)], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise _fail("embedded host", timeout, "the host still running") from None
@@ -475,10 +478,13 @@ def main() -> None:
     parser.add_argument("--claim-batch", type=int, default=MAX_CLAIM,
                         help=f"protocol clients: runs per claim (default {MAX_CLAIM}, the most one claim takes; "
                              "the clients register 64 slots)")
-    parser.add_argument("--embedded-n", type=int, default=200, help="tasks of the embedded host")
-    parser.add_argument("--e2e-n", type=int, default=200, help="runs per ql worker measurement")
+    # 1000, not 200: 200 runs took ~1 s with 4 workers, a window a moment's load on a shared machine moved by a
+    # third (4 workers against 1: 0.89x-1.66x in three runs of the same code).
+    parser.add_argument("--embedded-n", type=int, default=1000, help="tasks of the embedded host")
+    parser.add_argument("--e2e-n", type=int, default=1000, help="runs per ql worker measurement")
     parser.add_argument("--warmup-n", type=int, default=16,
-                        help="runs per worker drained before each worker measurement, not measured (0: none)")
+                        help="runs per worker drained before each worker measurement, and tasks of the embedded host "
+                             "before its own, not measured")
     parser.add_argument("--burst-n", type=int, default=1000, help="runs of the burst (the issue's goal: 10000; 0: no burst phase)")
     parser.add_argument("--latency-n", type=int, default=40, help="runs of the latency measurement")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds before a phase fails loudly")
@@ -517,7 +523,7 @@ def main() -> None:
                 print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
             if args.protocol_only:
                 return report_protocol(res, args)
-            res["embedded_per_s"] = embedded(args.embedded_n, tmp, timeout)
+            res["embedded_per_s"] = embedded(args.embedded_n, tmp, timeout, args.warmup_n)
             key_file = tmp / "spec.key"  # the workers open the specs with the submitter's key
             new_key_file(key_file)
             for k in args.worker_counts:
