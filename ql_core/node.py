@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Node", "node_of"]
 
+#: ``Node._executors`` has no entry for that name yet (None is an entry: not installed here).
+_UNBUILT = object()
+
 
 class Node:
     """One node's seams: config, profile, plugins, node id, journal, executors, receipts, services."""
@@ -155,6 +158,10 @@ class Node:
 
     def executor_for(self, name: str) -> Executor | None:
         """The executor registered as ``name`` (built once), or None when it is not installed here."""
+        # Built once and never replaced: a plain dict read needs no lock (several calls per task).
+        built = self._executors.get(name, _UNBUILT)
+        if built is not _UNBUILT:
+            return built  # type: ignore[return-value]
         with self._lazy_lock:
             if name not in self._executors:
                 if name in self.plugins.executors.names():
