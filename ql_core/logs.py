@@ -139,8 +139,12 @@ class _LogDir:
     component does not exist.
     """
 
-    def __init__(self, data_dir: Path, log_artifact_id: str) -> None:
-        shard, self.name = find_log_relative_path(data_dir, log_artifact_id).split("/")
+    def __init__(self, data_dir: Path, log_artifact_id: str, *, created_here: bool = False) -> None:
+        # A log this process created (open_log_artifact) is where this version creates one: no
+        # look for an older version's layout.
+        relative = (log_relative_path(log_artifact_id) if created_here
+                    else find_log_relative_path(data_dir, log_artifact_id))
+        shard, self.name = relative.split("/")
         self.fd: int | None = None
         #: The file's stat as :meth:`open` checked it (its last open).
         self.st: os.stat_result | None = None
@@ -364,10 +368,11 @@ class EmptyLog:
         self._dir.close()
 
 
-def open_empty_log(data_dir: Path, log_artifact_id: str) -> EmptyLog | None:
+def open_empty_log(data_dir: Path, log_artifact_id: str, *, created_here: bool = False) -> EmptyLog | None:
     """The log, open (``O_RDONLY``, never following a link, a regular file), when it is empty now;
-    None when it is not empty or does not exist."""
-    d = _LogDir(data_dir, log_artifact_id)
+    None when it is not empty or does not exist. ``created_here``: :func:`open_log_artifact` of this
+    process created it (the waiting host's own task)."""
+    d = _LogDir(data_dir, log_artifact_id, created_here=created_here)
     try:
         fd = d.open(os.O_RDONLY)
     except BaseException:

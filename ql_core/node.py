@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Node", "node_of"]
 
+#: ``Node._executors`` has no entry for that name yet (None is an entry: not installed here).
+_UNBUILT = object()
+
 
 class Node:
     """One node's seams: config, profile, plugins, node id, journal, executors, receipts, services."""
@@ -65,6 +68,8 @@ class Node:
                                       data_dir_in_use=data_dir_in_use)
         self._data_dir_identity = _dir_identity(config.data_dir)
         self._executors: dict[str, Executor | None] = {}
+        #: :meth:`runner`'s answer once both exist (they never change): asked several times per task.
+        self._runner: tuple[Executor, ReceiptStore] | None = None
         self._lazy_lock = threading.RLock()
         # Every selected seam must be registered (one-line error naming what is installed) — checked
         # now; the executor and receipt store are *built* on first use.
@@ -155,6 +160,10 @@ class Node:
 
     def executor_for(self, name: str) -> Executor | None:
         """The executor registered as ``name`` (built once), or None when it is not installed here."""
+        # Built once and never replaced: a plain dict read needs no lock (several calls per task).
+        built = self._executors.get(name, _UNBUILT)
+        if built is not _UNBUILT:
+            return built  # type: ignore[return-value]
         with self._lazy_lock:
             if name not in self._executors:
                 if name in self.plugins.executors.names():
@@ -174,10 +183,14 @@ class Node:
     def runner(self) -> tuple[Executor, ReceiptStore]:
         """The executor and receipt store of a node that runs local processes (a ``UsageError``
         naming the profiles that do, on one that does not)."""
-        if self.executor is None or self.receipts is None:
+        if self._runner is not None:
+            return self._runner
+        executor, receipts = self.executor, self.receipts
+        if executor is None or receipts is None:
             raise UsageError(f"profile {self.profile.name!r} does not run local processes; "
                              f"submit from an edge, standalone or cluster-worker node")
-        return self.executor, self.receipts
+        self._runner = (executor, receipts)
+        return self._runner
 
     @functools.cached_property
     def takes_standby(self) -> bool:

@@ -357,7 +357,7 @@ def _offer_empty_log(node: Node, sub: Submission) -> EmptyLog | None:
         return None
     assert sub.attempt_id is not None and sub.log_artifact_id is not None
     try:
-        empty = open_empty_log(node.config.data_dir, sub.log_artifact_id)
+        empty = open_empty_log(node.config.data_dir, sub.log_artifact_id, created_here=True)
     except Exception:  # noqa: BLE001 - an unsafe or unreadable log: _finalize_log reports it
         return None
     if empty is not None:

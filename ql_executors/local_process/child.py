@@ -34,7 +34,6 @@ behind, and a timeout's TERM would make the intent decide, its KILL destroy the 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import resource
@@ -42,7 +41,7 @@ import select
 import threading
 import time
 import weakref
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from .identity import proc_start_time
 
@@ -158,17 +157,8 @@ class Child:
         """Started by this process (not a copy inherited across ``fork``)."""
         return self._owner == _PID
 
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[None]:
-        with self._lock:
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0 and self.reaped is not None:
-                    self._close_locked()
+    def _using(self) -> _InUse:
+        return _InUse(self)
 
     # -- waiting and reaping --------------------------------------------------------------------
     def _exited(self, timeout_s: float | None) -> bool:
@@ -332,6 +322,28 @@ class Child:
         fd, self._fd = getattr(self, "_fd", -1), -1
         if fd >= 0:
             _close_pidfd(fd)
+
+
+class _InUse:
+    """:meth:`Child._using`: the pidfd is in use while inside (a plain context manager: several per
+    task, where a generator-based one costs a generator, its frame and contextlib's wrapper)."""
+
+    __slots__ = ("_child",)
+
+    def __init__(self, child: Child) -> None:
+        self._child = child
+
+    def __enter__(self) -> None:
+        child = self._child
+        with child._lock:  # noqa: SLF001 - Child's own helper
+            child._users += 1  # noqa: SLF001
+
+    def __exit__(self, *exc: object) -> None:
+        child = self._child
+        with child._lock:  # noqa: SLF001
+            child._users -= 1  # noqa: SLF001
+            if child._users == 0 and child.reaped is not None:  # noqa: SLF001
+                child._close_locked()  # noqa: SLF001
 
 
 #: Our launchers not reaped yet, oldest first (held strongly: a launcher nobody waits for is

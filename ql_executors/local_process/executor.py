@@ -42,7 +42,7 @@ from .launch import (
     standby_message_size,
 )
 from .child import Child, Process, forget_after_fork, reap_exited
-from .handles import START_BOOT_KEY, decode_handle, encode_handle, handle_dict, stamped, start_boot
+from .handles import START_BOOT_KEY, decode_handle, encode_handle, handle_dict, start_boot
 from .containment import CGROUP_ENV, Containment, find_containment, group_cgroups, kill_cgroup, sweep
 from .settings import LAUNCHER_CHOICES, run_as_user  # noqa: F401 - part of this module's API
 from .factory import FactorySlot
@@ -403,8 +403,7 @@ class LocalProcessExecutor:
         else:
             process, channel, capacity = spawn_standby(compiled)
         child = Child(process)  # an idle standby exits only on EOF or a signal: this is it
-        handle = identity.capture_handle(process.pid)
-        return Standby(child, channel, encode_handle(handle) if handle is not None else None, capacity)
+        return Standby(child, channel, identity.capture_handle(process.pid), capacity)
 
     def standby(self, spec: TaskSpec, *, awaited: bool) -> SpawnedTask | None:
         """An idle standby launcher for ``spec`` (its handle final), or None: no compiled launcher,
@@ -440,7 +439,9 @@ class LocalProcessExecutor:
             return None
         held = _Held(ready.child, ready.channel, "")
         held.encoded = (spec, encoded)
-        return SpawnedTask(handle=stamped(ready.handle, boot_ms()), live=held)
+        # Stamped with the boot-clock time it was taken for this run (handles.stamped says why).
+        handle = encode_handle(ready.handle, start_boot_ms=boot_ms()) if ready.handle is not None else None
+        return SpawnedTask(handle=handle, live=held)
 
     def start(self, task: SpawnedTask, request: SpawnRequest, *, log_fd: int) -> None:
         """Hand a standby its run; the go-ahead is the same message. Raises (OSError, ValueError)

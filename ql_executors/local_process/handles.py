@@ -15,6 +15,9 @@ __all__ = ["START_BOOT_KEY", "encode_handle", "decode_handle", "handle_dict", "s
 
 #: The handle key of the attempt's start on the boot clock (CLOCK_BOOTTIME ms, :func:`start_boot`).
 START_BOOT_KEY = "start_boot_ms"
+#: What ``json.dumps(data, separators=(",", ":"), sort_keys=True)`` builds on every call, built once
+#: (a handle is encoded for every task).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 
 def encode_handle(handle: identity.ProcessHandle, *, start_boot_ms: int | None = None) -> str:
@@ -23,7 +26,7 @@ def encode_handle(handle: identity.ProcessHandle, *, start_boot_ms: int | None =
     data = identity.handle_to_dict(handle)
     if start_boot_ms is not None:
         data[START_BOOT_KEY] = start_boot_ms
-    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+    return _ENCODER.encode(data)
 
 
 def handle_dict(data: str | None) -> dict | None:
@@ -66,4 +69,4 @@ def stamped(handle: str | None, boot: int | None) -> str | None:
     if parsed is None or boot is None:
         return handle
     parsed[START_BOOT_KEY] = boot
-    return json.dumps(parsed, separators=(",", ":"), sort_keys=True)
+    return _ENCODER.encode(parsed)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from ql_core.log import logger
 
 from .child import Child, forget_after_fork
+from .identity import ProcessHandle
 
 __all__ = ["Standby", "StandbyPool"]
 
@@ -44,11 +45,12 @@ DISCARD_WAIT_S = 5.0
 
 class Standby:
     """One idle standby launcher: its process (followed by a pidfd), our end of its channel, its
-    handle, and the largest message the channel takes."""
+    identity (the durable handle is encoded from it, stamped, when a run takes it: one encoding per
+    task, no parse of an encoded one), and the largest message the channel takes."""
 
     __slots__ = ("__weakref__", "capacity", "channel", "child", "handle")
 
-    def __init__(self, child: Child, channel: socket.socket, handle: str | None, capacity: int) -> None:
+    def __init__(self, child: Child, channel: socket.socket, handle: ProcessHandle | None, capacity: int) -> None:
         self.child = child
         self.channel = channel
         self.handle = handle

@@ -241,33 +241,11 @@ class SqliteConnections:
         self._local = threading.local()
 
     # -- transactions -------------------------------------------------------------------
-    @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> _WriteTransaction:
         """One write transaction (``BEGIN IMMEDIATE``): commit on success, roll back on any error."""
         if self.read_only:
             raise StoreError("this runtime was opened read-only; nothing may be written")
-        conn = self.connection()
-        # Looked up at each write, not kept: a forked child has fresh ones. A plain dict read on the
-        # hot path; the guarded creation only the first time (or after a fork).
-        lock = _WRITE_LOCKS.get(self._lock_key) or write_lock(self._lock_key)
-        if not lock.acquire(timeout=self._busy_s):  # as long as SQLite's busy timeout would wait
-            raise StoreBusyError(f"the run database {self.path} is busy; retry")
-        try:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _store_error(exc, self.path) from None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise _store_error(exc, self.path) from None
-                raise
-        finally:
-            lock.release()
+        return _WriteTransaction(self)
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -325,6 +303,52 @@ class SqliteConnections:
             # In a child process, so this long-lived process never loads SQLAlchemy, Alembic and
             # SQLModel (≈ 50 MiB); the child shares the lock, which then outlives our death.
             migrate_url_in_child(f"sqlite:///{self.path}", keep_fds=(lock_fd,))
+
+
+class _WriteTransaction:
+    """:meth:`SqliteConnections.write` as a plain context manager (two per task: a generator-based
+    one costs a generator, its frame and contextlib's wrapper each time)."""
+
+    __slots__ = ("_conn", "_db", "_lock")
+
+    def __init__(self, db: SqliteConnections) -> None:
+        self._db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self._db
+        conn = self._conn = db.connection()
+        # Looked up at each write, not kept: a forked child has fresh ones. A plain dict read on the
+        # hot path; the guarded creation only the first time (or after a fork).
+        lock = self._lock = _WRITE_LOCKS.get(db._lock_key) or write_lock(db._lock_key)
+        if not lock.acquire(timeout=db._busy_s):  # as long as SQLite's busy timeout would wait
+            raise StoreBusyError(f"the run database {db.path} is busy; retry")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            lock.release()
+            if isinstance(exc, sqlite3.Error):
+                raise _store_error(exc, db.path) from None
+            raise
+        return conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        conn = self._conn
+        try:
+            if exc is None:
+                try:
+                    conn.execute("COMMIT")
+                    return False
+                except BaseException as failed:
+                    exc = failed
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _store_error(exc, self._db.path) from None
+            if kind is None:
+                raise exc  # COMMIT failed with something else: never a silent success
+            return False  # the body's own exception goes on as it was
+        finally:
+            self._lock.release()
 
 
 class _Slot:
