@@ -44,11 +44,13 @@ bytes written / syncs per task
     81.2: a cost driven by time, not by tasks, dominates both at that pace.
 first use
     CPU (user + sys, ``wait4`` rusage of the child, its reaped children included) of ``ql run --
-    true`` on a new data dir against a later one on the same dir.
+    true`` on a new data dir against a later one on another, in turn with the floor below (11 of
+    each, medians).
 read commands
     CPU of ``ql status/list/events/logs`` against a floor: the same interpreter running a script
     that opens the same SQLite file read-only, runs the same SELECT (or reads the log file) and
-    prints JSON. ``ql run -- true`` is compared with the same floor.
+    prints JSON, each command alternating with its floor (15 of each, medians). ``ql run -- true``
+    is compared with the ``ql status`` floor, measured in turn with it.
 embedded CPU per task
     In one interpreter: ``getrusage`` (self + children) over N ``Popen(["true"]).wait()`` and over
     N awaited ``rt.run(["true"])`` and the runtime's close (which reaps the standby factory).
@@ -296,6 +298,14 @@ def median_cpu(argv: list[str], env: dict[str, str], n: int) -> float:
     return statistics.median(cpu_of(argv, env) for _ in range(n))
 
 
+def paired_medians(a: list[str], b: list[str], env: dict[str, str], n: int) -> tuple[float, float]:
+    """Medians of ``a`` and ``b`` run alternately (a, b, a, b, ...): a ratio of the two is not moved
+    by the machine's load changing between a block of one and a block of the other."""
+    cpu_of(a, env), cpu_of(b, env)  # warm the page cache
+    pairs = [(cpu_of(a, env), cpu_of(b, env)) for _ in range(n)]
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
 def floor_script(db: Path, sql: str, arg: object = None) -> list[str]:
     params = "()" if arg is None else repr((arg,))
     return [PY, "-c", "import json, sqlite3\n"
@@ -406,12 +416,8 @@ def main() -> None:
 
         # -- first use, later runs, read commands: CPU -------------------------------------------------
         data = work / "cpu-data"
-        firsts = []
-        for i in range(3 if q else 5):
-            firsts.append(cpu_of(QL + ["--data-dir", str(work / f"first-{i}"), "run", "--", "true"], env))
-        first = statistics.median(firsts)
-        cpu_of(QL + ["--data-dir", str(data), "run", "--", "true"], env)
-        later = median_cpu(QL + ["--data-dir", str(data), "run", "--", "true"], env, nreads)
+        later_argv = QL + ["--data-dir", str(data), "run", "--", "true"]
+        cpu_of(later_argv, env), cpu_of(later_argv, env)  # its data dir made, the page cache warm
         done = subprocess.run(QL + ["--data-dir", str(data), "--json", "list", "--limit", "1"], env=env,
                               capture_output=True, text=True, check=True)
         run_id = json.loads(done.stdout.splitlines()[0])["run_id"]
@@ -419,10 +425,15 @@ def main() -> None:
         from ql_core.db.journal_sql import EVENT_COLUMNS, RUN_COLUMNS
         from ql_core.db.sqlite_runs import SELECT_RUNS_NEWEST
 
-        log_path = subprocess.run(QL + ["--data-dir", str(data), "--json", "status", run_id], env=env,
-                                  capture_output=True, text=True, check=True)
         floor_status = floor_script(db, f"SELECT {RUN_COLUMNS} FROM ql_run WHERE id = ?", run_id)
-        floor = median_cpu(floor_status, env, nreads)
+        cpu_of(floor_status, env)
+        # A first use, a later run and the floor, in turn (the load moves all three alike).
+        firsts, laters, floors = [], [], []
+        for i in range(5 if q else 11):
+            firsts.append(cpu_of(QL + ["--data-dir", str(work / f"first-{i}"), "run", "--", "true"], env))
+            laters.append(cpu_of(later_argv, env))
+            floors.append(cpu_of(floor_status, env))
+        first, later, floor = (statistics.median(x) for x in (firsts, laters, floors))
         reads = {
             "ql status": (QL + ["--data-dir", str(data), "--json", "status", run_id], floor_status),
             # The same SELECT as `ql list` runs (the merge of ix_ql_run_status's per-state ranges,
@@ -434,11 +445,10 @@ def main() -> None:
                                        run_id)),
             "ql logs": (QL + ["--data-dir", str(data), "logs", run_id], floor_status),
         }
-        del log_path
         print(f"\n{'CPU (user+sys), median':<30} {'ms':>9} {'floor ms':>9} {'ratio':>7}")
         print(f"{'python+sqlite3 floor':<30} {floor * 1000:>9.1f} {floor * 1000:>9.1f} {1:>6.2f}x")
         for label, (argv, floor_argv) in reads.items():
-            c, f = median_cpu(argv, env, nreads), median_cpu(floor_argv, env, nreads)
+            c, f = paired_medians(argv, floor_argv, env, nreads)
             print(f"{label:<30} {c * 1000:>9.1f} {f * 1000:>9.1f} {c / f:>6.2f}x")
             goals.append((f"{label} <= 1.5x its floor in CPU ({c / f:.2f}x)", c <= 1.5 * f))
         print(f"{'ql run -- true (later)':<30} {later * 1000:>9.1f} {floor * 1000:>9.1f} {later / floor:>6.2f}x")
