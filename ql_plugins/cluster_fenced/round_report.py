@@ -66,12 +66,13 @@ class RoundReport:
     def report(self) -> None:
         """The round's due starts, ``running`` reports and outbox rows."""
         starts = self.runner.pending_starts()
-        # The spawns before the outbox rows: a runner queues its attempt's "spawned" before the
-        # terminal commit that writes its outbox row, so every completion taken below has its spawn
-        # in this list (or reported in an earlier round).
-        spawned = self.guard.take_spawned()
+        # The outbox rows before the spawns: a runner queues its attempt's "spawned" before the
+        # terminal commit that writes its outbox row, so every completion taken here has its spawn
+        # in the list taken next (or reported in an earlier round).
         _answered, completions = self.outbox.take_due()
         db = self.session.db()
+        together = db.reports_rounds and db.completes_spawns
+        spawned = self.guard.take_spawned(ending={row.attempt_id for row in completions} if together else None)
         if not db.reports_rounds or (not starts and not spawned and not completions):
             self._separately(starts, spawned, completions)
             return
