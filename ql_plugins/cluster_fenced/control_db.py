@@ -197,9 +197,6 @@ class ControlDB:
         self._empty_logs_function = True
         #: False once a round's one statement (:mod:`.round_call`) was missing a function or its grant.
         self.reports_rounds = True
-        #: False once ``ql_spawn_complete_many`` (revision 0017) was missing or not granted: a round
-        #: sends an attempt's ``running`` report before its completion, as before.
-        self.completes_spawns = True
 
     # -- connection --------------------------------------------------------------------------
     @classmethod

@@ -62,6 +62,9 @@ class RoundReport:
         self.guard = guard
         self.runner = runner
         self.outbox = outbox
+        #: False once ``ql_spawn_complete_many`` (revision 0017) was missing or not granted: a round
+        #: sends an attempt's ``running`` report before its completion, as before.
+        self.completes_spawns = True
 
     def report(self) -> None:
         """The round's due starts, ``running`` reports and outbox rows."""
@@ -71,15 +74,21 @@ class RoundReport:
         # in the list taken next (or reported in an earlier round).
         _answered, completions = self.outbox.take_due()
         db = self.session.db()
-        together = db.reports_rounds and db.completes_spawns
+        together = db.reports_rounds and self.completes_spawns
         spawned = self.guard.take_spawned(ending={row.attempt_id for row in completions} if together else None)
         if not db.reports_rounds or (not starts and not spawned and not completions):
             self._separately(starts, spawned, completions)
             return
         while starts or spawned or completions:
             chunk_s, starts = starts[:WORKER_BATCH], starts[WORKER_BATCH:]
-            chunk_r, spawned = spawned[:WORKER_BATCH], spawned[WORKER_BATCH:]
             chunk_c, completions = completions[:WORKER_BATCH], completions[WORKER_BATCH:]
+            # A completion's spawn goes in its chunk (carried by it, or its running report just
+            # before it): never a statement after the completion it precedes.
+            ending = {row.attempt_id for row in chunk_c}
+            mine = [held for held in spawned if held.attempt_id in ending]
+            others = [held for held in spawned if held.attempt_id not in ending]
+            room = max(0, WORKER_BATCH - len(mine))
+            chunk_r, spawned = mine + others[:room], others[room:]
             if not self._together(chunk_s, chunk_r, chunk_c):
                 self._separately(chunk_s + starts, chunk_r + spawned, chunk_c + completions)
                 return
@@ -93,7 +102,7 @@ class RoundReport:
         max_bytes = shipper.max_bytes if shipper is not None else 0
         db = self.session.db()
         # The spawns of the attempts whose completion is in this round go with it (revision 0017).
-        ending = {row.attempt_id for row in completions} if db.completes_spawns else set()
+        ending = {row.attempt_id for row in completions} if self.completes_spawns else set()
         joint = {held.attempt_id: held for held in spawned if held.attempt_id in ending}
         alone = [held for held in spawned if held.attempt_id not in joint]
         running = self.guard.running_calls(alone)
@@ -118,7 +127,7 @@ class RoundReport:
         except ControlDBError as exc:
             if exc.sqlstate in _NOT_THERE:
                 if spawns is not None:  # before 0017 (or not granted): the running reports again
-                    db.completes_spawns = False
+                    self.completes_spawns = False
                     return self._together(starts, spawned, completions)
                 db.reports_rounds = False  # nothing committed: the separate calls
                 return False
