@@ -32,6 +32,8 @@ from .outbox import FENCED, SELF_FENCED
 from .results import LeaseAnswer
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from ql_core.node import Node
 
     from .control_session import ControlSession
@@ -67,7 +69,8 @@ class FenceGuard:
         self.wake = threading.Event()
         #: Wakes the lease keeper (a renewal is due now: an intent was notified, a lease was granted).
         self.renew_wake = threading.Event()
-        self._spawned: queue.SimpleQueue[str] = queue.SimpleQueue()
+        #: (attempt id, monotonic time of its spawn), the running reports still to be made.
+        self._spawned: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
         #: Monotonic: when the oldest spawn not yet taken for a report was queued (None: none).
         self.spawned_since: float | None = None
 
@@ -136,22 +139,40 @@ class FenceGuard:
         with its next round, at the latest :data:`RUNNING_REPORT_WITHIN_S` later
         (:meth:`.control_loop.ControlLoop.sleep`) — not at once: a short task's completion comes
         within that time, and the report goes in the same statement (one transaction, not two)."""
-        self._spawned.put(attempt_id)
+        now = time.monotonic()
+        self._spawned.put((attempt_id, now))
         if self.spawned_since is None:
-            self.spawned_since = time.monotonic()
+            self.spawned_since = now
 
-    def take_spawned(self) -> list[Held]:
-        """The attempts spawned since the last look whose ``running`` report is still to be made."""
+    def take_spawned(self, *, ending: Collection[str] | None = None) -> list[Held]:
+        """The attempts spawned since the last look whose ``running`` report is still to be made.
+
+        ``ending``: the attempts whose completion goes with this round, carrying its spawn (revision
+        0017). Any other attempt spawned less than :data:`RUNNING_REPORT_WITHIN_S` ago stays queued:
+        a short task's completion comes within that time and carries its spawn — no ``running`` call
+        at all — and the loop wakes for the report of one that runs on when that time is up."""
         spawned = []
+        young: list[tuple[str, float]] = []
         self.spawned_since = None  # before the queue is read: a spawn queued meanwhile sets it again
+        now = time.monotonic()
         while True:
             try:
-                attempt_id = self._spawned.get_nowait()
+                attempt_id, at = self._spawned.get_nowait()
             except queue.Empty:
                 break
             held = self.held.get(attempt_id)
-            if held is not None and held.sub is not None and held.stop_reason is None:
+            if held is None or held.sub is None or held.stop_reason is not None:
+                continue
+            if ending is not None and attempt_id not in ending and now - at < RUNNING_REPORT_WITHIN_S:
+                young.append((attempt_id, at))
+            else:
                 spawned.append(held)
+        for item in young:
+            self._spawned.put(item)
+        if young:
+            first = min(at for _a, at in young)
+            since = self.spawned_since
+            self.spawned_since = first if since is None else min(since, first)
         return spawned
 
     def report_later(self, spawned: list[Held]) -> None:
@@ -159,7 +180,7 @@ class FenceGuard:
         :data:`IDLE_S`; no wake-up here, so a database that does not answer is not asked in a loop;
         the renewals keep the leases meanwhile, and a completion works from 'starting' too)."""
         for held in spawned:
-            self._spawned.put(held.attempt_id)
+            self._spawned.put((held.attempt_id, 0.0))
 
     def running_calls(self, spawned: list[Held]) -> list[tuple[LeaseFence, int]]:
         """Each spawned attempt's ``running`` call (fence, process start on the database's clock)."""

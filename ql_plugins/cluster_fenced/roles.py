@@ -36,7 +36,9 @@ __all__ = ["WORKER_FUNCTIONS", "ARTIFACT_FUNCTION_NAMES", "GRANTED_TO_WORKERS", 
 WORKER_FUNCTIONS = ("ql_register", "ql_heartbeat", "ql_drain", "ql_deregister", "ql_claim", "ql_start",
                     "ql_running", "ql_renew", "ql_complete", "ql_end_without_completion",
                     # revision 0011: the same calls batched (a role without them gets them pipelined)
-                    "ql_start_many", "ql_running_many", "ql_renew_many", "ql_complete_many")
+                    "ql_start_many", "ql_running_many", "ql_renew_many", "ql_complete_many",
+                    # revision 0017: a completion with its attempt's spawn (round_call.py)
+                    "ql_spawn_complete_many")
 #: The log shipper's fenced artifact-store functions (artifact_store.py, revision 0006), by name.
 ARTIFACT_FUNCTION_NAMES = tuple(sig.partition("(")[0] for sig in ARTIFACT_WORKER_FUNCTIONS)
 #: What ``grant-worker`` grants: the worker's fenced run functions and its log-shipping functions.

@@ -16,6 +16,11 @@ report is applied before its completion in the same statement, as it was a trans
 The rows share one shape — ``kind, ord`` then three text and four bigint columns — and each kind's
 columns are put back into its own result type here. Needs revision 0016's functions (the caller
 falls back to the separate calls when they are missing or not granted).
+
+Since revision 0017 a completion may carry its attempt's spawn (``spawns``: the process start on the
+database's clock, None for an attempt reported running already): the completions' branch is then
+``ql_spawn_complete_many``, which makes the running transition (``attempt.spawned``) and the
+completion together, so an attempt whose completion rides in this round needs no ``running`` call.
 """
 
 from __future__ import annotations
@@ -47,12 +52,17 @@ _BRANCHES = {
     EMPTY: ("SELECT 3::integer, ord, answer, NULL::text, NULL::text, fence_reason, NULL::bigint, NULL::bigint,"
             f" NULL::bigint, NULL::bigint FROM ql_artifact_empty_many({FENCE_ARRAYS}, %s::bigint)"),
 }
+#: The completions' branch when they carry their attempts' spawns (revision 0017).
+_SPAWN_COMPLETE = _BRANCHES[COMPLETE].replace(" FROM ql_complete_many(", " FROM ql_spawn_complete_many(").replace(
+    " %b::text[])", " %b::text[], %b::bigint[])")
 
 
 @lru_cache(maxsize=None)
-def round_sql(kinds: tuple[int, ...]) -> str:
-    """The statement of a round carrying these kinds of call (at most 15 texts: each is prepared once)."""
-    return " UNION ALL ".join(_BRANCHES[k] for k in sorted(kinds))
+def round_sql(kinds: tuple[int, ...], with_spawns: bool = False) -> str:
+    """The statement of a round carrying these kinds of call (at most 23 texts: each is prepared once);
+    ``with_spawns``: its completions carry their spawns."""
+    return " UNION ALL ".join(_SPAWN_COMPLETE if k == COMPLETE and with_spawns else _BRANCHES[k]
+                              for k in sorted(kinds))
 
 
 @dataclass
@@ -80,10 +90,12 @@ def _columns(params: Sequence[Sequence[Any]]) -> list[list[Any]]:
 def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
                  runnings: Sequence[tuple[LeaseFence, int]] = (),
                  completions: Sequence[tuple[LeaseFence, Completion]] = (),
-                 empties: Sequence[LeaseFence] = (), max_bytes: int = 0) -> RoundAnswers:
+                 empties: Sequence[LeaseFence] = (), max_bytes: int = 0,
+                 spawns: Sequence[int | None] | None = None) -> RoundAnswers:
     """Every call of the round in ONE statement (one transaction, one round trip); see the module
-    docstring. Raises as :meth:`~.control_db.ControlDB.statement_rows` does: the caller makes the
-    calls separately on a final error (one bad call never holds the others back)."""
+    docstring (``spawns``: one per completion, revision 0017). Raises as
+    :meth:`~.control_db.ControlDB.statement_rows` does: the caller makes the calls separately on a
+    final error (one bad call never holds the others back)."""
     kinds: list[int] = []
     params: list[Any] = []
     if starts:
@@ -96,13 +108,18 @@ def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
         kinds.append(COMPLETE)
         params += _columns([(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
                              c.completion_digest) for f, c in completions])
+        if spawns is not None:
+            if len(spawns) != len(completions):
+                raise ValueError("one spawn (or None) per completion")
+            params.append(list(spawns))
     if empties:
         kinds.append(EMPTY)
         params += [*_columns([f.params() for f in empties]), int(max_bytes)]
     answers = RoundAnswers([], [], [], [])
     if not kinds:
         return answers
-    rows = db.statement_rows("report_round", round_sql(tuple(kinds)), params)
+    with_spawns = spawns is not None and bool(completions)
+    rows = db.statement_rows("report_round", round_sql(tuple(kinds), with_spawns), params)
     by_kind: dict[int, list[tuple[Any, ...]]] = {k: [] for k in kinds}
     for row in rows:
         by_kind[row[0]].append(row[1:])

@@ -11,7 +11,11 @@ replay-safe), then hands every answer to the part that owns it, as the separate 
 - ``start``: :meth:`.runner.Runner.started` (spawn, hand back, or forget);
 - ``running``: :meth:`.fence_guard.FenceGuard.running_answer` — before the completions' answers,
   and in the statement before the completions themselves, so an attempt that spawned and ended
-  between two rounds gets its ``attempt.spawned`` event first, as it did a transaction earlier;
+  between two rounds gets its ``attempt.spawned`` event first, as it did a transaction earlier.
+  Since revision 0017 an attempt whose completion is in the same round sends no ``running`` call:
+  its spawn goes with its completion (``ql_spawn_complete_many`` makes both transitions, in that
+  order), and the completion's answer is the spawn's too (fenced: the attempt is self-fenced first,
+  as a fenced ``running`` answer did);
 - completions: :meth:`.outbox_sender.OutboxSender.completions_answered` (the outbox rows marked
   answered only now, after the commit: a completion the worker reported is committed at the
   control plane before the worker forgets it).
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING
 from ql_core.crashpoints import crashpoint
 
 from .control_db import WORKER_BATCH, ControlDBError, TransientError
+from .results import CompletionAnswer
 from .round_call import report_round
 
 if TYPE_CHECKING:
@@ -57,23 +62,33 @@ class RoundReport:
         self.guard = guard
         self.runner = runner
         self.outbox = outbox
+        #: False once ``ql_spawn_complete_many`` (revision 0017) was missing or not granted: a round
+        #: sends an attempt's ``running`` report before its completion, as before.
+        self.completes_spawns = True
 
     def report(self) -> None:
         """The round's due starts, ``running`` reports and outbox rows."""
         starts = self.runner.pending_starts()
-        # The spawns before the outbox rows: a runner queues its attempt's "spawned" before the
-        # terminal commit that writes its outbox row, so every completion taken below has its spawn
-        # in this list (or reported in an earlier round).
-        spawned = self.guard.take_spawned()
+        # The outbox rows before the spawns: a runner queues its attempt's "spawned" before the
+        # terminal commit that writes its outbox row, so every completion taken here has its spawn
+        # in the list taken next (or reported in an earlier round).
         _answered, completions = self.outbox.take_due()
         db = self.session.db()
+        together = db.reports_rounds and self.completes_spawns
+        spawned = self.guard.take_spawned(ending={row.attempt_id for row in completions} if together else None)
         if not db.reports_rounds or (not starts and not spawned and not completions):
             self._separately(starts, spawned, completions)
             return
         while starts or spawned or completions:
             chunk_s, starts = starts[:WORKER_BATCH], starts[WORKER_BATCH:]
-            chunk_r, spawned = spawned[:WORKER_BATCH], spawned[WORKER_BATCH:]
             chunk_c, completions = completions[:WORKER_BATCH], completions[WORKER_BATCH:]
+            # A completion's spawn goes in its chunk (carried by it, or its running report just
+            # before it): never a statement after the completion it precedes.
+            ending = {row.attempt_id for row in chunk_c}
+            mine = [held for held in spawned if held.attempt_id in ending]
+            others = [held for held in spawned if held.attempt_id not in ending]
+            room = max(0, WORKER_BATCH - len(mine))
+            chunk_r, spawned = mine + others[:room], others[room:]
             if not self._together(chunk_s, chunk_r, chunk_c):
                 self._separately(chunk_s + starts, chunk_r + spawned, chunk_c + completions)
                 return
@@ -85,14 +100,24 @@ class RoundReport:
         proofs = [fence for (fence, _c), row in zip(calls, completions) if row.attempt_id in empty]
         shipper = self.outbox.shipper
         max_bytes = shipper.max_bytes if shipper is not None else 0
-        running = self.guard.running_calls(spawned)
+        db = self.session.db()
+        # The spawns of the attempts whose completion is in this round go with it (revision 0017).
+        ending = {row.attempt_id for row in completions} if self.completes_spawns else set()
+        joint = {held.attempt_id: held for held in spawned if held.attempt_id in ending}
+        alone = [held for held in spawned if held.attempt_id not in joint]
+        running = self.guard.running_calls(alone)
+        spawns = None
+        if joint:
+            at = {held.attempt_id: started for held, (_f, started)
+                  in zip(joint.values(), self.guard.running_calls(list(joint.values())))}
+            spawns = [at.get(row.attempt_id) for row in completions]
         if spawned:
             crashpoint("worker.running.before_call")
         try:
             answers: RoundAnswers
             answers, sent = self.session.call(lambda db: report_round(
                 db, starts=[h.fence for h in starts], runnings=running, completions=calls,
-                empties=proofs, max_bytes=max_bytes))
+                empties=proofs, max_bytes=max_bytes, spawns=spawns))
         except TransientError:
             for held in starts:
                 held.start_retry = time.monotonic() + 1.0
@@ -101,12 +126,18 @@ class RoundReport:
             return True
         except ControlDBError as exc:
             if exc.sqlstate in _NOT_THERE:
-                self.session.db().reports_rounds = False  # nothing committed: the separate calls
+                if spawns is not None:  # before 0017 (or not granted): the running reports again
+                    self.completes_spawns = False
+                    return self._together(starts, spawned, completions)
+                db.reports_rounds = False  # nothing committed: the separate calls
                 return False
             self._separately(starts, spawned, completions)
             return True
-        for held, res in zip(spawned, answers.runnings):
+        for held, res in zip(alone, answers.runnings):
             self.guard.running_answer(held, res, sent)
+        for row, done in zip(completions, answers.completions):
+            if row.attempt_id in joint and done.answer is CompletionAnswer.FENCED:
+                self.guard.self_fence(joint[row.attempt_id], by_database=True)
         if completions:
             self.outbox.completions_answered(completions, answers.completions, empty,
                                              answers.empties if proofs else None)

@@ -26,11 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 BEFORE_THE_SPLIT = "403eda1"
 #: Functions the cluster branch's revisions after the split (re)define — 0011_cluster_throughput,
 #: 0012_cluster_set_based, 0013_cluster_hot_leases and 0015_cluster_wide_claims: same answers and rows, other plans —
-#: and 0016_cluster_empty_logs' new ql_artifact_empty_many. Every other function is kept byte for byte.
+#: 0016_cluster_empty_logs' new ql_artifact_empty_many and 0017_cluster_spawn_complete's new
+#: ql_spawn_complete_many. Every other function is kept byte for byte.
 REDEFINED_AFTER_THE_SPLIT = frozenset({"ql__event", "ql__attempts_used", "ql__digest", "ql_claim",
                                        "ql__queued_runs", "ql__batch_check", "ql_start_many",
                                        "ql_running_many", "ql_renew_many", "ql_complete_many",
-                                       "ql__lock_attempts", "ql_sweep", "ql__fence", "ql_artifact_empty_many"})
+                                       "ql__lock_attempts", "ql_sweep", "ql__fence", "ql_artifact_empty_many",
+                                       "ql_spawn_complete_many"})
 
 
 @pytest.fixture(scope="module")

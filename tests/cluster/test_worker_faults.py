@@ -200,7 +200,8 @@ def test_a_lost_commit_answer_is_replayed_and_answered_already_completed(harness
     host, port = "127.0.0.1", int(harness.sql.info.port)
     proxy = Proxy(host, port)
     try:
-        proxy.cut_after_commit("ql_complete")
+        # The completion's statement: ql_spawn_complete_many (0017), ql_complete_many or ql_complete.
+        proxy.cut_after_commit("_complete")
         harness.start_worker("a", database_url=harness.proxied_url(proxy.port))
         run_id = harness.submit(["sh", "-c", "exit 5"])
         row = harness.wait_status(run_id)
