@@ -17,6 +17,7 @@ from ql_plugins.cluster_fenced import (
     WorkerFence,
     completion_digest,
 )
+from ql_plugins.cluster_fenced.control_db import Completion
 from ql_plugins.cluster_fenced.sealing import SpecKey, SpecKeyRing, encode_spec, key_id_of
 
 #: The tests' spec key (fixed: any 32 bytes; production keys come from `ql db new-spec-key`).
@@ -41,6 +42,14 @@ def seal(run_id: str, spec: dict[str, Any] | None = None, max_attempts: int = 1)
     spec = spec or {"command": ["true"], "shell": False, "cwd": None, "env": {}}
     plain = encode_spec(spec.get("command", []), spec.get("shell", False), spec.get("cwd"), spec.get("env"))
     return TEST_RING.seal(run_id, plain, max_attempts)
+
+
+def completion(attempt_id: str, exit_code: int = 0, *, finished: int, started: int | None = None,
+               signalled: bool = False) -> Completion:
+    """A completion of ``attempt_id`` with its digest, as a worker's outbox sends it (batched calls)."""
+    return Completion(exit_code, started, finished, signalled,
+                      completion_digest(attempt_id, exit_code=exit_code, started_at_ms=started, finished_at_ms=finished,
+                                        signalled=signalled))
 
 
 def opened(claimed: ClaimedAttempt) -> dict[str, Any]:

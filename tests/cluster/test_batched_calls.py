@@ -10,18 +10,11 @@ import pytest
 
 from ql_core.ids import new_id
 from ql_plugins.cluster_fenced import CompletionAnswer, LeaseAnswer, completion_digest
-from ql_plugins.cluster_fenced.control_db import MAX_BATCH, Completion, ControlDBError, QueuedSubmit
+from ql_plugins.cluster_fenced.control_db import MAX_BATCH, ControlDBError, QueuedSubmit
 from ql_plugins.cluster_fenced.results import SubmitAnswer
-from tests.cluster.support import Cluster, seal
+from tests.cluster.support import Cluster, completion, seal
 
 pytestmark = pytest.mark.postgres
-
-
-def _completion(cluster: Cluster, attempt_id: str, exit_code: int = 0) -> Completion:
-    finished = cluster.now()
-    return Completion(exit_code, None, finished, False,
-                      completion_digest(attempt_id, exit_code=exit_code, started_at_ms=None, finished_at_ms=finished,
-                                        signalled=False))
 
 
 @pytest.mark.parametrize("batched_functions", [True, False], ids=["batched-functions", "pipelined"])
@@ -45,8 +38,8 @@ def test_a_batch_answers_each_call_as_alone_and_a_fenced_one_changes_nothing(clu
     assert all(r.answer is LeaseAnswer.OK and r.lease_expires_at_ms is not None for r in renewed)
     forged_run = next(c.run_id for c in claimed if c.attempt_id == fences[2].attempt_id)
     before = cluster.state(forged_run)
-    calls = [(f, _completion(cluster, f.attempt_id, i)) for i, f in enumerate(good)] + [
-        (fences[2], _completion(cluster, fences[2].attempt_id))]
+    calls = [(f, completion(f.attempt_id, i, finished=cluster.now())) for i, f in enumerate(good)] + [
+        (fences[2], completion(fences[2].attempt_id, finished=cluster.now()))]
     done = cluster.db.complete_many(calls)
     assert [r.answer for r in done] == [CompletionAnswer.APPLIED] * 3 + [CompletionAnswer.FENCED]
     assert [r.status for r in done[:3]] == ["succeeded", "failed", "failed"]
@@ -63,8 +56,8 @@ def test_a_batch_is_one_transaction_a_final_error_rolls_it_all_back(cluster: Clu
     claimed = cluster.claim(w, 2)
     fences = [c.fence(w) for c in claimed]
     assert all(r.answer is LeaseAnswer.OK for r in cluster.db.start_many(fences))
-    good = _completion(cluster, fences[0].attempt_id)
-    bad = dataclasses.replace(_completion(cluster, fences[1].attempt_id), completion_digest="not-a-digest")
+    good = completion(fences[0].attempt_id, finished=cluster.now())
+    bad = dataclasses.replace(completion(fences[1].attempt_id, finished=cluster.now()), completion_digest="not-a-digest")
     with pytest.raises(ControlDBError, match="completion_digest"):
         cluster.db.complete_many([(fences[0], good), (fences[1], bad)])
     # The good call of the failed batch did not commit: its lease still runs.

@@ -6,9 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from ql_plugins.cluster_fenced.control_db import Completion
-from ql_plugins.cluster_fenced import completion_digest
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, completion
 
 pytestmark = pytest.mark.postgres
 
@@ -16,11 +14,6 @@ pytestmark = pytest.mark.postgres
 START_AND_RUNNING_COLUMNS = {"status", "started_at_ms", "running_at_ms", "version", "intent_delivered_at_ms"}
 #: t_infomask2 bit of a heap-only tuple: a version written by a HOT update (access/htup_details.h).
 HEAP_ONLY_TUPLE = 0x8000
-
-
-def _completion(attempt_id: str, finished: int) -> Completion:
-    return Completion(0, None, finished, False, completion_digest(attempt_id, exit_code=0, started_at_ms=None,
-                                                                  finished_at_ms=finished, signalled=False))
 
 
 def test_no_lease_index_reads_a_column_that_start_or_running_writes(cluster: Cluster) -> None:
@@ -48,7 +41,7 @@ def test_start_and_running_are_hot_updates_single_and_batched(cluster: Cluster) 
     assert {a.answer.value for a in cluster.db.start_many(batch)} == {"ok"}
     assert {a.answer.value for a in cluster.db.running_many([(f, 0) for f in batch])} == {"ok"}
     now = cluster.now()
-    assert {a.answer.value for a in cluster.db.complete_many([(f, _completion(f.attempt_id, now))
+    assert {a.answer.value for a in cluster.db.complete_many([(f, completion(f.attempt_id, finished=now))
                                                               for f in batch])} == {"applied"}
     _claimed, single = cluster.running_attempt(w)
     assert cluster.complete(single).answer.value == "applied"
@@ -89,7 +82,7 @@ def test_the_sweeper_scans_its_leases_through_the_partial_indexes(cluster: Clust
         cluster.db.start_many(fences)
         cluster.db.running_many([(f, 0) for f in fences])
         now = cluster.now()
-        cluster.db.complete_many([(f, _completion(f.attempt_id, now)) for f in fences])
+        cluster.db.complete_many([(f, completion(f.attempt_id, finished=now)) for f in fences])
     live = cluster.claim(w, 8)
     cluster.expire(live[0].attempt_id)
     conn = cluster.sql

@@ -10,18 +10,11 @@ import dataclasses
 import pytest
 
 from ql_plugins.cluster_fenced import CompletionAnswer, LeaseAnswer, completion_digest
-from ql_plugins.cluster_fenced.control_db import Completion, ControlDBError
+from ql_plugins.cluster_fenced.control_db import ControlDBError
 from ql_plugins.cluster_fenced.round_call import COMPLETE, EMPTY, RUNNING, START, report_round, round_sql
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, completion
 
 pytestmark = pytest.mark.postgres
-
-
-def _completion(cluster: Cluster, attempt_id: str, exit_code: int = 0) -> Completion:
-    finished = cluster.now()
-    return Completion(exit_code, None, finished, False,
-                      completion_digest(attempt_id, exit_code=exit_code, started_at_ms=None, finished_at_ms=finished,
-                                        signalled=False))
 
 
 def test_the_branches_run_in_the_order_of_the_protocol() -> None:
@@ -44,9 +37,9 @@ def test_one_statement_starts_reports_and_completes_each_call_fenced_on_its_own(
     # Round 2: the fifth starts; attempt 0 is reported running and attempt 1 running AND complete
     # in the same statement (a task that spawned and ended between two rounds); attempt 2 completes
     # from 'starting' (no report at all).
-    done = _completion(cluster, fences[1].attempt_id)
+    done = completion(fences[1].attempt_id, finished=cluster.now())
     second = report_round(cluster.db, starts=[fences[4]], runnings=[(fences[0], 0), (fences[1], 0)],
-                          completions=[(fences[1], done), (fences[2], _completion(cluster, fences[2].attempt_id, 3))])
+                          completions=[(fences[1], done), (fences[2], completion(fences[2].attempt_id, 3, finished=cluster.now()))])
     assert [r.answer for r in second.starts] == [LeaseAnswer.OK]
     assert [r.answer for r in second.runnings] == [LeaseAnswer.OK, LeaseAnswer.OK]
     assert [(r.answer, r.status) for r in second.completions] == [(CompletionAnswer.APPLIED, "succeeded"),
@@ -71,7 +64,7 @@ def test_a_final_error_rolls_the_whole_round_back(cluster: Cluster) -> None:
     w = cluster.worker()
     fences = [c.fence(w) for c in cluster.claim(w, 2)]
     assert [r.answer for r in report_round(cluster.db, starts=[fences[0]]).starts] == [LeaseAnswer.OK]
-    bad = dataclasses.replace(_completion(cluster, fences[0].attempt_id), completion_digest="not-a-digest")
+    bad = dataclasses.replace(completion(fences[0].attempt_id, finished=cluster.now()), completion_digest="not-a-digest")
     with pytest.raises(ControlDBError) as err:
         report_round(cluster.db, starts=[fences[1]], runnings=[(fences[0], 0)], completions=[(fences[0], bad)])
     assert "not-a-digest" not in str(err.value)  # never a parameter in an error

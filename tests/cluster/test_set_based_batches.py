@@ -18,18 +18,9 @@ from typing import Any
 import pytest
 
 from ql_core.ids import new_id
-from ql_plugins.cluster_fenced import completion_digest
-from ql_plugins.cluster_fenced.control_db import Completion
-from tests.cluster.support import Cluster
+from tests.cluster.support import Cluster, completion
 
 pytestmark = pytest.mark.postgres
-
-
-def _completion(attempt_id: str, exit_code: int, finished: int, *, signalled: bool = False,
-                started: int | None = None) -> Completion:
-    return Completion(exit_code, started, finished, signalled,
-                      completion_digest(attempt_id, exit_code=exit_code, started_at_ms=started, finished_at_ms=finished,
-                                        signalled=signalled))
 
 
 def _scenario(cluster: Cluster, worker_id: str) -> tuple[list[Any], list[str]]:
@@ -63,21 +54,21 @@ def _scenario(cluster: Cluster, worker_id: str) -> tuple[list[Any], list[str]]:
     cluster.expire(c[1].attempt_id)
     now = cluster.now()
     done = [
-        (f[0], _completion(f[0].attempt_id, 0, now)),
-        (f[1], _completion(f[1].attempt_id, 0, now)),          # lease expired: fenced (audit event)
-        (f[2], _completion(f[2].attempt_id, 7, now)),
-        (f[3], _completion(f[3].attempt_id, 143, now, signalled=True)),  # cancelled
-        (f[4], _completion(f[4].attempt_id, 0, now)),          # intent delivered at start: cancelled
-        (f[5], _completion(f[5].attempt_id, 0, t0)),           # finished before the cancel: moot
-        (f[6], _completion(f[6].attempt_id, 0, now, started=t0)),
-        (f[7], _completion(f[7].attempt_id, 1, now)),
-        (f[0], _completion(f[0].attempt_id, 0, now)),          # named twice: a replay
-        (forged, _completion(f[2].attempt_id, 0, now)),        # fenced: wrong token
-        (unknown, _completion(unknown.attempt_id, 0, now)),    # unknown attempt
+        (f[0], completion(f[0].attempt_id, 0, finished=now)),
+        (f[1], completion(f[1].attempt_id, 0, finished=now)),          # lease expired: fenced (audit event)
+        (f[2], completion(f[2].attempt_id, 7, finished=now)),
+        (f[3], completion(f[3].attempt_id, 143, finished=now, signalled=True)),  # cancelled
+        (f[4], completion(f[4].attempt_id, 0, finished=now)),          # intent delivered at start: cancelled
+        (f[5], completion(f[5].attempt_id, 0, finished=t0)),           # finished before the cancel: moot
+        (f[6], completion(f[6].attempt_id, 0, finished=now, started=t0)),
+        (f[7], completion(f[7].attempt_id, 1, finished=now)),
+        (f[0], completion(f[0].attempt_id, 0, finished=now)),          # named twice: a replay
+        (forged, completion(f[2].attempt_id, 0, finished=now)),        # fenced: wrong token
+        (unknown, completion(unknown.attempt_id, 0, finished=now)),    # unknown attempt
     ]
     answers.append(db.complete_many(done))
     # An exact replay and a late completion with another payload, in one batch.
-    answers.append(db.complete_many([done[0], (f[7], _completion(f[7].attempt_id, 2, now))]))
+    answers.append(db.complete_many([done[0], (f[7], completion(f[7].attempt_id, 2, finished=now))]))
     return answers, runs
 
 
@@ -167,7 +158,7 @@ def test_the_batched_calls_read_by_key_even_without_statistics(cluster: Cluster)
         cluster.db.start_many(fences)
         cluster.db.running_many([(f, 0) for f in fences])
         now = cluster.now()
-        assert {r.answer.value for r in cluster.db.complete_many([(f, _completion(f.attempt_id, 0, now))
+        assert {r.answer.value for r in cluster.db.complete_many([(f, completion(f.attempt_id, 0, finished=now))
                                                                   for f in fences])} == {"applied"}
     conn.execute("RESET client_min_messages")
     assert any("ql_complete_many" in p or "WITH calls" in p for p in plans), "auto_explain showed no plan"
@@ -193,11 +184,11 @@ def _deadline_scenario(cluster: Cluster, worker_id: str) -> tuple[list[Any], lis
     answers.append(db.running_many([(x, t0) for x in f[:4]]))  # f[4] is never reported running
     deadline = [cluster.run(r)["deadline_at_ms"] for r in runs[:4]]
     done = [
-        (f[0], _completion(f[0].attempt_id, 0, deadline[0] + 1)),  # past it: timed_out
-        (f[1], _completion(f[1].attempt_id, 3, deadline[1])),      # at it: timed_out, whatever the exit code
-        (f[2], _completion(f[2].attempt_id, 0, deadline[2] - 1)),  # before it: succeeded
-        (f[3], _completion(f[3].attempt_id, 9, deadline[3] - 1)),  # before it: failed
-        (f[4], _completion(f[4].attempt_id, 0, t0 + 1_500, started=t0)),  # past started + timeout
+        (f[0], completion(f[0].attempt_id, 0, finished=deadline[0] + 1)),  # past it: timed_out
+        (f[1], completion(f[1].attempt_id, 3, finished=deadline[1])),      # at it: timed_out, whatever the exit code
+        (f[2], completion(f[2].attempt_id, 0, finished=deadline[2] - 1)),  # before it: succeeded
+        (f[3], completion(f[3].attempt_id, 9, finished=deadline[3] - 1)),  # before it: failed
+        (f[4], completion(f[4].attempt_id, 0, finished=t0 + 1_500, started=t0)),  # past started + timeout
     ]
     answers.append(db.complete_many(done))
     return answers, runs

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from ql_plugins.cluster_fenced.round_call import report_round
-from tests.cluster.support import Cluster
-from tests.cluster.test_set_based_batches import _completion, _differences, _rows, _shape
+from tests.cluster.support import Cluster, completion
+from tests.cluster.test_set_based_batches import _differences, _rows, _shape
 
 pytestmark = pytest.mark.postgres
 
@@ -37,14 +37,14 @@ def _scenario(cluster: Cluster, worker_id: str, *, carried: bool) -> tuple[list[
     cluster.expire(c[4].attempt_id)      # fenced, with its audit event
     forged = dataclasses.replace(f[6], lease_token="x" * 43)
     now = cluster.now()
-    done = [(f[0], _completion(f[0].attempt_id, 0, now)),
-            (f[1], _completion(f[1].attempt_id, 143, now, signalled=True)),
-            (f[2], _completion(f[2].attempt_id, 0, now)),
-            (f[3], _completion(f[3].attempt_id, 4, now)),
-            (f[4], _completion(f[4].attempt_id, 0, now)),
-            (f[5], _completion(f[5].attempt_id, 0, now)),
-            (f[5], _completion(f[5].attempt_id, 0, now)),
-            (forged, _completion(f[6].attempt_id, 0, now))]
+    done = [(f[0], completion(f[0].attempt_id, 0, finished=now)),
+            (f[1], completion(f[1].attempt_id, 143, finished=now, signalled=True)),
+            (f[2], completion(f[2].attempt_id, 0, finished=now)),
+            (f[3], completion(f[3].attempt_id, 4, finished=now)),
+            (f[4], completion(f[4].attempt_id, 0, finished=now)),
+            (f[5], completion(f[5].attempt_id, 0, finished=now)),
+            (f[5], completion(f[5].attempt_id, 0, finished=now)),
+            (forged, completion(f[6].attempt_id, 0, finished=now))]
     spawns = [t0, t0, None, t0, t0, t0, t0, t0]
     if carried:
         answers = report_round(db, completions=done, spawns=spawns)
