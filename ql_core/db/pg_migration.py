@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-__all__ = ["split_statements", "execute_statements", "execute_pinned_statements", "SEARCH_PATH_PLACEHOLDER",
-           "REVOKE_QL_FUNCTIONS_FROM_PUBLIC"]
+__all__ = ["split_statements", "execute_statements", "execute_pinned_statements", "upgrade_functions",
+           "no_downgrade", "SEARCH_PATH_PLACEHOLDER", "REVOKE_QL_FUNCTIONS_FROM_PUBLIC"]
 
 
 def split_statements(*blocks: str) -> list[str]:
@@ -58,6 +58,19 @@ def execute_pinned_statements(op: object, statements: Iterable[str]) -> None:
     pinned = f"pg_catalog, {schema}, pg_temp"
     execute_statements(op, statements,
                        rewrite=lambda statement: statement.replace(SEARCH_PATH_PLACEHOLDER, pinned))
+
+
+def upgrade_functions(op: object, statements: Iterable[str]) -> None:
+    """The upgrade of a revision that only adds or replaces PostgreSQL functions (0011 onwards):
+    ``statements`` through :func:`execute_pinned_statements`; nothing on SQLite."""
+    if op.get_bind().dialect.name != "postgresql":  # type: ignore[attr-defined]
+        return
+    execute_pinned_statements(op, statements)
+
+
+def no_downgrade() -> None:
+    """Every revision's ``downgrade``: ql does not migrate down."""
+    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
 
 
 #: Nobody but the owner executes a ql function until it is granted (PostgreSQL's default is

@@ -47,7 +47,7 @@ Revises: 0011_cluster_throughput
 
 from alembic import op
 
-from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_pinned_statements, split_statements
+from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, no_downgrade, split_statements, upgrade_functions
 
 revision = "0012_cluster_set_based"
 down_revision = "0011_cluster_throughput"
@@ -55,13 +55,10 @@ branch_labels = None
 depends_on = None
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    execute_pinned_statements(op, SQL_STATEMENTS)  # search_path pinned to this schema, pg_temp last
+    upgrade_functions(op, SQL_STATEMENTS)  # search_path pinned to this schema, pg_temp last
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade
 
 
 #: Every batch function's settings: its own pinned search_path, and key lookups as the only plans.

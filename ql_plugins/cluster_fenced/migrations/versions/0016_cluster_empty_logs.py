@@ -30,7 +30,7 @@ Revises: 0015_cluster_wide_claims
 
 from alembic import op
 
-from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, execute_pinned_statements, split_statements
+from ql_core.db.pg_migration import REVOKE_QL_FUNCTIONS_FROM_PUBLIC, no_downgrade, split_statements, upgrade_functions
 
 revision = "0016_cluster_empty_logs"
 down_revision = "0015_cluster_wide_claims"
@@ -39,13 +39,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    execute_pinned_statements(op, SQL_STATEMENTS)  # search_path pinned to this schema, pg_temp last
+    upgrade_functions(op, SQL_STATEMENTS)  # search_path pinned to this schema, pg_temp last
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade
 
 
 _EMPTY_MANY = r"""
