@@ -426,7 +426,7 @@ class ControlDB:
 
     # -- per attempt -------------------------------------------------------------------------------
     @staticmethod
-    def _lease_result(row: tuple[Any, ...]) -> LeaseResult:
+    def lease_result(row: tuple[Any, ...]) -> LeaseResult:
         return LeaseResult(LeaseAnswer(row[0]), row[1], row[2], row[3], Intents(row[4], row[5], row[6]))
 
     def start(self, fence: LeaseFence) -> LeaseResult:
@@ -435,7 +435,7 @@ class ControlDB:
         Only ``OK`` allows the spawn; ``FENCED`` means the lease is gone (expired, cancelled
         before start, another generation): do not spawn. The run's intents come back too.
         """
-        return self._lease_result(self._one("start", sql.START, fence.params()))
+        return self.lease_result(self._one("start", sql.START, fence.params()))
 
     def running(self, fence: LeaseFence, *, started_at_ms: int) -> LeaseResult:
         """starting → running, after the executor's durable handle is stored locally.
@@ -443,7 +443,7 @@ class ControlDB:
         ``started_at_ms`` is the process start (worker clock, clamped by the database). The
         attempt's deadline (db now + the run's timeout) comes back in ``intents``.
         """
-        return self._lease_result(self._one("running", sql.RUNNING, (*fence.params(), started_at_ms)))
+        return self.lease_result(self._one("running", sql.RUNNING, (*fence.params(), started_at_ms)))
 
     def renew(self, fence: LeaseFence, *, ttl_ms: int = 30_000) -> LeaseResult:
         """At half the lease's life: extend it and learn the run's intents (cancel, deadline).
@@ -451,7 +451,7 @@ class ControlDB:
         ``FENCED`` (or no answer before the worker's own lease deadline on its monotonic clock):
         stop the attempt's process group, keep receipt and log, mark it recovery-required.
         """
-        return self._lease_result(self._one("renew", sql.RENEW, (*fence.params(), ttl_ms)))
+        return self.lease_result(self._one("renew", sql.RENEW, (*fence.params(), ttl_ms)))
 
     def complete(self, fence: LeaseFence, *, exit_code: int, started_at_ms: int | None, finished_at_ms: int,
                  signalled: bool, completion_digest: str) -> CompletionResult:
@@ -469,19 +469,19 @@ class ControlDB:
     def start_many(self, fences: Sequence[LeaseFence]) -> list[LeaseResult]:
         """:meth:`start` for each fence (each fenced on its own), in one transaction."""
         params = [f.params() for f in fences]
-        return [self._lease_result(r) for r in self._batched("start_many", sql.START_MANY, _columns(params), (),
+        return [self.lease_result(r) for r in self._batched("start_many", sql.START_MANY, _columns(params), (),
                                                              sql.START, params)]
 
     def running_many(self, calls: Sequence[tuple[LeaseFence, int]]) -> list[LeaseResult]:
         """:meth:`running` for each ``(fence, started_at_ms)``, in one transaction."""
         params = [(*f.params(), started) for f, started in calls]
-        return [self._lease_result(r) for r in self._batched("running_many", sql.RUNNING_MANY, _columns(params), (),
+        return [self.lease_result(r) for r in self._batched("running_many", sql.RUNNING_MANY, _columns(params), (),
                                                              sql.RUNNING, params)]
 
     def renew_many(self, fences: Sequence[LeaseFence], *, ttl_ms: int = 30_000) -> list[LeaseResult]:
         """:meth:`renew` for each fence, in one transaction."""
         params = [(*f.params(), ttl_ms) for f in fences]
-        return [self._lease_result(r) for r in self._batched("renew_many", sql.RENEW_MANY,
+        return [self.lease_result(r) for r in self._batched("renew_many", sql.RENEW_MANY,
                                                              _columns([p[:6] for p in params]), (ttl_ms,),
                                                              sql.RENEW, params)]
 

@@ -184,7 +184,7 @@ class FenceGuard:
 
     def running_calls(self, spawned: list[Held]) -> list[tuple[LeaseFence, int]]:
         """Each spawned attempt's ``running`` call (fence, process start on the database's clock)."""
-        return [(held.fence, self._started_at(held)) for held in spawned]
+        return [(held.fence, self.spawned_at(held)) for held in spawned]
 
     def report_spawned(self) -> None:
         """On the control loop: tell the control plane each attempt spawned since the last round
@@ -214,7 +214,8 @@ class FenceGuard:
                 break
             # No answer: the next renewals keep the leases; the completion works from 'starting' too.
 
-    def _started_at(self, held: Held) -> int:
+    def spawned_at(self, held: Held) -> int:
+        """The attempt's process start on the database's clock (what its ``running`` report carries)."""
         sub = held.sub
         assert sub is not None
         return self.session.clock.to_db(sub.started_at_ms, upper=False) or sub.started_at_ms
@@ -230,7 +231,7 @@ class FenceGuard:
         sub = held.sub
         if sub is None or held.stop_reason is not None:
             return
-        started = self._started_at(held)
+        started = self.spawned_at(held)
         crashpoint("worker.running.before_call")
         for _ in range(3):
             try:

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .control_db import ControlDB, ControlDBError
 from .control_sql import FENCE_ARRAYS
-from .results import CompletionAnswer, CompletionResult, Intents, LeaseAnswer, LeaseResult
+from .results import CompletionAnswer, CompletionResult, LeaseResult
 
 if TYPE_CHECKING:
-    from .control_db import Completion, ControlDB
+    from .control_db import Completion
     from .results import LeaseFence
 
 __all__ = ["RoundAnswers", "report_round", "round_sql", "START", "RUNNING", "COMPLETE", "EMPTY"]
@@ -126,16 +127,11 @@ def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
     expected = {START: len(starts), RUNNING: len(runnings), COMPLETE: len(completions), EMPTY: len(empties)}
     for kind, got in by_kind.items():
         if sorted(r[0] for r in got) != list(range(1, expected[kind] + 1)):
-            from .control_db import ControlDBError
-
             raise ControlDBError("report_round", "unexpected rows")
         got.sort(key=lambda r: r[0])
-    for _ord, answer, reason, cancel, _t, expires, now, cancel_at, deadline in by_kind.get(START, ()):
-        answers.starts.append(LeaseResult(LeaseAnswer(answer), reason, expires, now,
-                                          Intents(cancel, cancel_at, deadline)))
-    for _ord, answer, reason, cancel, _t, expires, now, cancel_at, deadline in by_kind.get(RUNNING, ()):
-        answers.runnings.append(LeaseResult(LeaseAnswer(answer), reason, expires, now,
-                                            Intents(cancel, cancel_at, deadline)))
+    for kind, into in ((START, answers.starts), (RUNNING, answers.runnings)):
+        for _ord, answer, reason, cancel, _t, expires, now, cancel_at, deadline in by_kind.get(kind, ()):
+            into.append(ControlDB.lease_result((answer, reason, expires, now, cancel, cancel_at, deadline)))
     for _ord, answer, status, reason, fence_reason, _b, now, _b3, _b4 in by_kind.get(COMPLETE, ()):
         answers.completions.append(CompletionResult(CompletionAnswer(answer), status, reason, fence_reason, now))
     for _ord, answer, _t1, _t2, fence_reason, *_rest in by_kind.get(EMPTY, ()):

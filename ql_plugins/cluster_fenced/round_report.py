@@ -108,9 +108,8 @@ class RoundReport:
         running = self.guard.running_calls(alone)
         spawns = None
         if joint:
-            at = {held.attempt_id: started for held, (_f, started)
-                  in zip(joint.values(), self.guard.running_calls(list(joint.values())))}
-            spawns = [at.get(row.attempt_id) for row in completions]
+            spawns = [self.guard.spawned_at(joint[row.attempt_id]) if row.attempt_id in joint else None
+                      for row in completions]
         if spawned:
             crashpoint("worker.running.before_call")
         try:

@@ -133,14 +133,14 @@ class Runner:
         return (s.worker is not None and not s.draining and not s.claim_paused and not s.taken_over
                 and not s.stop.is_set() and self.held.live_processes() < s.settings.slots)
 
-    def claim(self) -> list[Held]:
-        """Claim up to the free slots and record the claims locally; returns the attempts claimed,
-        whose ``start`` the caller makes (with the round's other reports: :mod:`.round_report`)."""
+    def claim(self) -> None:
+        """Claim up to the free slots and record the claims locally; their ``start`` goes with the
+        round's other reports (:meth:`pending_starts`, :mod:`.round_report`)."""
         if not self.may_claim():
-            return []
+            return
         now = time.monotonic()
         if now < self.claim_due and not self.queue_woken:
-            return []
+            return
         slots = self.session.settings.slots
         free = slots - self.held.live_processes()
         if free < (slots + 1) // 2:
@@ -150,7 +150,7 @@ class Runner:
                 self.gather_since = now
             if now < self.gather_since + CLAIM_GATHER_S:
                 self.claim_due = self.gather_since + CLAIM_GATHER_S
-                return []
+                return
         self.gather_since = None
         self.queue_woken = False
         from ql_core.ids import new_id
@@ -169,16 +169,16 @@ class Runner:
         except TransientError:
             # Never replayed: claims whose answer was lost stay 'claimed' and the sweeper requeues them.
             self.claim_due = time.monotonic() + 1.0
-            return []
+            return
         crashpoint("worker.claim.after_answer")
         if result.answer is LeaseAnswer.FENCED:
             logger.warning("claim fenced (session lapsed or taken over): claiming paused until a heartbeat answers")
             self.session.claim_paused = True
             self.session.heartbeat_due = 0.0
-            return []
+            return
         if not result.attempts:
             self.claim_due = time.monotonic() + profile.claim_interval_s
-            return []
+            return
         fences = [(a.fence(worker), a.run_id) for a in result.attempts]
         log_of = dict(zip(ids, logs))  # the control plane keeps the log id this worker chose
         shipper = self.shipper
@@ -198,22 +198,19 @@ class Runner:
             logger.error("claimed {} attempts but could not record them locally ({}); they are not started",
                          len(fences), type(exc).__name__)
             self.claim_due = time.monotonic() + 1.0
-            return []
+            return
         # The shipper is not woken here: nothing of these attempts is spawned yet, so its round would
         # find no local attempt to open a log for (its next round, at the latest ship_interval_s
         # later or when an attempt ends, does).
         self.session.count("claimed", len(result.attempts))
-        new = []
         for claimed, (fence, _run_id) in zip(result.attempts, fences):
             held = Held(fence=fence, run_id=claimed.run_id, log_id=log_of[claimed.attempt_id], spec=claimed.sealed_spec,
                         timeout_ms=claimed.timeout_ms,
                         own_deadline=sent + ttl_s - margin_s, renew_due=sent + ttl_s / 2,
                         last_ok=time.monotonic())
             self.held.add(held)
-            new.append(held)
         self.claim_due = time.monotonic() if len(result.attempts) == n else (
             time.monotonic() + profile.claim_interval_s)
-        return new
 
     def pending_starts(self) -> list[Held]:
         """The claimed attempts whose ``start`` is due: just claimed, or their earlier call got no

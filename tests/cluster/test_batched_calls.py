@@ -57,7 +57,8 @@ def test_a_batch_is_one_transaction_a_final_error_rolls_it_all_back(cluster: Clu
     fences = [c.fence(w) for c in claimed]
     assert all(r.answer is LeaseAnswer.OK for r in cluster.db.start_many(fences))
     good = completion(fences[0].attempt_id, finished=cluster.now())
-    bad = dataclasses.replace(completion(fences[1].attempt_id, finished=cluster.now()), completion_digest="not-a-digest")
+    bad = dataclasses.replace(completion(fences[1].attempt_id, finished=cluster.now()),
+                              completion_digest="not-a-digest")
     with pytest.raises(ControlDBError, match="completion_digest"):
         cluster.db.complete_many([(fences[0], good), (fences[1], bad)])
     # The good call of the failed batch did not commit: its lease still runs.

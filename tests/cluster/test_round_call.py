@@ -39,7 +39,8 @@ def test_one_statement_starts_reports_and_completes_each_call_fenced_on_its_own(
     # from 'starting' (no report at all).
     done = completion(fences[1].attempt_id, finished=cluster.now())
     second = report_round(cluster.db, starts=[fences[4]], runnings=[(fences[0], 0), (fences[1], 0)],
-                          completions=[(fences[1], done), (fences[2], completion(fences[2].attempt_id, 3, finished=cluster.now()))])
+                          completions=[(fences[1], done),
+                                       (fences[2], completion(fences[2].attempt_id, 3, finished=cluster.now()))])
     assert [r.answer for r in second.starts] == [LeaseAnswer.OK]
     assert [r.answer for r in second.runnings] == [LeaseAnswer.OK, LeaseAnswer.OK]
     assert [(r.answer, r.status) for r in second.completions] == [(CompletionAnswer.APPLIED, "succeeded"),
@@ -64,7 +65,8 @@ def test_a_final_error_rolls_the_whole_round_back(cluster: Cluster) -> None:
     w = cluster.worker()
     fences = [c.fence(w) for c in cluster.claim(w, 2)]
     assert [r.answer for r in report_round(cluster.db, starts=[fences[0]]).starts] == [LeaseAnswer.OK]
-    bad = dataclasses.replace(completion(fences[0].attempt_id, finished=cluster.now()), completion_digest="not-a-digest")
+    bad = dataclasses.replace(completion(fences[0].attempt_id, finished=cluster.now()),
+                              completion_digest="not-a-digest")
     with pytest.raises(ControlDBError) as err:
         report_round(cluster.db, starts=[fences[1]], runnings=[(fences[0], 0)], completions=[(fences[0], bad)])
     assert "not-a-digest" not in str(err.value)  # never a parameter in an error

@@ -68,7 +68,8 @@ def test_a_completion_with_its_spawn_writes_what_running_then_complete_wrote(clu
         "succeeded", "cancelled", "succeeded", "failed", "running", "succeeded", "running"]
     for r in (carried_runs[0], carried_runs[3], carried_runs[5]):
         types = cluster.event_types(r)
-        assert types[-3:] == ["attempt.spawned", f"attempt.{cluster.run(r)['status']}", f"run.{cluster.run(r)['status']}"]
+        status = cluster.run(r)["status"]
+        assert types[-3:] == ["attempt.spawned", f"attempt.{status}", f"run.{status}"]
     assert cluster.run(carried_runs[3])["deadline_at_ms"] is not None
     assert "attempt.completion_fenced" in cluster.event_types(carried_runs[4])
     assert "attempt.spawned" not in cluster.event_types(carried_runs[6])
@@ -89,7 +90,8 @@ def test_a_worker_without_the_function_reports_running_again(harness) -> None:  
             types = [e["type"] for e in harness.sql.execute(
                 "SELECT type FROM ql_run_event WHERE run_id = %s ORDER BY seq", (s.run_id,)).fetchall()]
             assert types.count("attempt.spawned") == 1
-            assert types.index("attempt.spawned") < types.index(f"run.{'succeeded' if types[-1] == 'run.succeeded' else 'failed'}")
+            end = "run.succeeded" if types[-1] == "run.succeeded" else "run.failed"
+            assert types.index("attempt.spawned") < types.index(end)
 
     check(subs)
     harness.sql.execute("DROP FUNCTION ql_spawn_complete_many(text[], bigint[], text[], text[], bigint[], text[],"
