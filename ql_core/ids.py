@@ -10,7 +10,7 @@ import os
 import re
 import time
 
-__all__ = ["new_id", "is_uuid7", "shard_of", "time_shard_of", "ms_of", "UUID7_PATTERN"]
+__all__ = ["new_id", "is_uuid7", "shard_of", "time_shard_of", "UUID7_PATTERN"]
 
 UUID7_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
@@ -40,11 +40,6 @@ def shard_of(identifier: str) -> str:
     timestamp and put every receipt of a decade into one directory.
     """
     return identifier[-2:]
-
-
-def ms_of(identifier: str) -> int:
-    """The Unix milliseconds a UUIDv7 was made at (its top 48 bits)."""
-    return int(identifier[:8] + identifier[9:13], 16)
 
 
 def time_shard_of(identifier: str) -> str:
