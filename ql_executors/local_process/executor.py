@@ -439,7 +439,7 @@ class LocalProcessExecutor:
             return None
         held = _Held(ready.child, ready.channel, "")
         held.encoded = (spec, encoded)
-        # Stamped with the boot-clock time it was taken for this run (handles.stamped says why).
+        # Stamped when taken, just before the create commit: recovery's duration counts from about there.
         handle = encode_handle(ready.handle, start_boot_ms=boot_ms()) if ready.handle is not None else None
         return SpawnedTask(handle=handle, live=held)
 

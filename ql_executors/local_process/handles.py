@@ -11,7 +11,7 @@ import json
 
 from . import identity
 
-__all__ = ["START_BOOT_KEY", "encode_handle", "decode_handle", "handle_dict", "start_boot", "stamped"]
+__all__ = ["START_BOOT_KEY", "encode_handle", "decode_handle", "handle_dict", "start_boot"]
 
 #: The handle key of the attempt's start on the boot clock (CLOCK_BOOTTIME ms, :func:`start_boot`).
 START_BOOT_KEY = "start_boot_ms"
@@ -59,14 +59,3 @@ def start_boot(data: str | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
-
-
-def stamped(handle: str | None, boot: int | None) -> str | None:
-    """A standby's handle with the boot-clock time it was taken for a run (just before that run's
-    create commit, which records it): the duration recovery measures from there is at most the
-    create commit longer than the launcher's own, which counts from the committed start."""
-    parsed = handle_dict(handle)
-    if parsed is None or boot is None:
-        return handle
-    parsed[START_BOOT_KEY] = boot
-    return _ENCODER.encode(parsed)
