@@ -276,7 +276,7 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     receipt to the publisher (and the run to the receipt path): the host dying at any step
     never loses the true status and never commits a second one.
 
-    A receipt already in the slot is looked at first (one failed open when there is none, the
+    A receipt already in the slot is looked at first (one failed lstat when there is none, the
     usual case): the publisher's own, published because this host was too slow to answer
     (stopped, say) and agreeing with what we reaped, completes the run as any receipt; any
     other is a forgery, quarantined with an ``attempt.receipt_rejected`` event, and what we
@@ -286,11 +286,15 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     executor = node.executor_for(sub.executor)
     assert executor is not None
     crashpoint("wait.after_exit")
-    consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=seen.exit_code)
-    if consumed.outcome in (_consume_outcome().APPLIED, _consume_outcome().ALREADY_TERMINAL):
-        executor.acknowledge(sub.task, committed=True)  # its publisher published already
-        sub.awaited = False
-        return None
+    # A missing receipt, an unusable slot or a failed read all lead on to our own commit below: a
+    # store that can tell "surely nothing there" in one look spares the checked read for them.
+    absent = getattr(node.receipts, "surely_absent", None)
+    if absent is None or not absent(sub.attempt_id):
+        consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=seen.exit_code)
+        if consumed.outcome in (_consume_outcome().APPLIED, _consume_outcome().ALREADY_TERMINAL):
+            executor.acknowledge(sub.task, committed=True)  # its publisher published already
+            sub.awaited = False
+            return None
     bound = True  # our finish time is an upper bound: the transaction defers to an intent it may miss
     while True:
         try:

@@ -411,6 +411,21 @@ class FileReceiptStore:
             return ReceiptRead(ReadStatus.INVALID, rejection=rejection)
         return ReceiptRead(ReadStatus.VALID, receipt=parsed)
 
+    def surely_absent(self, attempt_id: str) -> bool:
+        """True only when nothing is at the attempt's final receipt path now: one ``lstat`` of the
+        whole path, for a caller to whom a missing receipt, an unusable slot and a failed read all
+        mean the same (the awaited host's look before it commits the status it reaped: the usual
+        task has no receipt, and the checked walk of :meth:`read` costs nine system calls). False —
+        something is there, or the look failed — and :meth:`read` decides."""
+        require_uuid7(attempt_id)
+        try:
+            os.lstat(os.path.join(self._root, shard_of(attempt_id), receipt_name(attempt_id)))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
+
     # --------------------------------------------------- existence / removal
 
     def exists(self, attempt_id: str) -> bool:
