@@ -319,31 +319,45 @@ static void cloexec_from_3(void) {
  * attempt id only.
  * ---------------------------------------------------------------------------------------------- */
 #define CG_PATH_MAX 3200
-static char cg_dir[CG_PATH_MAX];   /* PARENT/ATTEMPT_ID, or "" (the process group only) */
-static char cg_procs[CG_PATH_MAX]; /* .../cgroup.procs */
-static char cg_kill_path[CG_PATH_MAX];
-static char cg_events[CG_PATH_MAX];
+static char cg_dir[CG_PATH_MAX]; /* PARENT/ATTEMPT_ID, or "" (the process group only) */
+/* cg_dir's length plus room for "/cgroup.events" and its NUL. */
+#define CG_FILE_MAX (CG_PATH_MAX + 16)
+
+/* DIR "/" NAME into BUF (room for both: the callers' sizes say so). No printf: a standby the factory
+ * forked faults in every page of code and data it touches first, and the printf machinery is
+ * several (docs/launcher.md, "Standby factory"). */
+static char *join_path(char *buf, const char *dir, const char *name) {
+    size_t d = strlen(dir), n = strlen(name);
+    memcpy(buf, dir, d);
+    buf[d] = '/';
+    memcpy(buf + d + 1, name, n + 1);
+    return buf;
+}
+
+/* A file of the task's cgroup, in a buffer of the caller's (CG_FILE_MAX): built where it is used,
+ * not kept beside cg_dir — the usual task opens none of them, and each kept path was one more
+ * page to fault in. */
+static char *cg_file(char *buf, const char *leaf) { return join_path(buf, cg_dir, leaf); }
 
 static void cg_setup(const char *parent, const char *attempt) {
     cg_dir[0] = '\0';
     if (parent == NULL || parent[0] != '/' || strlen(parent) > CG_PATH_MAX - 100)
         return;
-    snprintf(cg_dir, sizeof cg_dir, "%s/%s", parent, attempt);
-    snprintf(cg_procs, sizeof cg_procs, "%s/cgroup.procs", cg_dir);
-    snprintf(cg_kill_path, sizeof cg_kill_path, "%s/cgroup.kill", cg_dir);
-    snprintf(cg_events, sizeof cg_events, "%s/cgroup.events", cg_dir);
+    join_path(cg_dir, parent, attempt); /* a checked uuid: 36 bytes */
 }
 
 /* In the (v)fork child: into the task's cgroup, made here (again, when a sweep removed it while
  * empty). 0, or the errno of the last try. Allocates nothing. */
 static int cg_enter(void) {
     int err = 0;
+    char procs[CG_FILE_MAX];
+    cg_file(procs, "cgroup.procs");
     for (int i = 0; i < 8; i++) {
         if (mkdir(cg_dir, 0755) != 0 && errno != EEXIST) {
             err = errno;
             continue;
         }
-        int fd = open(cg_procs, O_WRONLY | O_CLOEXEC);
+        int fd = open(procs, O_WRONLY | O_CLOEXEC);
         if (fd < 0) {
             err = errno;
             continue;
@@ -470,7 +484,8 @@ static int cg_killed; /* cgroup.kill was written: the removal waits for the cgro
 static void cg_kill(void) {
     if (!cg_dir[0])
         return;
-    int fd = open(cg_kill_path, O_WRONLY | O_CLOEXEC);
+    char path[CG_FILE_MAX];
+    int fd = open(cg_file(path, "cgroup.kill"), O_WRONLY | O_CLOEXEC);
     if (fd < 0)
         return;
     if (write(fd, "1", 1) == 1)
@@ -480,8 +495,8 @@ static void cg_kill(void) {
 
 /* Is the task's cgroup empty (or gone)? */
 static int cg_empty(void) {
-    char buf[256];
-    int fd = open(cg_events, O_RDONLY | O_CLOEXEC);
+    char buf[256], path[CG_FILE_MAX];
+    int fd = open(cg_file(path, "cgroup.events"), O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 1;
     ssize_t n = read_retry(fd, buf, sizeof buf - 1);
@@ -571,7 +586,9 @@ static int parse_limits(const char *word, struct limits *l) {
 /* CLOCK_BOOTTIME in ns: counts suspend, never steps; 0 when unusable. */
 static unsigned long long boot_ns(void) {
     struct timespec ts;
-    if (clock_gettime(CLOCK_BOOTTIME, &ts) != 0 || ts.tv_sec < 0)
+    /* The system call, not the vDSO: a standby the factory forked would fault in the vDSO's code
+     * and data pages (two faults, more than the few calls of a run cost as system calls). */
+    if (syscall(SYS_clock_gettime, CLOCK_BOOTTIME, &ts) != 0 || ts.tv_sec < 0)
         return 0;
     return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
 }
@@ -658,6 +675,25 @@ static int valid_token(const char *token, size_t len) {
 #define SPEC_FDS 2
 static char spec[SPEC_MAX + 1];
 
+/* Pointer arrays (a run's words, shell_fallback's) go into spec past the message while they fit,
+ * else to calloc: the message's own page is written already, and in a standby the factory forked
+ * every other page — the heap's, malloc's own state, malloc's code — is one more fault (about 4 µs
+ * on a small VM). set by receive_spec; never freed (the launcher runs one run). */
+static char *spare, *spare_end;
+
+static char **new_words(size_t n) {
+    size_t need = n * sizeof(char *);
+    if (spare != NULL && need <= (size_t)(spare_end - spare)) {
+        char **words = (char **)(void *)spare;
+        spare += need;
+        memset(words, 0, need);
+        return words;
+    }
+    return calloc(n, sizeof(char *));
+}
+
+static int in_spare(const void *p) { return (const char *)p >= spec && (const char *)p < spec + sizeof spec; }
+
 static const char *next_field(char **p, const char *end) {
     if (*p >= end)
         return NULL;
@@ -671,13 +707,14 @@ static const char *next_field(char **p, const char *end) {
 
 /* n words from the spec into a new NULL-terminated array; NULL when the spec has fewer. */
 static char **next_words(char **p, const char *end, unsigned long long n) {
-    char **words = calloc((size_t)n + 1, sizeof *words);
+    char **words = new_words((size_t)n + 1);
     if (words == NULL)
         return NULL;
     for (unsigned long long i = 0; i < n; i++) {
         const char *w = next_field(p, end);
         if (w == NULL) {
-            free(words);
+            if (!in_spare(words))
+                free(words);
             return NULL;
         }
         words[i] = (char *)w;
@@ -761,6 +798,11 @@ static int receive_spec(int channel, struct task *t) {
      * SPEC_MAX + 1 bytes, which MSG_TRUNC does not flag, is seen to be too long too. */
     int ok = n > 0 && n <= SPEC_MAX && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n_fds == SPEC_FDS &&
              spec[n - 1] == '\0';
+    if (ok) { /* past the message, aligned for pointers */
+        size_t at = ((size_t)n + sizeof(char *) - 1) & ~(sizeof(char *) - 1);
+        spare = at < sizeof spec ? spec + at : NULL;
+        spare_end = spec + sizeof spec;
+    }
     char *p = spec;
     const char *end = spec + (ok ? n : 0);
     const char *magic = next_field(&p, end);
@@ -857,8 +899,15 @@ static int fork_standby(int channel, pid_t owner, char **argv) {
         if (setsid() < 0 || getppid() != owner)
             _exit(LOST); /* not the owner's child after all (it died): nobody could ever use us */
         memcpy(argv[1], "--standby", 9);
-        char reply[24];
-        int len = snprintf(reply, sizeof reply, "%ld", (long)getpid());
+        char reply[24]; /* our pid in decimal (no printf: see join_path) */
+        int len = 0;
+        for (unsigned long v = (unsigned long)getpid(); len == 0 || v > 0; v /= 10)
+            reply[len++] = (char)('0' + v % 10);
+        for (int i = 0; i < len / 2; i++) {
+            char c = reply[i];
+            reply[i] = reply[len - 1 - i];
+            reply[len - 1 - i] = c;
+        }
         union {
             struct cmsghdr align;
             char buf[CMSG_SPACE(sizeof(int))];
@@ -921,7 +970,7 @@ __attribute__((noinline)) static char **shell_fallback(char **cmd) {
     int n = 0;
     while (cmd[n])
         n++;
-    char **via_sh = calloc((size_t)n + 4, sizeof *via_sh);
+    char **via_sh = new_words((size_t)n + 4);
     if (via_sh != NULL) {
         via_sh[0] = "sh";
         via_sh[1] = "-c";
@@ -1433,7 +1482,8 @@ int main(int argc, char **argv) {
         child_after_fork(&child);
     if (pid < 0)
         return LOST; /* CMD never ran, and nothing claims otherwise */
-    free(via_sh);
+    if (!in_spare(via_sh))
+        free(via_sh);
     child_pid = pid;
     /* From here on the launcher holds the log open only to enforce its quota (a duplicate it
      * never writes to): only CMD writes to it. */
