@@ -75,8 +75,19 @@ def main() -> None:
         if j < len(claims):
             refill.append(claims[j] - f)
         j = max(0, j)
+    # the slot's idle time: each finish to the first process start at or after it (with parked
+    # claims — claim_prefetch — the next claim may come before the finish: this is the refill)
+    starts = sorted(r[2] for r in rows)
+    respawn = []
+    j = 0
+    for f in finishes[:-8]:
+        while j < len(starts) and starts[j] < f:
+            j += 1
+        if j < len(starts):
+            respawn.append(starts[j] - f)
     wall = max(r[4] for r in rows) - min(claims)
     busy = sum(r[3] - r[0] for r in rows)
+    running = sum(r[3] - r[2] for r in rows)
     print(f"# python bench/worker_timeline.py --n {args.n}: one ql worker (4 slots), {len(rows)} `true` tasks, "
           f"{len(rows) / (wall / 1000):.0f}/s; ms, p50 / mean / p90")
     for name, v in steps.items():
@@ -85,8 +96,12 @@ def main() -> None:
     refill.sort()
     print(f"  {'a finish -> the next claim':>34}: {statistics.median(refill):6.1f} {statistics.mean(refill):6.1f} "
           f"{refill[int(len(refill) * 0.9)]:6.1f}")
+    respawn.sort()
+    print(f"  {'a finish -> the next process start':>34}: {statistics.median(respawn):6.1f} "
+          f"{statistics.mean(respawn):6.1f} {respawn[int(len(respawn) * 0.9)]:6.1f}")
     print(f"  runs whose attempt.spawned never reached the control plane (completed before `running`): {unspawned}")
-    print(f"  slots busy (claim -> finish) {100 * busy / (4 * wall):.0f}% of 4 x {wall} ms")
+    print(f"  slots busy (claim -> finish) {100 * busy / (4 * wall):.0f}%, running a process (start -> finish) "
+          f"{100 * running / (4 * wall):.0f}% of 4 x {wall} ms")
 
 
 if __name__ == "__main__":
