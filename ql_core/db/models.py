@@ -120,15 +120,18 @@ class RunAttempt(QlTable, table=True):
 
     __tablename__ = "ql_run_attempt"
     __table_args__ = (
-        # PostgreSQL only since 0009: on SQLite the live attempts are read through the partial
-        # ix_ql_attempt_live, deadlines through ix_ql_attempt_deadline, joins through the key.
+        # PostgreSQL only since 0009: on SQLite the live attempts are read through the live runs
+        # (0018; the partial ix_ql_attempt_live before), deadlines through ix_ql_attempt_deadline,
+        # joins through the key.
         Index("ix_ql_attempt_active", "runtime_owner", "status", "id", info={"ql_dialects": ("postgresql",)}),
         # A run's attempts in order (0007: attempt_no added; reads and purges of a run). PostgreSQL
         # only since 0012: on SQLite a run's attempts are one range of their key (attempt_key).
         Index("ix_ql_attempt_run", "run_id", "attempt_no", info={"ql_dialects": ("postgresql",)}),
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
-        Index("ix_ql_attempt_live", "runtime_owner", "id",
-              postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
+        # PostgreSQL only since 0018: on SQLite they are read through the live runs' ranges of
+        # ix_ql_run_order (ql_core.db.sqlite_runs.PAGE_ACTIVE_ATTEMPTS).
+        Index("ix_ql_attempt_live", "runtime_owner", "id", postgresql_where=text(f"status IN {ACTIVE_SQL}"),
+              info={"ql_dialects": ("postgresql",)}),
         # Due deadlines; on SQLite only attempts that have one (0010: a task without a deadline
         # writes no entry; the due-deadline statement compares deadline_at_ms, so the planner uses it).
         Index("ix_ql_attempt_deadline", "status", "deadline_at_ms", sqlite_where=text("deadline_at_ms IS NOT NULL")),
