@@ -305,7 +305,9 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
                                  ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
-                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to")})
+                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to"),
+                                 # 0019: the create's host handle, in its run's row (sqlite_runs.HOST_HANDLE_A)
+                                 ("ql_run", "host_handle")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
 #: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
 #: declared schema cannot name.

@@ -173,7 +173,7 @@ def case_spawn_before_handle_commit(c: Ctx) -> None:
     attempt_id = c.rt.status(run_id).attempts[0].attempt_id
     row = attempt_row(c.rt, attempt_id)
     assert (row["status"], row["handle"]) == ("starting", None)
-    assert c.rt.journal.attempt(attempt_id).host_handle is not None  # SQLite: in ql_attempt_host (0014)
+    assert c.rt.journal.attempt(attempt_id).host_handle is not None  # SQLite: in its run's row (0019)
     counts = reconcile(c.env)
     assert (counts["lost"], counts["applied"], counts["blocked"]) == (1, 0, 0)
     assert_one_terminal(c.rt, run_id, "lost", None)

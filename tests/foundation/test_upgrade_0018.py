@@ -1,6 +1,7 @@
-"""Migration 0018 (SQLite: no ``ix_ql_attempt_live``) upgrades a data dir at 0016 in place: every row is
-kept as it was, the index is gone, and the recovery page of active attempts reads the same attempts,
-in the same order, through the live runs' ranges of ``ix_ql_run_order``."""
+"""Migrations 0018 (SQLite: no ``ix_ql_attempt_live``) and 0019 (the create's host handle in its run's
+row) upgrade a data dir at 0016 in place: every row is kept as it was, the index is gone, the
+recovery page of active attempts reads the same attempts, in the same order, through the live runs'
+ranges of ``ix_ql_run_order``, and host handles written before (in ``ql_attempt_host``) still read."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def _db_at_0016(db: Path, runs: int) -> list[str]:
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'ix_ql_attempt_live'").fetchone()[0] == 1
+        # A host handle as 0014-0016 wrote it: beside its attempt.
+        conn.execute("INSERT INTO ql_attempt_host (attempt_key, host_handle) SELECT attempt_key, '{\"pid\":33}' "
+                     "FROM ql_run_attempt WHERE id = 'att-033'")
+        conn.commit()
         return [r[0] for r in conn.execute(_ACTIVE)]
     finally:
         conn.close()
@@ -70,6 +75,9 @@ def test_a_0016_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
         rest = store.page_active_attempts("node-x", first[-1].id, 2)
         assert [a.id for a in first + rest] == expected
         assert [a.id for a in store.page_active_attempts("node-y", "", 100)] == ["att-032"]
+        # Host handles: the side row written before, the attempt's own column (0009's fill), none.
+        assert store.attempt("att-033").host_handle == '{"pid":33}'
+        assert store.attempt("att-030").host_handle is None
         # An old journal row of an ended attempt: its clock is its terminal event's time (none was written).
         entry = store.journal_entry("att-038")
         assert entry is not None and entry.attempt_status == "failed"
