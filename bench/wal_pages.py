@@ -7,8 +7,8 @@ for each measured task reads the frames the task appended to ``ql.db-wal`` (the 
 checkpointed meanwhile: a few tasks stay far below ``wal_autocheckpoint``) and names the B-tree
 (table or index) of each frame's page with the ``dbstat`` virtual table. Prints, per commit, the
 frame count and the B-trees written — the figure to cut when bytes written per task are too many —
-and at the end the mean frames per task of each B-tree (``--quiet``: only that summary; page splits
-are rare events, so run some tens of tasks to see their share).
+and at the end the mean frames per task of each B-tree and of each of a task's commits (``--quiet``:
+only that summary; page splits are rare events, so run some tens of tasks to see their share).
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ def main() -> None:
         print(f"page size {page_size}, mode {args.mode}")
         totals = []
         by_tree: collections.Counter[str] = collections.Counter()
+        #: Frames of each commit of a task, by its place in the task (1st, 2nd, ...).
+        by_commit: collections.defaultdict[int, list[int]] = collections.defaultdict(list)
         say = (lambda *a: None) if args.quiet else print
         for n in range(args.tasks):
             start = wal.stat().st_size
@@ -80,13 +82,15 @@ def main() -> None:
             owners = page_owners(db)
             commit_pages: list[int] = []
             say(f"task {n + 1}:")
-            count = 0
+            count = place = 0
             for pgno, commit in frames(wal, start, page_size):
                 commit_pages.append(pgno)
                 count += 1
                 if commit:
                     names = collections.Counter(owners.get(p, f"?{p}") for p in commit_pages)
                     by_tree.update(names)
+                    place += 1
+                    by_commit[place].append(len(commit_pages))
                     say(f"  commit: {len(commit_pages):>3} frames  "
                           + ", ".join(f"{k}" + (f"x{v}" if v > 1 else "") for k, v in sorted(names.items())))
                     commit_pages = []
@@ -96,6 +100,11 @@ def main() -> None:
         print(f"frames per task by B-tree, mean of {args.tasks} tasks ('?N': a page freed since):")
         for name, frames_of in by_tree.most_common():
             print(f"  {frames_of / args.tasks:6.2f}  {name}")
+        # Per commit, what the device sees: every commit rewrites the 4 KiB block the one before ended
+        # in, so a commit of L bytes costs about L / 4096 + 1 blocks (docs/design.md, "Bytes on the device").
+        for place, counts in sorted(by_commit.items()):
+            print(f"commit {place} of a task: mean {sum(counts) / len(counts):.2f} frames "
+                  f"({sum(counts) * (page_size + _FRAME_HEADER) / len(counts) / 1024:.1f} KiB), {len(counts)} tasks")
         print(f"mean {sum(totals) / len(totals):.1f} frames per task", file=sys.stderr)
 
 

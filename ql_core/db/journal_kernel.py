@@ -90,6 +90,10 @@ class SqlJournalKernel:
     sql: Any
     #: The dialect's parameter placeholder, for the few statements the kernel builds itself.
     placeholder: str = "?"
+    #: True when the dialect's journal reads derive a terminal attempt's ``terminal_seen_at_ms`` (the
+    #: retention clock) from its run's last update, which the terminal commit writes anyway: the
+    #: terminal transition then writes no journal row (SQLite: one page fewer in that commit).
+    derives_terminal_seen: bool = False
 
     def __init__(self) -> None:
         missing = [name for name in KERNEL_STATEMENTS if not isinstance(getattr(self.sql, name, None), str)]
@@ -269,7 +273,7 @@ class SqlJournalKernel:
                                           status=e.status, exit_code=e.exit_code, reason=e.reason))
             if rows:
                 self._execute_many(c, self.sql.INSERT_EVENT, rows)
-        if t.terminal and snap.attempt is not None:
+        if t.terminal and snap.attempt is not None and not self.derives_terminal_seen:
             self._execute(c, self.sql.MARK_TERMINAL, (now, snap.attempt.id))
         if t.dispatch is not None and snap.run is not None:
             d = t.dispatch

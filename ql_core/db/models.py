@@ -120,15 +120,18 @@ class RunAttempt(QlTable, table=True):
 
     __tablename__ = "ql_run_attempt"
     __table_args__ = (
-        # PostgreSQL only since 0009: on SQLite the live attempts are read through the partial
-        # ix_ql_attempt_live, deadlines through ix_ql_attempt_deadline, joins through the key.
+        # PostgreSQL only since 0009: on SQLite the live attempts are read through the live runs
+        # (0018; the partial ix_ql_attempt_live before), deadlines through ix_ql_attempt_deadline,
+        # joins through the key.
         Index("ix_ql_attempt_active", "runtime_owner", "status", "id", info={"ql_dialects": ("postgresql",)}),
         # A run's attempts in order (0007: attempt_no added; reads and purges of a run). PostgreSQL
         # only since 0012: on SQLite a run's attempts are one range of their key (attempt_key).
         Index("ix_ql_attempt_run", "run_id", "attempt_no", info={"ql_dialects": ("postgresql",)}),
         # The recovery page: this node's starting/running attempts by id, only active rows (0007).
-        Index("ix_ql_attempt_live", "runtime_owner", "id",
-              postgresql_where=text(f"status IN {ACTIVE_SQL}"), sqlite_where=text(f"status IN {ACTIVE_SQL}")),
+        # PostgreSQL only since 0018: on SQLite they are read through the live runs' ranges of
+        # ix_ql_run_order (ql_core.db.sqlite_runs.PAGE_ACTIVE_ATTEMPTS).
+        Index("ix_ql_attempt_live", "runtime_owner", "id", postgresql_where=text(f"status IN {ACTIVE_SQL}"),
+              info={"ql_dialects": ("postgresql",)}),
         # Due deadlines; on SQLite only attempts that have one (0010: a task without a deadline
         # writes no entry; the due-deadline statement compares deadline_at_ms, so the planner uses it).
         Index("ix_ql_attempt_deadline", "status", "deadline_at_ms", sqlite_where=text("deadline_at_ms IS NOT NULL")),
@@ -302,7 +305,9 @@ def table_dialects(table: Any) -> tuple[str, ...] | None:
 #: schema has and the declared one (PostgreSQL's) does not.
 SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_key"),
                                  ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
-                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to")})
+                                 ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to"),
+                                 # 0019: the create's host handle, in its run's row (sqlite_runs.HOST_HANDLE_A)
+                                 ("ql_run", "host_handle")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
 #: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
 #: declared schema cannot name.

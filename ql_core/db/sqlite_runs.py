@@ -96,19 +96,34 @@ ATTEMPTS_OF = f"a.attempt_key BETWEEN r.run_key << {ATTEMPT_KEY_BITS} AND (r.run
 #: is written once, by the create, so the store writes it into ``ql_attempt_host`` under the
 #: attempt's key (:data:`INSERT_ATTEMPT_HOST`) and the attempt's own column stays NULL. Reads take
 #: the column when set (rows of older revisions, rows written by anything else), else the side row.
-HOST_HANDLE_A = ("COALESCE(a.host_handle, (SELECT h.host_handle FROM ql_attempt_host h "
-                 "WHERE h.attempt_key = a.attempt_key))")
+#: Since revision 0019_sqlite_run_host the create writes it into its run's row instead
+#: (``ql_run.host_handle``, SQLite only): the run's leaf is written by the create anyway, where
+#: ``ql_attempt_host``'s was one more page per task (1.25 WAL frames per awaited task, its splits
+#: included). The create's attempt is always the run's first (:data:`INSERT_ATTEMPT`), so the run's
+#: column is its first attempt's handle; side rows written before are read as they were.
+HOST_HANDLE_A = (f"COALESCE(a.host_handle, CASE WHEN (a.attempt_key & {_SPAN}) = 1 THEN (SELECT hr.host_handle "
+                 f"FROM ql_run hr WHERE hr.run_key = a.attempt_key >> {ATTEMPT_KEY_BITS}) END, "
+                 "(SELECT h.host_handle FROM ql_attempt_host h WHERE h.attempt_key = a.attempt_key))")
 #: :data:`ql_core.db.journal_sql.ATTEMPT_COLUMNS` of the attempt table aliased ``a`` (its host handle
 #: as :data:`HOST_HANDLE_A`).
 ATTEMPT_COLUMNS_A = ", ".join(HOST_HANDLE_A if c.strip() == "host_handle" else f"a.{c.strip()}"
                               for c in ATTEMPT_COLUMNS.split(","))
-#: The create's host handle (parameters: handle, attempt id), after its attempt; none, nothing to write.
-INSERT_ATTEMPT_HOST = ("INSERT INTO ql_attempt_host (attempt_key, host_handle) "
-                       "SELECT attempt_key, ?1 FROM ql_run_attempt WHERE id = ?2 AND ?1 IS NOT NULL")
+#: The create's host handle (parameters: handle, attempt id), after its attempt (the run's first),
+#: into its run's row (0019), written in the same transaction; none, nothing to write.
+INSERT_ATTEMPT_HOST = (f"UPDATE ql_run SET host_handle = ?1 WHERE run_key = (SELECT attempt_key >> {ATTEMPT_KEY_BITS} "
+                       f"FROM ql_run_attempt WHERE id = ?2 AND (attempt_key & {_SPAN}) = 1) AND ?1 IS NOT NULL")
 SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id = ?"
-# The partial index ix_ql_attempt_live holds active rows only: a page reads `limit` entries.
-PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a INDEXED BY ix_ql_attempt_live "
-                        f"WHERE a.runtime_owner = ? AND a.status IN {ACTIVE} AND a.id > ? ORDER BY a.id LIMIT ?")
+# -- the recovery page: this node's active attempts by id (revision 0018_sqlite_live_attempts) --------
+#: An attempt is active (starting, running) only while its run is (queued, running: an attempt and its
+#: run end in one transaction, ql_core.completion), so the active attempts are among the attempts of
+#: the live ranges of ``ix_ql_run_order`` — the index every task writes anyway. The partial index
+#: ``ix_ql_attempt_live`` of the active attempts cost a page in each of a task's two commits (its entry
+#: added, then removed: 2.0 WAL frames per awaited task); a page now reads the live runs and their
+#: attempts' key ranges and sorts the active ones by id: live rows only, never history.
+LIVE_ORDERS = tuple(STATUS_ORDER.index(s) + 1 for s in sorted(RUN_ACTIVE))
+PAGE_ACTIVE_ATTEMPTS = (f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run r INDEXED BY ix_ql_run_order CROSS JOIN "
+                        f"ql_run_attempt a ON {ATTEMPTS_OF} WHERE r.status_order IN {LIVE_ORDERS} "
+                        f"AND a.runtime_owner = ? AND a.status IN {ACTIVE} AND a.id > ? ORDER BY a.id LIMIT ?")
 
 #: The create's attempt, its key taken from its run's row (written first, in the same transaction):
 #: the parameters of the shared INSERT_ATTEMPT, in its order; no run row, nothing inserted (the
@@ -131,4 +146,4 @@ def attempts_of_runs(count: int) -> str:
 
 
 __all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "HOST_HANDLE_A", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT",
-            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]
+            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "LIVE_ORDERS", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]

@@ -56,11 +56,28 @@ INSERT_JOURNAL = ("INSERT OR IGNORE INTO ql_receipt_journal (attempt_id, run_id,
                   "registered_at_ms, updated_at_ms) VALUES (?1, CASE WHEN EXISTS (SELECT 1 FROM ql_run_attempt "
                   f"WHERE id = ?1 AND run_id = ?2) THEN '' ELSE ?2 END, 'pending', CASE ?3 WHEN {_REF_OF.format(a='?1')} "
                   "THEN '' ELSE ?3 END, ?4, ?5)")
+# The retention clock of a row whose terminal_seen_at_ms is not written: its attempt ended, the
+# time of the terminal commit, read from that commit's own ``attempt.<status>`` event (its at_ms is the
+# clock the terminal commit wrote into the row before; the event is one of its run's few, one range of
+# the event key, read from the newest; core names the attempt in it, one that names none counts for
+# the attempt read). The terminal commit then writes no journal row
+# (SqliteJournal.derives_terminal_seen): one page fewer per task. A live or unknown attempt, or an
+# ended one without that event: NULL, as before (the reconciler's retention then starts the clock when
+# it sees the receipt missing). Written clocks (the reconciler's, rows of earlier versions) come first.
+from ql_core.db.sqlite_events import EVENT_KEY_BITS as _EVENT_BITS  # noqa: E402
+from ql_core.db.sqlite_runs import ATTEMPT_KEY_BITS as _ATTEMPT_BITS  # noqa: E402
+
+_RUN_OF_A = f"(a.attempt_key >> {_ATTEMPT_BITS})"
+_TERMINAL_SEEN = (f"COALESCE(j.terminal_seen_at_ms, (SELECT e.at_ms FROM ql_run_attempt a CROSS JOIN ql_run_event e "
+                  f"ON e.event_key BETWEEN {_RUN_OF_A} << {_EVENT_BITS} AND ({_RUN_OF_A} << {_EVENT_BITS}) + "
+                  f"{(1 << _EVENT_BITS) - 1} WHERE a.id = j.attempt_id AND a.status IN {ENDED} "
+                  "AND COALESCE(e.attempt_id, a.id) = a.id AND e.type = 'attempt.' || a.status "
+                  "ORDER BY e.event_key DESC LIMIT 1))")
 # The journal's columns (JournalEntry's first eight) with the derived ones filled in.
 _JOURNAL_COLUMNS = ("j.attempt_id, COALESCE(NULLIF(j.run_id, ''), (SELECT a.run_id FROM ql_run_attempt a "
                     f"WHERE a.id = j.attempt_id), ''), j.state, COALESCE(NULLIF(j.receipt_ref, ''), "
                     f"{_REF_OF.format(a='j.attempt_id')}), j.quarantine_reason, j.registered_at_ms, "
-                    "j.updated_at_ms, j.terminal_seen_at_ms")
+                    f"j.updated_at_ms, {_TERMINAL_SEEN}")
 PAGE_JOURNAL = (f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id > ? "
                 "ORDER BY j.attempt_id LIMIT ?")
 SELECT_JOURNAL = f"SELECT {_JOURNAL_COLUMNS} FROM ql_receipt_journal j WHERE j.attempt_id = ?"

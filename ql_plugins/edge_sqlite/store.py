@@ -52,6 +52,8 @@ class SqliteJournal(SqlJournalKernel):
     name = "edge-sqlite"
     sql = statements
     placeholder = "?"
+    # The journal reads derive a terminal attempt's retention clock (statements._TERMINAL_SEEN).
+    derives_terminal_seen = True
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 5000, create: bool = True,
                  refuse_fresh: bool = False) -> None:

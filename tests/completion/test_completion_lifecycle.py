@@ -69,9 +69,12 @@ def test_the_terminal_transaction_carries_all_completion_bookkeeping(runtime: An
     observed = runtime.executor.wait(sub.task, 60)
     commits.commits.clear()
     runtime.complete_from_wait(sub, observed)  # consume → CompletionService → delete the receipt
-    # One commit ends the attempt: run, attempt, two events and the journal row's retention clock.
+    # One commit ends the attempt: run, attempt and two events. The journal row's retention clock is
+    # the terminal event's time (read through the store): no journal page in this commit.
     assert commits.writes == [["UPDATE ql_run_attempt", "UPDATE ql_run", "INSERT ql_run_event",
-                               "INSERT ql_run_event", "UPDATE ql_receipt_journal"]]
+                               "INSERT ql_run_event"]]
+    entry = runtime.node.journal.journal_entry(sub.attempt_id)
+    assert entry is not None and entry.terminal_seen_at_ms is not None
     assert not receipt_path(runtime.config.data_dir, sub.attempt_id).exists()
 
 
@@ -129,7 +132,8 @@ def test_consumed_rows_leave_with_the_next_create_and_never_before_their_receipt
     first = submit(["sh", "-c", "exit 0"])
     runtime.wait(first)
     row = journal_row(runtime, first.attempt_id)
-    assert row is not None and row["state"] == "pending" and row["terminal_seen_at_ms"] is not None
+    assert row is not None and row["state"] == "pending"
+    assert runtime.node.journal.journal_entry(first.attempt_id).terminal_seen_at_ms is not None  # the clock runs
     assert first.attempt_id in runtime.journal.noted()
     commits.commits.clear()
     second = submit(["sh", "-c", "exit 0"])
@@ -147,7 +151,7 @@ def test_rows_of_other_processes_go_by_retention_only_once_their_receipt_is_miss
     sub = create(runtime.node)
     runtime.receipts.publish(valid_receipt(sub, exit_code=4))
     assert reconcile(ql_env)["applied"] == 1
-    assert journal_row(runtime, sub.attempt_id)["terminal_seen_at_ms"] is not None
+    assert runtime.node.journal.journal_entry(sub.attempt_id).terminal_seen_at_ms is not None
     zero = write_config(tmp_path / "ql.toml", terminal_journal_retention_s=0.0)
     # A receipt shows up again (a replay): the row is not purged while it exists.
     runtime.receipts.publish(valid_receipt(sub, exit_code=4))

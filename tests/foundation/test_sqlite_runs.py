@@ -149,7 +149,9 @@ def test_a_runs_create_and_end_write_one_leaf_of_the_run_order_each(tmp_path: Pa
 
 
 def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tmp_path: Path) -> None:
-    # 0014: with both handles an attempt row spilled into an overflow page that each commit replaced.
+    # 0014: with both handles an attempt row spilled into an overflow page that each commit replaced;
+    # 0019: the create's host handle is in its run's row (written by the create anyway), and side
+    # rows of ql_attempt_host written before are still read.
     db = tmp_path / "ql.db"
     store = SqliteJournal(f"sqlite:///{db}")
     host = '{"boot_id":"%s","pgid":4194311,"pid":4194311,"source":"proc","start_time":123456789}' % ("b" * 36)
@@ -161,7 +163,8 @@ def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tm
             store.create_running(new, handle=handle)
         conn = sqlite3.connect(db)
         assert conn.execute("SELECT count(*) FROM ql_run_attempt WHERE host_handle IS NOT NULL").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE host_handle = ?", (host,)).fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM ql_run WHERE host_handle = ?", (host,)).fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM dbstat WHERE name = 'ql_run_attempt' AND pagetype = 'overflow'"
                             ).fetchone() == (0,)
         # A row that carries its own host handle (an older revision's, or written by anything else) wins.
@@ -171,12 +174,15 @@ def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tm
         assert store.attempt(made[1].attempt_id).host_handle == host
         with store.connections.read() as c:  # a run's attempts, through its key
             assert [a[16] for a in c.execute(statements.SELECT_ATTEMPTS_OF_RUN, (made[1].run_id,))] == [host]
-        # The side row goes with its attempt.
+        # A side row written before 0019 (the run's column NULL) is read; it goes with its attempt.
         key = conn.execute("SELECT attempt_key FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,)).fetchone()
+        conn.execute("UPDATE ql_run SET host_handle = NULL WHERE id = ?", (made[2].run_id,))
+        conn.execute("INSERT INTO ql_attempt_host (attempt_key, host_handle) VALUES (?, 'side')", key)
+        conn.commit()
+        assert store.attempt(made[2].attempt_id).host_handle == "side"
         conn.execute("DELETE FROM ql_run_attempt WHERE id = ?", (made[2].attempt_id,))
         conn.commit()
-        assert conn.execute("SELECT count(*) FROM ql_attempt_host WHERE attempt_key = ?", key).fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM ql_attempt_host").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM ql_attempt_host").fetchone() == (0,)
         conn.close()
     finally:
         store.close()

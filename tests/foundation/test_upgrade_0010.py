@@ -121,11 +121,13 @@ def test_a_0009_data_dir_upgrades_in_place_keeping_every_row(tmp_path: Path) -> 
                 assert sql.rstrip().endswith("WITHOUT ROWID") == without_rowid, table
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')")}
             assert {"ix_ql_log_order", "ux_ql_event_dedupe", "ql_tally_log_update",
-                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_attempt_live", "ix_ql_run_order",
+                    "ql_tally_log_delete", "ix_ql_attempt_deadline", "ix_ql_run_order",
                     "ql_tally_run_delete", "ql_event_fixed"} <= names
-            # 0012: runs in order come from one index's ranges alone; 0013: numbered, live ones last.
+            # 0012: runs in order come from one index's ranges alone; 0013: numbered, live ones last;
+            # 0018: live attempts through the live runs' ranges.
             assert not {"ix_ql_log_run", "ix_ql_journal_state", "ix_ql_run_created", "ix_ql_run_ended",
-                        "ix_ql_attempt_run", "ix_ql_run_status", "ix_ql_log_unsized", "ix_ql_log_kept"} & names
+                        "ix_ql_attempt_run", "ix_ql_run_status", "ix_ql_log_unsized", "ix_ql_log_kept",
+                        "ix_ql_attempt_live"} & names
             assert conn.execute("SELECT count(*) FROM ql_run INDEXED BY ix_ql_run_order WHERE status_order = 5"
                                 ).fetchone()[0] == conn.execute("SELECT count(*) FROM ql_run WHERE status = 'succeeded'"
                                                                 ).fetchone()[0]

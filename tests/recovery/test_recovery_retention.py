@@ -41,7 +41,7 @@ def test_terminal_rows_without_receipt_purged_only_after_the_window(rt_factory, 
     Reconciler(rt.node).full_pass()
     assert set(statuses(rt, ended.run_ids).values()) == {"lost"}
     ended_at = max(attempt_row(rt, a).finished_at_ms for a in ended.attempt_ids)
-    assert all(journal_row(rt, a).terminal_seen_at_ms is not None for a in ended.attempt_ids)
+    assert all(rt.node.journal.journal_entry(a).terminal_seen_at_ms is not None for a in ended.attempt_ids)
 
     # Inside the window (the same rows, seen by a runtime whose window is an hour): nothing is purged.
     patient = rt_factory(**(LIMITS | {"terminal_journal_retention_s": 3600.0}))

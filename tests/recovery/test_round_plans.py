@@ -28,6 +28,10 @@ ALLOWED: dict[str, tuple[str, str]] = {
     # before it (the running logs and the sizing queue: work in flight, never history) are sorted.
     "AND a.status IN ('succeeded', 'failed', 'cancelled', 'timed_out', 'lost') ORDER BY 7, 1 LIMIT":
         ("USE TEMP B-TREE FOR ORDER BY", "sorts the unsized logs (running, or queued for sizing) only"),
+    # The page of active attempts (0018): the live runs' ranges of ix_ql_run_order, their attempts
+    # sorted by id — live rows only.
+    "WHERE r.status_order IN (6, 7) AND a.runtime_owner =":
+        ("USE TEMP B-TREE FOR ORDER BY", "sorts the active attempts of the live runs only"),
     # The deadline and dispatch steps sort their due rows: only live attempts / pending dispatches.
     "FROM ql_run_attempt a JOIN ql_run r ON r.id = a.run_id":
         ("USE TEMP B-TREE FOR ORDER BY", "sorts due deadlines of live attempts (status IN live)"),
