@@ -75,8 +75,8 @@ def main() -> None:
         if j < len(claims):
             refill.append(claims[j] - f)
         j = max(0, j)
-    # the slot's idle time: each finish to the first process start at or after it (with parked
-    # claims — claim_prefetch — the next claim may come before the finish: this is the refill)
+    # the slot's idle time: each finish to the first process start at or after it (the refill as the
+    # slot sees it, whichever claim its next run came from)
     starts = sorted(r[2] for r in rows)
     respawn = []
     j = 0
