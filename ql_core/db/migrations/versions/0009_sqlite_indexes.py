@@ -17,6 +17,8 @@ Revises: 0008_worker_draining
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade
+
 revision = "0009_sqlite_indexes"
 down_revision = "0007_history"  # core's chain; the cluster branch's 0008 sits on 0007 too
 branch_labels = None
@@ -30,5 +32,4 @@ def upgrade() -> None:
     op.drop_index("ix_ql_attempt_active", table_name="ql_run_attempt")
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

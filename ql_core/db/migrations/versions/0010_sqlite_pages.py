@@ -32,6 +32,8 @@ Revises: 0009_sqlite_indexes
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade
+
 revision = "0010_sqlite_pages"
 down_revision = "0009_sqlite_indexes"
 branch_labels = None
@@ -110,5 +112,4 @@ def upgrade() -> None:
         _rebuild_without_rowid(bind, table)
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

@@ -29,6 +29,8 @@ Revises: 0010_sqlite_pages
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade
+
 revision = "0011_sqlite_compact"
 down_revision = "0010_sqlite_pages"
 branch_labels = None
@@ -147,5 +149,4 @@ def upgrade() -> None:
         op.execute(sql)
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

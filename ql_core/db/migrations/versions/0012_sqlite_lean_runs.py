@@ -38,6 +38,8 @@ Revises: 0011_sqlite_compact
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade
+
 revision = "0012_sqlite_lean_runs"
 down_revision = "0011_sqlite_compact"
 branch_labels = None
@@ -134,5 +136,4 @@ def _attempts_by_run_key(bind) -> None:  # type: ignore[no-untyped-def]
         op.execute(sql)
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

@@ -23,6 +23,8 @@ Revises: 0012_sqlite_lean_runs
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade, upgrade_sqlite
+
 revision = "0013_sqlite_run_order"
 down_revision = "0012_sqlite_lean_runs"
 branch_labels = None
@@ -33,15 +35,13 @@ _ORDER = ("cancelled", "failed", "lost", "timed_out", "succeeded", "queued", "ru
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
     cases = " ".join(f"WHEN '{state}' THEN {n}" for n, state in enumerate(_ORDER, start=1))
-    op.execute(f"ALTER TABLE ql_run ADD COLUMN status_order INTEGER GENERATED ALWAYS AS (CASE status {cases} END) "
-               "VIRTUAL")
-    op.execute("CREATE INDEX ix_ql_run_order ON ql_run (status_order, created_at_ms, id)")
-    op.execute("DROP INDEX ix_ql_run_status")
+    upgrade_sqlite(op, [
+        f"ALTER TABLE ql_run ADD COLUMN status_order INTEGER GENERATED ALWAYS AS (CASE status {cases} END) "
+        "VIRTUAL",
+        "CREATE INDEX ix_ql_run_order ON ql_run (status_order, created_at_ms, id)",
+        "DROP INDEX ix_ql_run_status",
+    ])
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

@@ -21,6 +21,8 @@ Revises: 0013_sqlite_run_order
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade, upgrade_sqlite
+
 revision = "0014_sqlite_attempt_host"
 down_revision = "0013_sqlite_run_order"
 branch_labels = None
@@ -28,13 +30,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
-    op.execute("CREATE TABLE ql_attempt_host (attempt_key INTEGER NOT NULL PRIMARY KEY, host_handle VARCHAR(512) NOT NULL)")
-    op.execute("CREATE TRIGGER ql_attempt_host_delete AFTER DELETE ON ql_run_attempt BEGIN "
-               "DELETE FROM ql_attempt_host WHERE attempt_key = OLD.attempt_key; END")
+    upgrade_sqlite(op, [
+        "CREATE TABLE ql_attempt_host (attempt_key INTEGER NOT NULL PRIMARY KEY, host_handle VARCHAR(512) NOT NULL)",
+        "CREATE TRIGGER ql_attempt_host_delete AFTER DELETE ON ql_run_attempt BEGIN "
+        "DELETE FROM ql_attempt_host WHERE attempt_key = OLD.attempt_key; END",
+    ])
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

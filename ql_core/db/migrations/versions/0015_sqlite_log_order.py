@@ -20,6 +20,8 @@ Revises: 0014_sqlite_attempt_host
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade, upgrade_sqlite
+
 revision = "0015_sqlite_log_order"
 down_revision = "0014_sqlite_attempt_host"
 branch_labels = None
@@ -29,15 +31,13 @@ _UNSIZED = (1 << 63) - 1  # ql_core.db.sqlite_logs.UNSIZED (a revision keeps its
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
-    op.execute("ALTER TABLE ql_log_artifact ADD COLUMN log_order BIGINT GENERATED ALWAYS AS "
-               f"(CASE WHEN size_bytes IS NULL THEN {_UNSIZED} ELSE created_at_ms END) VIRTUAL")
-    op.execute("CREATE INDEX ix_ql_log_order ON ql_log_artifact (log_order, id) WHERE deleted_at_ms IS NULL")
-    op.execute("DROP INDEX ix_ql_log_kept")
-    op.execute("DROP INDEX ix_ql_log_unsized")
+    upgrade_sqlite(op, [
+        "ALTER TABLE ql_log_artifact ADD COLUMN log_order BIGINT GENERATED ALWAYS AS "
+        f"(CASE WHEN size_bytes IS NULL THEN {_UNSIZED} ELSE created_at_ms END) VIRTUAL",
+        "CREATE INDEX ix_ql_log_order ON ql_log_artifact (log_order, id) WHERE deleted_at_ms IS NULL",
+        "DROP INDEX ix_ql_log_kept",
+        "DROP INDEX ix_ql_log_unsized",
+    ])
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

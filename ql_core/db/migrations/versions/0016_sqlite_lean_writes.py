@@ -51,6 +51,8 @@ Revises: 0015_sqlite_log_order
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade
+
 revision = "0016_sqlite_lean_writes"
 down_revision = "0015_sqlite_log_order"
 branch_labels = None
@@ -126,5 +128,4 @@ def upgrade() -> None:
     _journal_without_rowid(bind)
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

@@ -16,6 +16,8 @@ Revises: 0016_sqlite_lean_writes
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade, upgrade_sqlite
+
 revision = "0018_sqlite_live_attempts"
 down_revision = "0016_sqlite_lean_writes"
 branch_labels = None
@@ -23,11 +25,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
-    op.execute("DROP INDEX IF EXISTS ix_ql_attempt_live")
+    upgrade_sqlite(op, [
+        "DROP INDEX IF EXISTS ix_ql_attempt_live",
+    ])
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade

@@ -17,6 +17,8 @@ Revises: 0018_sqlite_live_attempts
 
 from alembic import op
 
+from ql_core.db.sqlite_migration import no_downgrade, upgrade_sqlite
+
 revision = "0019_sqlite_run_host"
 down_revision = "0018_sqlite_live_attempts"
 branch_labels = None
@@ -24,11 +26,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
-    op.execute("ALTER TABLE ql_run ADD COLUMN host_handle VARCHAR(512)")
+    upgrade_sqlite(op, [
+        "ALTER TABLE ql_run ADD COLUMN host_handle VARCHAR(512)",
+    ])
 
 
-def downgrade() -> None:
-    raise NotImplementedError("ql does not migrate down; restore the database from a backup")
+downgrade = no_downgrade
