@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import pstats
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def child(out: Path, argv: list[str]) -> None:
@@ -64,9 +66,15 @@ def child(out: Path, argv: list[str]) -> None:
 
         os._exit(ql_main(argv[argv.index("-m") + 2:]))
 
+    def own_cpu_clock() -> Any:
+        # The calling thread's CPU clock, by its id — not time.thread_time, which reads the clock of
+        # whichever thread calls it: a thread still running at the end is dumped from the main
+        # thread, and its open calls were then timed as main-thread CPU minus its own (garbage:
+        # seconds per idle waiting thread). Waits (locks, fsync, the network) cost nothing here.
+        return functools.partial(time.clock_gettime, time.pthread_getcpuclockid(threading.get_ident()))
+
     def run(self: threading.Thread) -> None:
-        # Timed on the thread's own CPU clock: waits (locks, fsync, the network) cost nothing here.
-        prof = cProfile.Profile(time.thread_time)
+        prof = cProfile.Profile(own_cpu_clock())
         live[threading.get_ident()] = (prof, self)
         prof.enable()
         try:
@@ -79,7 +87,7 @@ def child(out: Path, argv: list[str]) -> None:
     threading.Thread.run = run  # type: ignore[method-assign]
     from ql_core.cli.main import main as ql_main
 
-    prof = cProfile.Profile(time.thread_time)
+    prof = cProfile.Profile(own_cpu_clock())
     prof.enable()
     try:
         ql_main(argv[argv.index("-m") + 2:])

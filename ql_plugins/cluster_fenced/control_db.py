@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
-from . import control_sql as sql
+from . import control_sql as sql, pg_arrays
 from .call_deadlines import CALL_DEADLINES
 from .results import (
     CancelAnswer,
@@ -222,6 +222,7 @@ class ControlDB:
                                    application_name="ql-cluster", **_KEEPALIVES)
         except psycopg.Error as exc:
             raise TransientError("connect", type(exc).__name__, getattr(exc, "sqlstate", None)) from None
+        pg_arrays.register(conn)  # the batched calls' typed arrays: dumped in one pass
         self._conn = conn
         return conn
 
@@ -561,8 +562,7 @@ def _columns(params: Sequence[Sequence[Any]]) -> list[list[Any]]:
 
 def _fetch_one_statement(conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     with conn.cursor() as cur:
-        cur.execute(sql, params, prepare=True)
-        return cur.fetchall()
+        return cur.execute(sql, params, prepare=True).fetchall()
 
 
 def _fetch_batch(conn: Any, sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .control_db import ControlDB, ControlDBError
 from .control_sql import FENCE_ARRAYS
+from .pg_arrays import FENCE_TYPES, BigintArray, BooleanArray, IntegerArray, TextArray, array_columns
 from .results import CompletionAnswer, CompletionResult, LeaseResult
 
 if TYPE_CHECKING:
@@ -84,8 +85,9 @@ class RoundAnswers:
         return None
 
 
-def _columns(params: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    return [list(column) for column in zip(*params)]
+#: Each kind's arguments, as its branch casts them (typed: dumped in one pass, see .pg_arrays).
+_RUNNING_TYPES = (*FENCE_TYPES, BigintArray)
+_COMPLETE_TYPES = (*FENCE_TYPES, IntegerArray, BigintArray, BigintArray, BooleanArray, TextArray)
 
 
 def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
@@ -101,21 +103,21 @@ def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
     params: list[Any] = []
     if starts:
         kinds.append(START)
-        params += _columns([f.params() for f in starts])
+        params += array_columns([f.params() for f in starts], FENCE_TYPES)
     if runnings:
         kinds.append(RUNNING)
-        params += _columns([(*f.params(), started) for f, started in runnings])
+        params += array_columns([(*f.params(), started) for f, started in runnings], _RUNNING_TYPES)
     if completions:
         kinds.append(COMPLETE)
-        params += _columns([(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
-                             c.completion_digest) for f, c in completions])
+        params += array_columns([(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
+                                  c.completion_digest) for f, c in completions], _COMPLETE_TYPES)
         if spawns is not None:
             if len(spawns) != len(completions):
                 raise ValueError("one spawn (or None) per completion")
-            params.append(list(spawns))
+            params.append(BigintArray(spawns))
     if empties:
         kinds.append(EMPTY)
-        params += [*_columns([f.params() for f in empties]), int(max_bytes)]
+        params += [*array_columns([f.params() for f in empties], FENCE_TYPES), int(max_bytes)]
     answers = RoundAnswers([], [], [], [])
     if not kinds:
         return answers
