@@ -67,24 +67,10 @@ def main() -> None:
     claims = sorted(r[0] for r in rows)
     finishes = sorted(r[3] for r in rows)
     # the refill: each finish to the first claim at or after it (the slot it freed, taken again)
-    refill = []
-    j = 0
-    for f in finishes[:-8]:
-        while j < len(claims) and claims[j] < f:
-            j += 1
-        if j < len(claims):
-            refill.append(claims[j] - f)
-        j = max(0, j)
+    refill = _gaps_after(finishes[:-8], claims)
     # the slot's idle time: each finish to the first process start at or after it (the refill as the
     # slot sees it, whichever claim its next run came from)
-    starts = sorted(r[2] for r in rows)
-    respawn = []
-    j = 0
-    for f in finishes[:-8]:
-        while j < len(starts) and starts[j] < f:
-            j += 1
-        if j < len(starts):
-            respawn.append(starts[j] - f)
+    respawn = _gaps_after(finishes[:-8], sorted(r[2] for r in rows))
     wall = max(r[4] for r in rows) - min(claims)
     busy = sum(r[3] - r[0] for r in rows)
     running = sum(r[3] - r[2] for r in rows)
@@ -102,6 +88,18 @@ def main() -> None:
     print(f"  runs whose attempt.spawned never reached the control plane (completed before `running`): {unspawned}")
     print(f"  slots busy (claim -> finish) {100 * busy / (4 * wall):.0f}%, running a process (start -> finish) "
           f"{100 * running / (4 * wall):.0f}% of 4 x {wall} ms")
+
+
+def _gaps_after(finishes: list[int], later: list[int]) -> list[int]:
+    """For each of the sorted ``finishes``, the time to the first of the sorted ``later`` at or after it."""
+    gaps = []
+    j = 0
+    for f in finishes:
+        while j < len(later) and later[j] < f:
+            j += 1
+        if j < len(later):
+            gaps.append(later[j] - f)
+    return gaps
 
 
 if __name__ == "__main__":
