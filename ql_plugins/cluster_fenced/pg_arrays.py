@@ -75,47 +75,32 @@ _INT4 = struct.Struct(">ii")
 _TRUE, _FALSE = struct.pack(">ib", 1, 1), struct.pack(">ib", 1, 0)
 
 
-def _text(obj: PgArray, encoding: str) -> list[bytes]:
+def _text(v: str, encoding: str) -> bytes:
+    b = v.encode(encoding)
+    return _LEN.pack(len(b)) + b
+
+
+#: Per array type: the one Python type its elements must have (exactly: a bool is not an int here),
+#: and the binary form of one element (its length, then its bytes; struct.error when out of range).
+_ELEMENTS: dict[type[PgArray], tuple[type, Callable[[Any, str], bytes]]] = {
+    TextArray: (str, _text),
+    BigintArray: (int, lambda v, _e: _INT8.pack(8, v)),
+    IntegerArray: (int, lambda v, _e: _INT4.pack(4, v)),
+    BooleanArray: (bool, lambda v, _e: _TRUE if v else _FALSE),
+}
+
+
+def _elements(obj: PgArray, encoding: str) -> list[bytes]:
+    kind, pack = _ELEMENTS[type(obj)]  # KeyError: not one of these four
     out = []
     for v in obj:
         if v is None:
             out.append(_NULL)
-        elif type(v) is str:
-            b = v.encode(encoding)
-            out.append(_LEN.pack(len(b)) + b)
+        elif type(v) is kind:
+            out.append(pack(v, encoding))
         else:
-            raise TypeError("not a str")
+            raise TypeError(f"not a {kind.__name__}")
     return out
-
-
-def _ints(pack: Callable[[int, int], bytes], size: int) -> Callable[[PgArray, str], list[bytes]]:
-    def elements(obj: PgArray, _encoding: str) -> list[bytes]:
-        out = []
-        for v in obj:
-            if v is None:
-                out.append(_NULL)
-            elif type(v) is int:
-                out.append(pack(size, v))  # struct.error when out of range
-            else:
-                raise TypeError("not an int")  # bool too: a flag is not a number here
-        return out
-    return elements
-
-
-def _bools(obj: PgArray, _encoding: str) -> list[bytes]:
-    out = []
-    for v in obj:
-        if v is None:
-            out.append(_NULL)
-        elif v is True or v is False:
-            out.append(_TRUE if v else _FALSE)
-        else:
-            raise TypeError("not a bool")
-    return out
-
-
-_ELEMENTS: dict[type[PgArray], Callable[[PgArray, str], list[bytes]]] = {
-    TextArray: _text, BigintArray: _ints(_INT8.pack, 8), IntegerArray: _ints(_INT4.pack, 4), BooleanArray: _bools}
 
 
 def dump_array(obj: PgArray, encoding: str = "utf-8") -> bytes:
@@ -123,7 +108,7 @@ def dump_array(obj: PgArray, encoding: str = "utf-8") -> bytes:
     struct.error for an element of another type (never naming its value)."""
     if not obj:
         return _EMPTY.pack(0, 0, obj.elem_oid)
-    elements = _ELEMENTS[type(obj)](obj, encoding)  # KeyError: not one of these four
+    elements = _elements(obj, encoding)
     has_null = 1 if _NULL in elements else 0
     return _HEAD.pack(1, has_null, obj.elem_oid, len(obj), 1) + b"".join(elements)
 
