@@ -11,8 +11,9 @@ the worker (about 2x here): read the shares, not the absolute numbers (``bench_c
 
 ``--no-profile``: no profiler; each thread's CPU per task from ``/proc``, each of the worker's
 PostgreSQL backends', and the control-database calls per task by function (``track_functions``,
-when the role may set it) with the database's transactions per task. The counts, unlike CPU
-times, do not move with other load on a shared machine: compare them first.
+when the role may set it) with the server's time in each, per task and per call, and the
+database's transactions per task. The counts, unlike CPU times, do not move with other load on a
+shared machine: compare them first.
 """
 
 from __future__ import annotations
@@ -139,16 +140,18 @@ def _track_functions(dsn: str) -> bool:
     return True
 
 
-def _calls(dsn: str) -> tuple[dict[str, int], int]:
-    """Calls of each ``ql_`` function so far (batched ones count once per batch), and the
-    database's committed + rolled back transactions: counts, which other load does not move."""
+def _calls(dsn: str) -> tuple[dict[str, tuple[int, float]], int]:
+    """Calls of each ``ql_`` function so far (batched ones count once per batch) with the server's
+    total time in it (ms, the functions it calls included), and the database's committed + rolled
+    back transactions. The counts are what other load does not move; the times say which
+    function a round's wait is spent in (the control loop waits for each call)."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        calls = dict(conn.execute("SELECT funcname, sum(calls)::bigint FROM pg_stat_user_functions"
-                                  " WHERE funcname LIKE 'ql%%' AND funcname NOT LIKE 'ql\\_\\_%%'"
-                                  " GROUP BY funcname").fetchall())
+        calls = {fn: (int(n), float(ms)) for fn, n, ms in conn.execute(
+            "SELECT funcname, sum(calls)::bigint, sum(total_time) FROM pg_stat_user_functions"
+            " WHERE funcname LIKE 'ql%%' AND funcname NOT LIKE 'ql\\_\\_%%' GROUP BY funcname").fetchall()}
         xacts = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
                              " WHERE datname = current_database()").fetchone()[0]
     return calls, int(xacts)
@@ -209,11 +212,12 @@ def main() -> None:
                     if counting:
                         # ql_submit is this script's own queueing; the transactions include its
                         # drain polls (one every 50 ms) and the statistics reads.
-                        print("# control-database calls per task, by function (a batched function counts once per batch; pipelined calls and the functions a call runs count each), and transactions")
+                        print("# control-database calls per task, by function (a batched function counts once per batch; pipelined calls and the functions a call runs count each), the server's ms in each per task and per call, and transactions")
                         for fn in sorted(calls1):
-                            n = calls1[fn] - calls0.get(fn, 0)
+                            n = calls1[fn][0] - calls0.get(fn, (0, 0.0))[0]
+                            ms = calls1[fn][1] - calls0.get(fn, (0, 0.0))[1]
                             if n:
-                                print(f"  {fn:>28}: {n / args.n:7.3f}")
+                                print(f"  {fn:>28}: {n / args.n:7.3f}   {ms / args.n:6.3f} ms/task   {ms / n:6.3f} ms/call")
                         print(f"  {'transactions':>28}: {(xacts1 - xacts0) / args.n:7.3f}")
                     return
             finally:
