@@ -346,9 +346,11 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)  # 43 chars of [A-Za-z0-9_-], 256 bits
 
 
-def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> object:
-    """ql_core.testing's poller (``wait_until``)."""
-    return wait_until(cond, what, timeout)
+def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S, *,
+             diagnose: Callable[[], object] | None = None) -> object:
+    """ql_core.testing's poller (``wait_until``); ``diagnose`` is called at the time-out (what
+    ``what`` would show is its state when the wait began)."""
+    return wait_until(cond, what, timeout, diagnose=diagnose)
 
 
 # ---------------------------------------------------------------- /proc helpers

@@ -513,8 +513,11 @@ def test_the_standby_closes_what_a_careless_host_left_open(host: Host, close_ran
         def launcher_pid() -> int | None:
             if close_range:
                 return one.pid
-            kids = children(one.pid)  # strace's child, once it exec'd the launcher
-            return kids[0] if kids and cmdline(kids[0])[-1:] == [b"--standby"] else None
+            # strace's child, once it exec'd the launcher: its whole argv, not just "--standby" at the
+            # end - strace's own children have that too (its start-up probes fork short-lived copies
+            # of strace, and the tracee is strace, then sh, before it is the launcher).
+            launcher = [host.binary.encode(), b"--standby"]
+            return next((kid for kid in children(one.pid) if cmdline(kid) == launcher), None)
 
         pid = wait_for(launcher_pid, "the launcher to start")
         assert isinstance(pid, int)
@@ -529,7 +532,8 @@ def test_the_standby_closes_what_a_careless_host_left_open(host: Host, close_ran
             return out
 
         wait_for(lambda: (proc_stat(pid) or ["?"])[0] == "S" and sorted(fds()) == [0, 1, 2, 4],
-                 f"the standby to hold only 0-2 and its channel (it holds {sorted(fds())})")
+                 "the standby to hold only 0-2 and its channel",
+                 diagnose=lambda: f"it is {proc_stat(pid)} and holds {sorted(fds()) if alive(pid) else '-'}")
         assert fds()[4].startswith("socket:")
         if close_range:  # strace holds its own copies; the launcher is the only holder otherwise
             readable, _, _ = select.select([r], [], [], DEADLINE_S)
