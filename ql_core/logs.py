@@ -45,10 +45,11 @@ import os
 import stat
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from .dirfd import DIR_FLAGS
 from .errors import UnsafePathError
+from .lean_tuple import LeanNamedTuple
 from .paths import FILE_MODE, ensure_private_dir, find_log_relative_path, log_relative_path, logs_root
 from .records import LogFacts
 
@@ -416,7 +417,7 @@ def enforce_log_quota(node: Node, facts: LogFacts) -> bool:
     return cut
 
 
-class Finalized(NamedTuple):
+class Finalized(LeanNamedTuple):
     """What :func:`finalize_log` did: ``outcome`` and the final size (when it looked at the file).
     (A tuple, not a dataclass: ``ql logs`` imports this module, and dataclasses cost it ~8 ms.)"""
 

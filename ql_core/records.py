@@ -3,19 +3,20 @@
 Immutable named tuples, one per table row or read view, with the column
 names of the declared schema (:mod:`ql_core.db.models`), so a store builds
 one with ``Record(*row)``. (Tuples, not dataclasses: defining them costs a
-fifth, and every ``ql status`` pays for it.) They carry no behaviour beyond
+fifth, and every ``ql status`` pays for it; and :class:`~ql_core.lean_tuple.LeanNamedTuple`,
+not ``typing.NamedTuple``, which compiles a ``__new__`` per class.) They carry no behaviour beyond
 small derived properties (and :func:`run_view`, a run row and its attempt rows as the view);
 decisions live in :mod:`ql_core.outcome` and the
 services. Nothing here holds a command, argv, environment, token or output: an
 attempt carries only its token's hash.
 
-No ``from __future__ import annotations`` here: ``typing.NamedTuple`` turns each string annotation
-into a ``ForwardRef``, which compiles it, ~120 compiles at every command's start (~0.7 ms of CPU);
-evaluated annotations (every name here is defined before its use) cost none.
+No ``from __future__ import annotations`` here (a leftover of ``typing.NamedTuple``, which turned
+each string annotation into a compiled ``ForwardRef``); the lean base evaluates none either way.
 """
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
+from .lean_tuple import LeanNamedTuple
 from .states import RUN_TERMINAL
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-class RunRecord(NamedTuple):
+class RunRecord(LeanNamedTuple):
     id: str
     name: str | None
     status: str
@@ -55,7 +56,7 @@ class RunRecord(NamedTuple):
         return self.status in RUN_TERMINAL
 
 
-class AttemptRecord(NamedTuple):
+class AttemptRecord(LeanNamedTuple):
     id: str
     run_id: str
     attempt_no: int
@@ -76,7 +77,7 @@ class AttemptRecord(NamedTuple):
     version: int
 
 
-class EventRecord(NamedTuple):
+class EventRecord(LeanNamedTuple):
     run_id: str
     seq: int
     type: str
@@ -90,7 +91,7 @@ class EventRecord(NamedTuple):
         return self._asdict()
 
 
-class JournalEntry(NamedTuple):
+class JournalEntry(LeanNamedTuple):
     """A receipt-journal row, with the status and owner of its attempt (None: attempt unknown)."""
 
     attempt_id: str
@@ -105,7 +106,7 @@ class JournalEntry(NamedTuple):
     attempt_owner: str | None
 
 
-class DispatchRecord(NamedTuple):
+class DispatchRecord(LeanNamedTuple):
     """A run's cancellation dispatch record (one per run, bound to one attempt)."""
 
     run_id: str
@@ -124,7 +125,7 @@ class DispatchRecord(NamedTuple):
     updated_at_ms: int
 
 
-class LogFacts(NamedTuple):
+class LogFacts(LeanNamedTuple):
     """What the run store knows about one log artifact."""
 
     id: str
@@ -141,7 +142,7 @@ class LogFacts(NamedTuple):
         return self.deleted_at_ms is not None
 
 
-class NewRun(NamedTuple):
+class NewRun(LeanNamedTuple):
     """Everything the *create* commit writes (run, first attempt, log artifact, journal row, event)."""
 
     run_id: str
@@ -159,7 +160,7 @@ class NewRun(NamedTuple):
     host_handle: str | None = None
 
 
-class NewDispatch(NamedTuple):
+class NewDispatch(LeanNamedTuple):
     """The cancellation dispatch record a cancel intent creates (due at ``due_at_ms``)."""
 
     attempt_id: str
@@ -167,7 +168,7 @@ class NewDispatch(NamedTuple):
     due_at_ms: int
 
 
-class AttemptView(NamedTuple):
+class AttemptView(LeanNamedTuple):
     """One attempt as ``ql status`` shows it: low-sensitivity facts only (no token, no handle)."""
 
     attempt_id: str
@@ -185,7 +186,7 @@ class AttemptView(NamedTuple):
         return self._asdict()
 
 
-class RunView(NamedTuple):
+class RunView(LeanNamedTuple):
     """A run as ``ql status`` shows it, with its attempts in order (oldest first)."""
 
     run_id: str

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
+
+from ql_core.lean_tuple import LeanNamedTuple
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -11,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["RuntimeContext", "RunEventInfo"]
 
 
-class RuntimeContext(NamedTuple):
+class RuntimeContext(LeanNamedTuple):
     """Handed to every plugin factory when a runtime first needs that plugin.
 
     ``config`` is the validated configuration; ``node_id`` this node's stable
@@ -40,7 +42,7 @@ class RuntimeContext(NamedTuple):
         return dict(self.config.plugin_settings.get(name, {}))
 
 
-class RunEventInfo(NamedTuple):
+class RunEventInfo(LeanNamedTuple):
     """A committed run event, reduced to low-sensitivity fields (never a command, env or output)."""
 
     run_id: str

@@ -67,8 +67,9 @@ from __future__ import annotations
 import enum
 from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ql_core.lean_tuple import LeanNamedTuple
 from ql_core.value_class import lean_dataclass, value_class
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ class SpawnedTask:
         self.live = live
 
 
-class ExitObservation(NamedTuple):
+class ExitObservation(LeanNamedTuple):
     """What the spawning host saw when its task ended.
 
     ``exit_code`` is the task's own status (0-255; 128+N for signal N), or

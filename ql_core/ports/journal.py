@@ -53,8 +53,9 @@ from __future__ import annotations
 
 from dataclasses import field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar, runtime_checkable
 
+from ql_core.lean_tuple import LeanNamedTuple
 from ql_core.value_class import lean_dataclass, value_class
 
 # At module level, not in create_facts: a function-level import runs the import machinery on every
@@ -120,7 +121,7 @@ class ConflictError(StoreError):
     """A compare-and-set lost against another writer: retry the whole transaction."""
 
 
-class EventSpec(NamedTuple):
+class EventSpec(LeanNamedTuple):
     """An event to append: only ids, type, status, exit code and reason (low sensitivity)."""
 
     type: str
@@ -141,7 +142,7 @@ DISPATCH_COLUMNS = frozenset({"state", "outcome", "tries", "next_attempt_at_ms",
                               "kill_sent_at_ms"})
 
 
-class Snapshot(NamedTuple):
+class Snapshot(LeanNamedTuple):
     """What a decision sees, read inside the write transaction that will apply it.
 
     ``attempt`` is the one asked for (for :meth:`JournalBackend.run_transition`:
@@ -157,7 +158,7 @@ class Snapshot(NamedTuple):
     now_ms: int
 
 
-class Transition(NamedTuple):
+class Transition(LeanNamedTuple):
     """A decided change, applied by the backend with compare-and-set, or not at all."""
 
     attempt: Mapping[str, object] = MappingProxyType({})
@@ -176,7 +177,7 @@ class Transition(NamedTuple):
 Decide = Callable[[Snapshot], "tuple[T, Transition | None]"]
 
 
-class DispatchClaim(NamedTuple):
+class DispatchClaim(LeanNamedTuple):
     """A cancellation dispatch record whose lease this node now holds (``record.version`` is the fence)."""
 
     record: DispatchRecord
@@ -495,7 +496,7 @@ class TerminalLogSize(Protocol):
         ...
 
 
-class CreateFacts(NamedTuple):
+class CreateFacts(LeanNamedTuple):
     """What a create commit writes beyond the :class:`~ql_core.records.NewRun` itself (core decides
     it, every backend writes it): the run's and attempt's states, the attempt's start and handle,
     and the events, numbered from 1 (the run's ``event_seq`` is their count)."""

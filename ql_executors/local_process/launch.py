@@ -43,9 +43,10 @@ import os
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from ql_core.ids import is_uuid7
+from ql_core.lean_tuple import LeanNamedTuple
 from ql_core.receipts.codec import MAX_SAFE_INTEGER, TOKEN_PATTERN
 
 __all__ = [
@@ -91,7 +92,7 @@ _STANDBY_MAGIC = b"ql-standby-2"
 ACK_WAIT_MS = 30_000
 
 
-class Limits(NamedTuple):
+class Limits(LeanNamedTuple):
     """What a launcher enforces itself (None: not enforced). ``start_boot_ms`` is CLOCK_BOOTTIME at
     the attempt's committed start; ``timeout_ms`` counts from it on that clock."""
 
@@ -425,7 +426,7 @@ def standby_capacity(ours: socket.socket) -> int:
     return min(STANDBY_SPEC_MAX, ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 1024)
 
 
-class EncodedTask(NamedTuple):
+class EncodedTask(LeanNamedTuple):
     """The run-independent part of a standby message, encoded once (:func:`encode_task`)."""
 
     mode: LaunchMode
