@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from . import control_sql as sql, pg_arrays
+from .pg_arrays import COMPLETE_TYPES, FENCE_TYPES, RUNNING_TYPES, array_columns
 from .call_deadlines import CALL_DEADLINES
 from .results import (
     CancelAnswer,
@@ -264,16 +265,17 @@ class ControlDB:
     def _batched(self, operation: str, batch_sql: str, columns: Sequence[Sequence[Any]], scalars: Sequence[Any],
                  single_sql: str, params_seq: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """N calls of one function in ONE statement — its batched function (revision 0011), given
-        ``columns`` (one list per argument, element i of call i) then ``scalars`` — with the rows put back
-        in call order; or, on a control database without it (or a role not granted it), the same
-        calls pipelined (:meth:`_many`). Same transaction, same answers either way."""
+        ``columns`` (one typed array per argument, element i of call i:
+        :func:`.pg_arrays.array_columns`) then ``scalars`` — with the rows put back in call order;
+        or, on a control database without it (or a role not granted it), the same calls pipelined
+        (:meth:`_many`). Same transaction, same answers either way."""
         if not params_seq:
             return []
         if len(params_seq) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} calls per batch")
         if self._batch_functions:
             try:
-                rows = self._rows(operation, batch_sql, (*(list(c) for c in columns), *scalars))
+                rows = self._rows(operation, batch_sql, (*columns, *scalars))
             except ControlDBError as exc:
                 if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
                     raise
@@ -470,21 +472,23 @@ class ControlDB:
     def start_many(self, fences: Sequence[LeaseFence]) -> list[LeaseResult]:
         """:meth:`start` for each fence (each fenced on its own), in one transaction."""
         params = [f.params() for f in fences]
-        return [self.lease_result(r) for r in self._batched("start_many", sql.START_MANY, _columns(params), (),
+        return [self.lease_result(r) for r in self._batched("start_many", sql.START_MANY,
+                                                             array_columns(params, FENCE_TYPES), (),
                                                              sql.START, params)]
 
     def running_many(self, calls: Sequence[tuple[LeaseFence, int]]) -> list[LeaseResult]:
         """:meth:`running` for each ``(fence, started_at_ms)``, in one transaction."""
         params = [(*f.params(), started) for f, started in calls]
-        return [self.lease_result(r) for r in self._batched("running_many", sql.RUNNING_MANY, _columns(params), (),
+        return [self.lease_result(r) for r in self._batched("running_many", sql.RUNNING_MANY,
+                                                             array_columns(params, RUNNING_TYPES), (),
                                                              sql.RUNNING, params)]
 
     def renew_many(self, fences: Sequence[LeaseFence], *, ttl_ms: int = 30_000) -> list[LeaseResult]:
         """:meth:`renew` for each fence, in one transaction."""
         params = [(*f.params(), ttl_ms) for f in fences]
         return [self.lease_result(r) for r in self._batched("renew_many", sql.RENEW_MANY,
-                                                             _columns([p[:6] for p in params]), (ttl_ms,),
-                                                             sql.RENEW, params)]
+                                                             array_columns([f.params() for f in fences], FENCE_TYPES),
+                                                             (ttl_ms,), sql.RENEW, params)]
 
     def complete_many(self, calls: Sequence[tuple[LeaseFence, Completion | dict[str, Any]]]) -> list[CompletionResult]:
         """:meth:`complete` for each ``(fence, completion)``, in one transaction (each still fenced and
@@ -495,7 +499,7 @@ class ControlDB:
             params.append((*fence.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
                            c.completion_digest))
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
-                for r in self._batched("complete_many", sql.COMPLETE_MANY, _columns(params), (),
+                for r in self._batched("complete_many", sql.COMPLETE_MANY, array_columns(params, COMPLETE_TYPES), (),
                                        sql.COMPLETE, params)]
 
     @property
@@ -523,10 +527,10 @@ class ControlDB:
             raise ValueError(f"at most {MAX_BATCH} calls per batch")
         params = [(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled, c.completion_digest)
                   for f, c in calls]
-        empty_params = (*_columns([f.params() for f in empty_logs]), int(max_bytes))
+        empty_params = (*array_columns([f.params() for f in empty_logs], FENCE_TYPES), int(max_bytes))
         try:
             rows = self._rows("complete_many", sql.COMPLETE_AND_EMPTY_LOGS,
-                              (*_columns(params), *empty_params))
+                              (*array_columns(params, COMPLETE_TYPES), *empty_params))
         except ControlDBError as exc:
             if isinstance(exc, TransientError) or exc.sqlstate not in _NO_BATCH_FUNCTION:
                 raise
@@ -553,11 +557,6 @@ class ControlDB:
         status = EndStatus(status)
         row = self._one("end_without_completion", sql.END, (*fence.params(), status.value, reason, signalled))
         return EndResult(EndAnswer(row[0]), row[1], row[2], row[3])
-
-
-def _columns(params: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    """The calls' arguments, one list per argument (the arrays of a batched function)."""
-    return [list(column) for column in zip(*params)]
 
 
 def _fetch_one_statement(conn: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

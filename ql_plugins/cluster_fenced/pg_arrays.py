@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any, Callable, ClassVar, Sequence
 
 __all__ = ["PgArray", "TextArray", "BigintArray", "IntegerArray", "BooleanArray", "array_columns", "dump_array",
-           "register", "FENCE_TYPES"]
+           "register", "FENCE_TYPES", "RUNNING_TYPES", "COMPLETE_TYPES"]
 
 
 class PgArray(list):  # type: ignore[type-arg]
@@ -54,6 +54,11 @@ class BooleanArray(PgArray):
 
 #: A lease fence's columns (:meth:`~.results.LeaseFence.params`), as ``FENCE_ARRAYS`` casts them.
 FENCE_TYPES: tuple[type[PgArray], ...] = (TextArray, BigintArray, TextArray, TextArray, BigintArray, TextArray)
+#: ``running`` calls: the fence, then the process start.
+RUNNING_TYPES: tuple[type[PgArray], ...] = (*FENCE_TYPES, BigintArray)
+#: ``complete`` calls: the fence, then exit code, start, finish, signalled and digest.
+COMPLETE_TYPES: tuple[type[PgArray], ...] = (*FENCE_TYPES, IntegerArray, BigintArray, BigintArray, BooleanArray,
+                                             TextArray)
 
 
 def array_columns(rows: Sequence[Sequence[Any]], types: Sequence[type[PgArray]]) -> list[PgArray]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .control_db import ControlDB, ControlDBError
 from .control_sql import FENCE_ARRAYS
-from .pg_arrays import FENCE_TYPES, BigintArray, BooleanArray, IntegerArray, TextArray, array_columns
+from .pg_arrays import COMPLETE_TYPES, FENCE_TYPES, RUNNING_TYPES, BigintArray, array_columns
 from .results import CompletionAnswer, CompletionResult, LeaseResult
 
 if TYPE_CHECKING:
@@ -85,11 +85,6 @@ class RoundAnswers:
         return None
 
 
-#: Each kind's arguments, as its branch casts them (typed: dumped in one pass, see .pg_arrays).
-_RUNNING_TYPES = (*FENCE_TYPES, BigintArray)
-_COMPLETE_TYPES = (*FENCE_TYPES, IntegerArray, BigintArray, BigintArray, BooleanArray, TextArray)
-
-
 def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
                  runnings: Sequence[tuple[LeaseFence, int]] = (),
                  completions: Sequence[tuple[LeaseFence, Completion]] = (),
@@ -106,11 +101,11 @@ def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
         params += array_columns([f.params() for f in starts], FENCE_TYPES)
     if runnings:
         kinds.append(RUNNING)
-        params += array_columns([(*f.params(), started) for f, started in runnings], _RUNNING_TYPES)
+        params += array_columns([(*f.params(), started) for f, started in runnings], RUNNING_TYPES)
     if completions:
         kinds.append(COMPLETE)
         params += array_columns([(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
-                                  c.completion_digest) for f, c in completions], _COMPLETE_TYPES)
+                                  c.completion_digest) for f, c in completions], COMPLETE_TYPES)
         if spawns is not None:
             if len(spawns) != len(completions):
                 raise ValueError("one spawn (or None) per completion")
