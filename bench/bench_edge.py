@@ -205,8 +205,6 @@ def per_task(make: callable, k1: int, k2: int, work: Path, env: dict[str, str], 
         (b1, s1, d1), (b2, s2, d2) = results
         received = None if d1 is None or d2 is None else (d2 - d1) / (k2 - k1)
         measured.append(((b2 - b1) / (k2 - k1), (s2 - s1) / (k2 - k1), received))
-    if pairs == 1:
-        return measured[0]
     devices = [m[2] for m in measured]
     return (statistics.median(m[0] for m in measured), statistics.median(m[1] for m in measured),
             None if None in devices else statistics.median(devices))  # type: ignore[type-var]

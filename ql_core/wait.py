@@ -287,7 +287,8 @@ def _complete_held(node: Node, sub: Submission, seen: Receipt) -> CompletionResu
     assert executor is not None
     crashpoint("wait.after_exit")
     # A missing receipt, an unusable slot or a failed read all lead on to our own commit below: a
-    # store that can tell "surely nothing there" in one look spares the checked read for them.
+    # store that can tell "surely nothing there" in one look (ports.receipt_store.SurelyAbsent)
+    # spares the checked read for them.
     absent = getattr(node.receipts, "surely_absent", None)
     if absent is None or not absent(sub.attempt_id):
         consumed = node.consumer.consume(sub.attempt_id, observed_exit_code=seen.exit_code)

@@ -42,6 +42,7 @@ __all__ = [
     "ReceiptPublishError",
     "QuarantineConflictError",
     "ReceiptStore",
+    "SurelyAbsent",
 ]
 
 
@@ -134,4 +135,19 @@ class ReceiptStore(Protocol):
 
     def relative_ref(self, attempt_id: str) -> str:
         """A bounded, relative reference for the journal (never an absolute path; ≤ 64 chars)."""
+        ...
+
+
+@runtime_checkable
+class SurelyAbsent(Protocol):
+    """A receipt store that can say in one cheap look that no receipt is there (optional).
+
+    Called by the awaited host (:func:`ql_core.wait.wait`) after it reaped the launcher and before
+    it commits the status it saw: a missing receipt, an unusable slot and a failed read all lead
+    on to that commit, so a True here spares the checked :meth:`ReceiptStore.read`. Core looks the
+    method up with ``getattr`` (the hot path), as it does for the journal's ``TerminalLogSize``."""
+
+    def surely_absent(self, attempt_id: str) -> bool:
+        """True only when nothing is at the attempt's receipt path now; False (something is there,
+        or the look failed) leaves the decision to :meth:`ReceiptStore.read`."""
         ...
