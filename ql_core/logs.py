@@ -27,7 +27,8 @@ a cut lands at ``quota`` and is cut again next time. Readers never read past
   ``size_bytes`` is recorded right after the terminal commit by the process
   that ended the run (the waiting host, a follower, a round — one batched
   commit per page there). A crash in between leaves the log in the sizing
-  queue (the partial index ``ix_ql_log_unsized``), drained by the next round.
+  queue (the partial index ``ix_ql_log_unsized``; on SQLite the terminal commit
+  puts it there, ``ql_core.db.sqlite_logs``), drained by the next round.
 
 The task is never blocked, signalled or slowed, and other files it writes are
 not limited (which is why ``RLIMIT_FSIZE`` is not used).

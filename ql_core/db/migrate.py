@@ -14,7 +14,7 @@ __all__ = ["SCHEMA_HEAD", "MIGRATIONS_GROUP", "alembic_config", "version_locatio
 #: The head of the schema as shipped, core's revisions and the bundled cluster plugin's branch (a test
 #: keeps this equal to :func:`head_revision`).
 #: Knowing it without Alembic saves every start-up ~0.3 s of importing it.
-SCHEMA_HEAD = "0017_cluster_spawn_complete,0019_sqlite_run_host"
+SCHEMA_HEAD = "0017_cluster_spawn_complete,0020_sqlite_log_listing"
 
 
 #: Entry-point group of plugins' schema branches: ``name = package``; ``<package>/versions`` holds the

@@ -307,7 +307,11 @@ SQLITE_ONLY_COLUMNS = frozenset({("ql_run", "run_key"), ("ql_run_event", "event_
                                  ("ql_run_attempt", "attempt_key"), ("ql_run", "status_order"),
                                  ("ql_log_artifact", "log_order"), ("ql_tally", "counted_to"),
                                  # 0019: the create's host handle, in its run's row (sqlite_runs.HOST_HANDLE_A)
-                                 ("ql_run", "host_handle")})
+                                 ("ql_run", "host_handle"),
+                                 # 0020: a log whose attempt ended unsized is listed (sqlite_logs.LISTED)
+                                 ("ql_log_artifact", "size_due"),
+                                 # 0020: an attempt whose log ended empty (sqlite_logs.LOG_COLUMNS_A)
+                                 ("ql_run_attempt", "log_empty")})
 #: SQLite's own indexes on those columns (revision 0013: ``ix_ql_run_order`` on ``status_order``,
 #: :mod:`ql_core.db.sqlite_runs`; 0015: ``ix_ql_log_order``, :mod:`ql_core.db.sqlite_logs`), which the
 #: declared schema cannot name.

@@ -92,13 +92,16 @@ INSERT_DISPATCH = ("INSERT OR IGNORE INTO ql_cancel_dispatch (run_id, attempt_id
 
 # -- log artifacts -----------------------------------------------------------------------------
 MARK_LOG_TRUNCATED = "UPDATE ql_log_artifact SET truncated = 1 WHERE id = ? AND truncated = 0"
-# Every log statement of a round is one range of ix_ql_log_order (revision 0015): the sized logs by
-# age, then the unsized ones (running logs, the sizing queue) by id.
+# Every ended-log statement of a round is one range of ix_ql_log_order (revisions 0015, 0020): the
+# sized logs that are not empty by age, then the sizing queue by id; the live logs are read through
+# the live runs; a terminal commit that records no size puts its log in the queue (SIZE_DUE).
 from ql_core.db.sqlite_logs import (  # noqa: E402,F401
     ENDED_LOGS_OLDER,
     ENDED_LOGS_SIZED,
     ENDED_LOGS_UNSIZED,
+    LOG_EMPTY,
     PAGE_LIVE_LOGS,
+    SIZE_DUE,
 )
 # A log row without its attempt id and path (revision 0016: the row fits its page's cell); a log by
 # id reads its attempt's id through the run.

@@ -150,8 +150,16 @@ class SqliteJournal(SqlJournalKernel):
         # Read, not taken: a transaction rolled back and retried writes it again; the offerer
         # withdraws it after the terminal commit was tried.
         sized = self._terminal_sizes.get(attempt_id)
-        if sized is not None:
+        if sized is not None and sized[1] == 0:
+            # Empty: on the attempt's row, which this commit writes anyway (revision 0020); the log's
+            # row is not written, and an empty log is not listed.
+            self._execute(c, self.sql.LOG_EMPTY, (attempt_id, sized[0]))
+        elif sized is not None:
             self._execute(c, self.sql.SET_LOG_SIZE, (sized[1], sized[0]))
+        else:
+            # No size with the end: the log joins the sizing queue in this commit (a running log is
+            # not listed, revision 0020), so a crash before its size is recorded cannot lose it.
+            self._execute(c, self.sql.SIZE_DUE, (attempt_id,))
 
     # -- log sizes: the one commit that skips the WAL fsync ----------------------------------------
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:

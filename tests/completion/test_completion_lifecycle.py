@@ -69,10 +69,13 @@ def test_the_terminal_transaction_carries_all_completion_bookkeeping(runtime: An
     observed = runtime.executor.wait(sub.task, 60)
     commits.commits.clear()
     runtime.complete_from_wait(sub, observed)  # consume → CompletionService → delete the receipt
-    # One commit ends the attempt: run, attempt and two events. The journal row's retention clock is
-    # the terminal event's time (read through the store): no journal page in this commit.
+    # One commit ends the attempt: run, attempt, two events, and the log's entry in the sizing queue
+    # (no size was offered; a running log is not listed, revision 0020). The journal row's retention
+    # clock is the terminal event's time (read through the store): no journal page in this commit.
     assert commits.writes == [["UPDATE ql_run_attempt", "UPDATE ql_run", "INSERT ql_run_event",
-                               "INSERT ql_run_event"]]
+                               "INSERT ql_run_event", "UPDATE ql_log_artifact"]]
+    assert [f.id for f in runtime.journal.ended_logs(runtime.node.node_id, unsized=True, limit=10)] == \
+        [sub.log_artifact_id]
     entry = runtime.node.journal.journal_entry(sub.attempt_id)
     assert entry is not None and entry.terminal_seen_at_ms is not None
     assert not receipt_path(runtime.config.data_dir, sub.attempt_id).exists()
@@ -96,20 +99,24 @@ def test_an_awaited_task_that_printed_nothing_is_two_commits_in_all(runtime: Any
     view = runtime.wait(sub)
     assert view.status == "succeeded"
     assert _kinds(commits.writes) == ["create+spawned", "terminal"], commits.writes
-    assert "UPDATE ql_log_artifact" in commits.writes[1]
+    # On the edge store the attempt's row (written anyway) says so, not the log's (revision 0020).
+    assert "UPDATE ql_log_artifact" not in commits.writes[1]
+    assert commits.writes[1].count("UPDATE ql_run_attempt") == 2
     assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 0
     assert not log_path(runtime.config.data_dir, sub.log_artifact_id).exists()
 
 
 def test_an_awaited_log_with_output_is_sized_after_the_terminal_commit(runtime: Any, submit: Any,
                                                                        commits: CommitLog) -> None:
-    """Only an empty log rides in the terminal commit; one with output is cut to its quota and sized
-    after it (its own unsynced commit), and kept."""
+    """Only an empty log's size rides in the terminal commit; one with output joins the sizing queue
+    there (so a crash before its size cannot lose it), is cut to its quota and sized after it (its own
+    unsynced commit), and kept."""
     sub = submit(["sh", "-c", "echo out"], awaited=True)
     view = runtime.wait(sub)
     assert view.status == "succeeded"
     assert _kinds(commits.writes) == ["create+spawned", "terminal", "log size"], commits.writes
-    assert "UPDATE ql_log_artifact" not in commits.writes[1]
+    assert "UPDATE ql_log_artifact" in commits.writes[1]
+    assert runtime.journal.ended_logs(runtime.node.node_id, unsized=True, limit=10) == []
     assert runtime.journal.log_facts(sub.log_artifact_id).size_bytes == 4
     assert log_path(runtime.config.data_dir, sub.log_artifact_id).read_bytes() == b"out\n"
 
@@ -263,8 +270,11 @@ def test_an_offered_log_size_rides_in_the_terminal_commit_until_withdrawn(runtim
     runtime.journal.withdraw_log_size(withdrawn.attempt_id)
     commits.commits.clear()
     runtime.complete_from_wait(withdrawn, runtime.executor.wait(withdrawn.task, 60))
-    assert "UPDATE ql_log_artifact" not in commits.writes[0]
     assert runtime.journal.log_facts(withdrawn.log_artifact_id).size_bytes is None
+    # Not sized by the terminal commit: queued by it (the sizing queue's entry, revision 0020).
+    assert "UPDATE ql_log_artifact" in commits.writes[0]
+    assert [f.id for f in runtime.journal.ended_logs(runtime.node.node_id, unsized=True, limit=10)] == \
+        [withdrawn.log_artifact_id]
 
 
 @pytest.mark.parametrize("command", [["sh", "-c", "exit 0"], ["sh", "-c", "echo out; exit 3"]], ids=["ok", "exit3"])

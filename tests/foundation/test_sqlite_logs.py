@@ -1,7 +1,10 @@
-"""SQLite's kept logs in one index, ix_ql_log_order: sized by age, then unsized by id (0015).
+"""SQLite's kept logs in one index, ix_ql_log_order: sized by age, then the sizing queue by id (0015,
+0020).
 
 Real SQLite files and the real store: every log read returns what the two partial indexes before it
-returned, in the same order; a task's create and end write one leaf of the index each.
+returned, in the same order; a log is listed only once its attempt ended (an empty one never), so a
+task's create writes no leaf of the index, nor does an end that finds the log empty, which writes
+no log row either; an end without a size lists the log in the queue.
 """
 
 from __future__ import annotations
@@ -113,4 +116,62 @@ def test_a_log_row_fits_its_cell_and_reads_its_attempt_through_the_run(tmp_path:
         store.mark_log_deleted(made[0].log_artifact_id, 5_000, 100)
         assert store.ended_log_bytes(OWNER) == 900
     finally:
+        store.close()
+
+
+def test_only_an_ended_log_is_listed_and_an_empty_end_writes_no_log_page(tmp_path: Path) -> None:
+    """0020: the create and an empty end (size 0 offered) leave ix_ql_log_order alone and the empty
+    end writes no page of the log table; an end without a size lists the log (the sizing queue), so
+    a crash before the size is recorded cannot lose it; the running log is found through its run."""
+    import struct
+
+    db = tmp_path / "ql.db"
+    store = SqliteJournal(f"sqlite:///{db}")
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the WAL only grows here: frames are read by offset
+    wal = tmp_path / "ql.db-wal"
+
+    def written_since(start: int) -> set[str]:
+        data, pages, pos = wal.read_bytes(), set(), max(start, 32)
+        while pos + 24 + 512 <= len(data):
+            pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
+            pos += 24 + 512
+        owners = dict(conn.execute("SELECT pageno, name FROM dbstat"))
+        return {owners.get(p, "?") for p in pages}
+
+    try:
+        for i in range(30):  # some history: sized, empty and queued logs
+            new = new_run(created_at_ms=1_000 + i)
+            store.create(new)
+            _end(store, new.attempt_id)
+            store.record_log_sizes({new.log_artifact_id: i % 3})
+        quiet, loud = new_run(created_at_ms=2_000), new_run(created_at_ms=2_001)
+        start = wal.stat().st_size
+        store.create(quiet)
+        assert "ix_ql_log_order" not in written_since(start)
+        store.create(loud)
+        assert [f.id for f in store.page_live_logs(OWNER, "", 10)] == sorted([quiet.log_artifact_id,
+                                                                             loud.log_artifact_id])
+        start = wal.stat().st_size
+        store.offer_log_size(quiet.attempt_id, quiet.log_artifact_id, 0)
+        try:
+            _end(store, quiet.attempt_id)
+        finally:
+            store.withdraw_log_size(quiet.attempt_id)
+        assert {"ix_ql_log_order", "ql_log_artifact"}.isdisjoint(written_since(start))
+        assert store.log_facts(quiet.log_artifact_id).size_bytes == 0  # type: ignore[union-attr]
+        start = wal.stat().st_size
+        _end(store, loud.attempt_id)
+        assert {"ix_ql_log_order", "ql_log_artifact"} <= written_since(start)
+        assert store.page_live_logs(OWNER, "", 10) == []
+        assert [f.id for f in store.ended_logs(OWNER, unsized=True, limit=10)] == [loud.log_artifact_id]
+        # Sized: out of the queue; only the logs that are not empty are retention's.
+        store.record_log_sizes({loud.log_artifact_id: 9})
+        assert store.ended_logs(OWNER, unsized=True, limit=10) == []
+        sized = store.ended_logs(OWNER, sized=True, limit=100)
+        assert [f.size_bytes for f in sized] == [i % 3 for i in range(30) if i % 3] + [9]
+        assert quiet.log_artifact_id not in {f.id for f in store.ended_logs(OWNER, created_before_ms=9_999,
+                                                                             limit=100)}
+    finally:
+        conn.close()
         store.close()
