@@ -24,8 +24,8 @@ clocks: ~92 bytes) fits the 102 bytes a 512-byte index B-tree page keeps in a ce
 ids and the path (~170) every log row spilled into an overflow page of its own (a WAL frame in every
 create and 512 bytes of database per task, ``bench/wal_pages.py``). Rows written before keep theirs;
 every statement reads the attempt the same way for both. Logs created before a cutoff
-are two ranges: the sized ones (``log_order < cutoff``, in order) and the unsized ones created
-before it (the sizing queue and running logs, sorted: bounded by work in flight, never history).
+are two ranges: the sized ones (``log_order < cutoff``, in order) and the queued ones created
+before it (sorted: logs of ended attempts not sized yet, bounded by work, never history).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ LISTED = "(l.size_bytes > 0 OR (l.size_bytes IS NULL AND l.size_due = 1))"
 #: attempt's row, which that commit writes anyway, records it; the log's row is not written.
 LOG_EMPTY = "UPDATE ql_run_attempt SET log_empty = 1 WHERE id = ? AND log_artifact_id = ?"
 #: The terminal commit of an attempt whose log size it does not record: the log joins the sizing
-#: queue (parameters: attempt id). Its attempt's log, by the attempt's key (the row is the create's).
+#: queue (parameters: attempt id). The attempt's log, through the attempt's row (found by its id).
 SIZE_DUE = ("UPDATE ql_log_artifact SET size_due = 1 WHERE id = (SELECT log_artifact_id FROM ql_run_attempt "
             "WHERE id = ?) AND size_bytes IS NULL AND size_due = 0")
 
