@@ -57,6 +57,8 @@ def mounts() -> Iterator[list[Path]]:
 def test_enospc_publishes_nothing_and_keeps_exit_code(
     launcher: Launcher, mounts: list[Path], options: str, fill: Callable[[Path], None]
 ) -> None:
+    before: list[str] = []
+
     def full_shard(shard: Path, _: str) -> None:
         r = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(shard)],
@@ -67,9 +69,11 @@ def test_enospc_publishes_nothing_and_keeps_exit_code(
             pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
         mounts.append(shard)
         fill(shard)
+        # Listed before the launcher starts: a slow one (qemu, a loaded machine) may be holding its
+        # temporary receipt at any later moment, until it finds the shard full and removes it.
+        before.extend(sorted(os.listdir(shard)))
 
     task = launcher.start(["sh", "-c", "echo ran; exit 7"], prepare=full_shard)
-    before = sorted(os.listdir(task.shard_dir))
     assert task.wait() == 7
     assert task.log() == b"ran\n"
     # Neither a final receipt nor a temp file: the shard holds exactly the filler.
