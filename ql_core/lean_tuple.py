@@ -19,6 +19,7 @@ strings), and the class's metaclass is ``type``, as a named tuple's is.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from _collections import _tuplegetter  # the C field getter collections.namedtuple uses
@@ -78,9 +79,22 @@ def _make_class(typename: str, ns: dict[str, Any]) -> type:
     index = {f: i for i, f in enumerate(fields)}
     tuple_new = tuple.__new__
 
+    # All by keyword (how records are usually built): the defaults overlaid with the keywords, read in
+    # field order by one C getter. A name that is no field, or a required field not given (KeyError),
+    # goes to _bind, which words the error namedtuple's would raise.
+    field_set = frozenset(fields)
+    default_of = dict(zip(fields[n - len(defaults):], defaults))
+    getter = itemgetter(*fields) if n > 1 else (lambda d: (d[fields[0]],)) if n else (lambda d: ())
+
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and len(args) == n:
-            return tuple_new(cls, args)
+        if not kwargs:
+            if len(args) == n:
+                return tuple_new(cls, args)
+        elif not args and kwargs.keys() <= field_set:
+            try:
+                return tuple_new(cls, getter({**default_of, **kwargs}))
+            except KeyError:
+                pass
         return tuple_new(cls, _bind(typename, fields, index, defaults, args, kwargs))
 
     def _make(cls: type, iterable: Any) -> Any:
