@@ -42,7 +42,8 @@ def _same(plain: object, lean: object) -> None:
 
 
 def test_a_lean_tuple_is_built_read_and_changed_as_a_named_tuple() -> None:
-    for args, kwargs in (((1, "x"), {}), ((1, "x", 5, 6), {}), ((), {"a": 1, "b": "x"}), ((1,), {"b": "x", "d": 9})):
+    for args, kwargs in (((1, "x"), {}), ((1, "x", 5, 6), {}), ((), {"a": 1, "b": "x"}), ((1,), {"b": "x", "d": 9}),
+                         ((), {"d": 0, "c": None, "b": "y", "a": 2}), ((1, "x", 7), {"d": 8})):
         plain, lean = Plain(*args, **kwargs), Lean(*args, **kwargs)  # type: ignore[arg-type]
         _same(plain, lean)
         assert tuple(plain) == tuple(lean) == lean
@@ -70,7 +71,8 @@ def test_a_lean_tuple_copies_pickles_and_refuses_changes() -> None:
 
 
 @pytest.mark.parametrize(("args", "kwargs"), [((), {}), ((1,), {}), ((1, "x", 3, 4, 5), {}), ((1,), {"a": 2, "b": "x"}),
-                                              ((1, "x"), {"z": 1})])
+                                              ((1, "x"), {"z": 1}), ((), {"b": "x"}), ((), {"a": 1, "z": 2}),
+                                              ((1, "x", 3), {"c": 4}), ((1,), {"c": 3}), ((1, "x", 3, 4), {"d": 5})])
 def test_a_lean_tuple_refuses_what_a_named_tuple_refuses_with_the_same_words(args: tuple, kwargs: dict) -> None:
     with pytest.raises(TypeError) as plain:
         Plain(*args, **kwargs)
