@@ -10,11 +10,21 @@ no log row either; an end without a size lists the log in the queue.
 from __future__ import annotations
 
 import sqlite3
+import struct
 from pathlib import Path
 
 from ql_core.ports.journal import EventSpec, Transition
 from ql_core.testing.journal_support import OWNER, new_run
 from ql_plugins.edge_sqlite.store import SqliteJournal
+
+
+def _wal_pages_since(wal: Path, start: int) -> set[int]:
+    """The page numbers of the 512-byte pages' frames written to ``wal`` at or after byte ``start``."""
+    data, pages, pos = wal.read_bytes(), set(), max(start, 32)
+    while pos + 24 + 512 <= len(data):
+        pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
+        pos += 24 + 512
+    return pages
 
 
 def _end(store: SqliteJournal, attempt_id: str) -> None:
@@ -48,21 +58,12 @@ def test_logs_by_age_merge_the_sized_and_the_unsized_in_creation_order(tmp_path:
         store.close()
 
 
-def test_a_logs_create_and_end_write_one_leaf_of_the_index_each(tmp_path: Path) -> None:
-    import struct
-
+def test_a_logs_sizing_moves_its_entry_within_one_leaf_of_the_index(tmp_path: Path) -> None:
     db = tmp_path / "ql.db"
     store = SqliteJournal(f"sqlite:///{db}")
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA wal_autocheckpoint = 0")  # the WAL only grows here: frames are read by offset
     wal = tmp_path / "ql.db-wal"
-
-    def pages_since(start: int) -> set[int]:
-        data, pages, pos = wal.read_bytes(), set(), max(start, 32)
-        while pos + 24 + 512 <= len(data):
-            pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
-            pos += 24 + 512
-        return pages
 
     try:
         for i in range(100):  # several leaves of sized history
@@ -79,7 +80,7 @@ def test_a_logs_create_and_end_write_one_leaf_of_the_index_each(tmp_path: Path) 
             store.record_log_sizes({new.log_artifact_id: 1})
             leaves = {p for (p,) in conn.execute("SELECT pageno FROM dbstat WHERE name = 'ix_ql_log_order' "
                                                  "AND pagetype = 'leaf'")}
-            ends.append(len(pages_since(start) & leaves))
+            ends.append(len(_wal_pages_since(wal, start) & leaves))
         # Sized: the entry moves beside itself (two partial indexes: a leaf of each).
         assert ends.count(1) >= len(ends) - 1, ends
     finally:
@@ -123,21 +124,15 @@ def test_only_an_ended_log_is_listed_and_an_empty_end_writes_no_log_page(tmp_pat
     """0020: the create and an empty end (size 0 offered) leave ix_ql_log_order alone and the empty
     end writes no page of the log table; an end without a size lists the log (the sizing queue), so
     a crash before the size is recorded cannot lose it; the running log is found through its run."""
-    import struct
-
     db = tmp_path / "ql.db"
     store = SqliteJournal(f"sqlite:///{db}")
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA wal_autocheckpoint = 0")  # the WAL only grows here: frames are read by offset
     wal = tmp_path / "ql.db-wal"
 
-    def written_since(start: int) -> set[str]:
-        data, pages, pos = wal.read_bytes(), set(), max(start, 32)
-        while pos + 24 + 512 <= len(data):
-            pages.add(struct.unpack(">I", data[pos:pos + 4])[0])
-            pos += 24 + 512
+    def written_since(start: int) -> set[str]:  # the B-trees whose pages were written
         owners = dict(conn.execute("SELECT pageno, name FROM dbstat"))
-        return {owners.get(p, "?") for p in pages}
+        return {owners.get(p, "?") for p in _wal_pages_since(wal, start)}
 
     try:
         for i in range(30):  # some history: sized, empty and queued logs
