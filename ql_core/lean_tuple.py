@@ -88,14 +88,15 @@ def _make_class(typename: str, ns: dict[str, Any]) -> type:
     # namedtuple's would raise.
     after: dict[int, frozenset[str]] = {}  # the names a keyword may use after k values (made when asked)
     default_of = dict(zip(fields[n - len(defaults):], defaults))
-    getter = itemgetter(*fields) if n > 1 else (lambda d: (d[fields[0]],)) if n else (lambda d: ())
+    # itemgetter of one name gives the value, not a 1-tuple (and of none cannot be made)
+    getter = itemgetter(*fields) if n > 1 else (lambda d: tuple(d[f] for f in fields))
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         k = len(args)
         if not kwargs:
             if k == n:
                 return tuple_new(cls, args)
-        elif k <= n and kwargs.keys() <= (after.get(k) or after.setdefault(k, frozenset(fields[k:]))):
+        elif k <= n and kwargs.keys() <= (after[k] if k in after else after.setdefault(k, frozenset(fields[k:]))):
             try:
                 return tuple_new(cls, getter({**default_of, **dict(zip(fields, args)), **kwargs} if k
                                              else {**default_of, **kwargs}))
