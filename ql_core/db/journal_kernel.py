@@ -16,6 +16,7 @@ differs:
 - optionally, **better ways** to do a step where the database has them — row locks in a fixed
   order, the database's own clock, array parameters: :meth:`~SqlJournalKernel._lock_run`,
   :meth:`~SqlJournalKernel._lock_attempt`, :meth:`~SqlJournalKernel._rows_of_attempt`,
+  :meth:`~SqlJournalKernel._transition_rows`,
   :meth:`~SqlJournalKernel._lock_dispatch`, :meth:`~SqlJournalKernel._clock`,
   :meth:`~SqlJournalKernel._attempts_of_runs`, :meth:`~SqlJournalKernel._delete_pending`, or a
   whole method. The defaults are portable SQL with this process's clock.
@@ -56,6 +57,8 @@ from .journal_sql import ATTEMPT_COLUMNS as ATTEMPT_SELECT
 __all__ = ["SqlJournalKernel", "KERNEL_STATEMENTS", "MAX_NOTED", "FLUSH_BATCH", "run_view", "log_facts_of"]
 
 T = TypeVar("T")
+#: :meth:`SqlJournalKernel._transition_rows` did not read the run's cancel dispatch (the default).
+UNREAD = object()
 #: Consumed attempts remembered in memory at most (beyond that, retention purges their rows).
 MAX_NOTED = 4096
 #: Columns of a run's record (a listed row may have more after them).
@@ -179,8 +182,14 @@ class SqlJournalKernel:
         sql = self.sql
         with self._write("create") as c:
             self._flush_noted(c)
-            if self._execute(c, sql.INSERT_RUN, (new.run_id, new.name, facts.run_status, len(facts.events),
-                                                 new.attempt_id, now, now, new.deadline_at_ms)).rowcount != 1:
+            run_row = (new.run_id, new.name, facts.run_status, len(facts.events), new.attempt_id, now, now,
+                       new.deadline_at_ms)
+            # A dialect that keeps the host handle in the run's row (SQLite, revision 0019) writes it
+            # with the row: one statement, where INSERT_ATTEMPT_HOST below is a second.
+            insert_run_host = getattr(sql, "INSERT_RUN_HOST", None) if new.host_handle is not None else None
+            inserted = (self._execute(c, insert_run_host, (*run_row, new.host_handle)) if insert_run_host
+                        else self._execute(c, sql.INSERT_RUN, run_row))
+            if inserted.rowcount != 1:
                 # The dialect skipped a conflicting run (it does not raise): a replay of a create whose
                 # COMMIT answer was lost is the same run with the same attempt; anything else conflicts.
                 row = self._execute(c, sql.RUN_CURRENT_ATTEMPT, (new.run_id,)).fetchone()
@@ -194,7 +203,8 @@ class SqlJournalKernel:
             # A dialect may keep the host handle beside the attempt (SQLite, revision 0014: the row
             # stays under a page's cell size). Written here, not by an overridable ``_create_also``, so
             # no subclass can drop it: never_started's proof reads it after a crash.
-            if new.host_handle is not None and (insert_host := getattr(sql, "INSERT_ATTEMPT_HOST", None)):
+            if (new.host_handle is not None and insert_run_host is None
+                    and (insert_host := getattr(sql, "INSERT_ATTEMPT_HOST", None))):
                 self._execute(c, insert_host, (new.host_handle, new.attempt_id))
             self._execute(c, sql.INSERT_LOG, (new.log_artifact_id, new.run_id, new.attempt_id, new.log_relative_path,
                                               new.log_max_bytes, now))
@@ -222,8 +232,15 @@ class SqlJournalKernel:
     # -- decided changes -------------------------------------------------------------------------
     def transition(self, attempt_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         with self._write("transition") as c:
-            run, attempt, now = self._rows_of_attempt(c, attempt_id)
-            return self._decide_and_apply(c, run, attempt, decide, now)
+            return self._decide_and_apply(c, *self._transition_rows(c, attempt_id), decide=decide)
+
+    def _transition_rows(self, c: Any, attempt_id: str) -> tuple[RunRecord | None, AttemptRecord | None, int | None,
+                                                                   Sequence[Any] | None | object]:
+        """A transition's rows, keyed by attempt: (run, attempt, the store's clock or None, the run's
+        cancel dispatch as ``(attempt_id, term_sent_at_ms)``, None without one, or :data:`UNREAD`:
+        :meth:`_decide_and_apply` reads it). A dialect may read them all in one statement."""
+        run, attempt, now = self._rows_of_attempt(c, attempt_id)
+        return run, attempt, now, UNREAD
 
     def run_transition(self, run_id: str, decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         with self._write("run_transition") as c:
@@ -231,13 +248,15 @@ class SqlJournalKernel:
             attempt = None
             if run is not None and run.current_attempt_id is not None:
                 attempt = self._lock_attempt(c, run.current_attempt_id)
-            return self._decide_and_apply(c, run, attempt, decide, now)
+            return self._decide_and_apply(c, run, attempt, now, decide=decide)
 
-    def _decide_and_apply(self, c: Any, run: RunRecord | None, attempt: AttemptRecord | None,
-                          decide: Decide[T], now: int | None) -> tuple[T, list[RunEventInfo]]:
+    def _decide_and_apply(self, c: Any, run: RunRecord | None, attempt: AttemptRecord | None, now: int | None,
+                          dispatch: Sequence[Any] | None | object = UNREAD, *,
+                          decide: Decide[T]) -> tuple[T, list[RunEventInfo]]:
         signalled = has_dispatch = False
         if run is not None:
-            d = self._execute(c, self.sql.SELECT_DISPATCH_SIGNAL, (run.id,)).fetchone()
+            d = (self._execute(c, self.sql.SELECT_DISPATCH_SIGNAL, (run.id,)).fetchone() if dispatch is UNREAD
+                 else dispatch)
             if d is not None:
                 has_dispatch = True
                 signalled = attempt is not None and d[0] == attempt.id and d[1] is not None
@@ -251,12 +270,19 @@ class SqlJournalKernel:
 
     def _apply(self, c: Any, snap: Snapshot, t: Transition) -> list[RunEventInfo]:
         now = snap.now_ms
+        also = self._terminal_attempt_columns(snap.attempt) if t.terminal and snap.attempt is not None else None
         if t.attempt:
             a = snap.attempt
             if a is None or not set(t.attempt) <= ATTEMPT_COLUMNS:
                 raise StoreError(f"invalid attempt change {sorted(t.attempt)}")
-            self._compare_and_set(c, "ql_run_attempt", dict(t.attempt, version=a.version + 1),
-                                  {"id": a.id, "version": a.version}, f"attempt {a.id}")
+            values = dict(t.attempt, version=a.version + 1)
+            if also:
+                values.update(also)  # the dialect's own columns, in the same statement
+            self._compare_and_set(c, "ql_run_attempt", values, {"id": a.id, "version": a.version}, f"attempt {a.id}")
+        elif also and snap.attempt is not None:
+            columns = tuple(sorted(also))
+            self._execute(c, _update_sql("ql_run_attempt", columns, ("id",), self.placeholder),
+                          [also[k] for k in columns] + [snap.attempt.id])
         infos: list[RunEventInfo] = []
         if t.run or t.events:
             r = snap.run
@@ -288,6 +314,12 @@ class SqlJournalKernel:
     def _create_also(self, c: Any, new: NewRun) -> None:
         """Inside the create transaction, after its rows: a subclass's own writes that must commit
         with the create or not at all (the cluster worker's lease step). Default: nothing."""
+
+    def _terminal_attempt_columns(self, attempt: AttemptRecord) -> Mapping[str, object] | None:
+        """A terminal transition's own columns of the dialect on the attempt's row (the edge store: an
+        empty log's size), written by the kernel in the same UPDATE as the change's (or, for a change
+        that leaves the attempt alone, one of their own). Default: none."""
+        return None
 
     def _terminal_also(self, c: Any, attempt_id: str) -> None:
         """Inside a terminal transition's transaction, after its rows (the attempt already reads
@@ -466,7 +498,7 @@ class SqlJournalKernel:
             run, now = self._lock_run(c, found[1])
             if self._execute(c, self.sql.MARK_LOG_TRUNCATED, (log_id,)).rowcount != 1:
                 return []
-            return self._decide_and_apply(c, run, None, decide, now)[1]
+            return self._decide_and_apply(c, run, None, now, decide=decide)[1]
 
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
         if sizes:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from .journal_sql import ENDED, LIVE, LOG_COLUMNS
 from .sqlite_runs import ATTEMPTS_OF, LIVE_ORDERS
 
-__all__ = ["UNSIZED", "LISTED", "LOG_EMPTY", "SIZE_DUE", "ATTEMPT_OF_LOG", "SIZE_A", "LOG_COLUMNS_A", "INSERT_LOG",
+__all__ = ["UNSIZED", "LISTED", "SIZE_DUE", "ATTEMPT_OF_LOG", "SIZE_A", "LOG_COLUMNS_A", "INSERT_LOG",
            "SELECT_LOG", "PAGE_LIVE_LOGS", "ENDED_LOGS_UNSIZED", "ENDED_LOGS_OLDER", "ENDED_LOGS_SIZED"]
 
 #: ``log_order`` of a log not sized yet: after every creation time.
@@ -41,9 +41,6 @@ UNSIZED = (1 << 63) - 1
 #: The condition of ``ix_ql_log_order`` besides ``deleted_at_ms IS NULL`` (revision 0020), as each
 #: statement that reads the index must state it: sized and not empty, or due to be sized.
 LISTED = "(l.size_bytes > 0 OR (l.size_bytes IS NULL AND l.size_due = 1))"
-#: The terminal commit of an attempt whose log was found empty (parameters: attempt id, log id): the
-#: attempt's row, which that commit writes anyway, records it; the log's row is not written.
-LOG_EMPTY = "UPDATE ql_run_attempt SET log_empty = 1 WHERE id = ? AND log_artifact_id = ?"
 #: The terminal commit of an attempt whose log size it does not record: the log joins the sizing
 #: queue (parameters: attempt id). The attempt's log, through the attempt's row (found by its id).
 SIZE_DUE = ("UPDATE ql_log_artifact SET size_due = 1 WHERE id = (SELECT log_artifact_id FROM ql_run_attempt "

@@ -113,6 +113,14 @@ ATTEMPT_COLUMNS_A = ", ".join(HOST_HANDLE_A if c.strip() == "host_handle" else f
 INSERT_ATTEMPT_HOST = (f"UPDATE ql_run SET host_handle = ?1 WHERE run_key = (SELECT attempt_key >> {ATTEMPT_KEY_BITS} "
                        f"FROM ql_run_attempt WHERE id = ?2 AND (attempt_key & {_SPAN}) = 1) AND ?1 IS NOT NULL")
 SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id = ?"
+#: A transition's rows in one statement (parameter: attempt id), where the kernel reads three: the
+#: attempt (as :data:`SELECT_ATTEMPT`), then its run (``RUN_COLUMNS``, NULLs without one), then the
+#: run's cancel dispatch (``run_id, attempt_id, term_sent_at_ms``, NULLs without one). No row: no
+#: attempt. An awaited task's terminal commit reads these once (``SqliteRunStore._transition_rows``).
+SELECT_TRANSITION_ROWS = (f"SELECT {ATTEMPT_COLUMNS_A}, " + ", ".join(f"r.{c.strip()}" for c in RUN_COLUMNS.split(","))
+                          + ", d.run_id, d.attempt_id, d.term_sent_at_ms FROM ql_run_attempt a "
+                          "LEFT JOIN ql_run r ON r.id = a.run_id LEFT JOIN ql_cancel_dispatch d ON d.run_id = r.id "
+                          "WHERE a.id = ?")
 # -- the recovery page: this node's active attempts by id (revision 0018_sqlite_live_attempts) --------
 #: An attempt is active (starting, running) only while its run is (queued, running: an attempt and its
 #: run end in one transaction, ql_core.completion), so the active attempts are among the attempts of
@@ -146,4 +154,4 @@ def attempts_of_runs(count: int) -> str:
 
 
 __all__ += ["ATTEMPT_KEY_BITS", "ATTEMPTS_OF", "HOST_HANDLE_A", "ATTEMPT_COLUMNS_A", "INSERT_ATTEMPT",
-            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "LIVE_ORDERS", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]
+            "INSERT_ATTEMPT_HOST", "SELECT_ATTEMPT", "SELECT_TRANSITION_ROWS", "LIVE_ORDERS", "PAGE_ACTIVE_ATTEMPTS", "SELECT_ATTEMPTS_OF_RUN", "attempts_of_runs"]

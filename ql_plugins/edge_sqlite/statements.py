@@ -38,6 +38,7 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
     PAGE_ACTIVE_ATTEMPTS,
     SELECT_ATTEMPT,
     SELECT_ATTEMPTS_OF_RUN,
+    SELECT_TRANSITION_ROWS,
 )
 
 # -- create ------------------------------------------------------------------------------
@@ -45,6 +46,10 @@ from ql_core.db.sqlite_runs import (  # noqa: E402,F401
 # run — running with it (ql_core.ports.journal.create_facts decides which).
 INSERT_RUN = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
               "updated_at_ms, deadline_at_ms) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)")
+# INSERT_RUN with the create's host handle (a ninth parameter) in the run's row (revision 0019): the
+# kernel's create writes it with the row instead of INSERT_ATTEMPT_HOST's second statement.
+INSERT_RUN_HOST = ("INSERT INTO ql_run (id, name, status, version, event_seq, current_attempt_id, created_at_ms, "
+                   "updated_at_ms, deadline_at_ms, host_handle) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?)")
 # -- the receipt journal: one WITHOUT ROWID B-tree whose rows fit their cell (revision 0016) ----------
 # A row leaves run_id and receipt_ref empty when they are derived: the run is its attempt's (the
 # create writes the attempt first; a purge deletes it only after the journal row), the reference is
@@ -99,7 +104,6 @@ from ql_core.db.sqlite_logs import (  # noqa: E402,F401
     ENDED_LOGS_OLDER,
     ENDED_LOGS_SIZED,
     ENDED_LOGS_UNSIZED,
-    LOG_EMPTY,
     PAGE_LIVE_LOGS,
     SIZE_DUE,
 )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Seque
 from ql_core.db.journal_kernel import FLUSH_BATCH, MAX_NOTED, SqlJournalKernel
 from ql_core.db.sqlite_runs import attempts_of_runs
 from ql_core.ports.journal import StoreError
+from ql_core.records import AttemptRecord, RunRecord
 from ql_core.states import RUN_TERMINAL
 
 from . import statements
@@ -126,6 +127,16 @@ class SqliteJournal(SqlJournalKernel):
         if statement in _KEYED_BY_RUN and cur.rowcount != len(rows):
             raise _row_of_no_run()
 
+    def _transition_rows(self, c: sqlite3.Connection, attempt_id: str) -> tuple[RunRecord | None, AttemptRecord | None,
+                                                                               None, Sequence[Any] | None]:
+        # One statement where the kernel's default reads three (attempt, run, cancel dispatch).
+        row = c.execute(self.sql.SELECT_TRANSITION_ROWS, (attempt_id,)).fetchone()
+        if row is None:
+            return None, None, None, None
+        run = RunRecord(*row[_RUN_AT:_DISPATCH_AT]) if row[_RUN_AT] is not None else None
+        return run, AttemptRecord(*row[:_RUN_AT]), None, (row[_DISPATCH_AT + 1:] if row[_DISPATCH_AT] is not None
+                                                          else None)
+
     def _attempts_of_runs(self, c: sqlite3.Connection, run_ids: list[str]) -> Iterable[Sequence[Any]]:
         # Each run's attempts are one range of the attempt key (revision 0012), through the run's row.
         return c.execute(attempts_of_runs(len(run_ids)), run_ids)
@@ -135,8 +146,7 @@ class SqliteJournal(SqlJournalKernel):
         with self._db.write() as c:
             out = []
             for attempt_id, decide in items:
-                run, attempt, now = self._rows_of_attempt(c, attempt_id)
-                out.append(self._decide_and_apply(c, run, attempt, decide, now))
+                out.append(self._decide_and_apply(c, *self._transition_rows(c, attempt_id), decide=decide))
             return out
 
     # -- an ended attempt's log size in its terminal commit (ql_core.ports.journal.TerminalLogSize) --
@@ -146,20 +156,25 @@ class SqliteJournal(SqlJournalKernel):
     def withdraw_log_size(self, attempt_id: str) -> None:
         self._terminal_sizes.pop(attempt_id, None)
 
+    def _terminal_attempt_columns(self, attempt: AttemptRecord) -> Mapping[str, object] | None:
+        # Empty: on the attempt's row, in the UPDATE this commit makes of it anyway (revision 0020);
+        # the log's row is not written, and an empty log is not listed. Read, not taken, as below.
+        sized = self._terminal_sizes.get(attempt.id)
+        if sized is not None and sized[1] == 0 and sized[0] == attempt.log_artifact_id:
+            return _LOG_EMPTY
+        return None
+
     def _terminal_also(self, c: Any, attempt_id: str) -> None:
         # Read, not taken: a transaction rolled back and retried writes it again; the offerer
-        # withdraws it after the terminal commit was tried.
+        # withdraws it after the terminal commit was tried. An empty log's size (0) went with the
+        # attempt's row (_terminal_attempt_columns).
         sized = self._terminal_sizes.get(attempt_id)
-        if sized is not None and sized[1] == 0:
-            # Empty: on the attempt's row, which this commit writes anyway (revision 0020); the log's
-            # row is not written, and an empty log is not listed.
-            self._execute(c, self.sql.LOG_EMPTY, (attempt_id, sized[0]))
-        elif sized is not None:
-            self._execute(c, self.sql.SET_LOG_SIZE, (sized[1], sized[0]))
-        else:
+        if sized is None:
             # No size with the end: the log joins the sizing queue in this commit (a running log is
             # not listed, revision 0020), so a crash before its size is recorded cannot lose it.
             self._execute(c, self.sql.SIZE_DUE, (attempt_id,))
+        elif sized[1] != 0:
+            self._execute(c, self.sql.SET_LOG_SIZE, (sized[1], sized[0]))
 
     # -- log sizes: the one commit that skips the WAL fsync ----------------------------------------
     def record_log_sizes(self, sizes: Mapping[str, int]) -> None:
@@ -261,6 +276,11 @@ class SqliteJournal(SqlJournalKernel):
 
 #: INSERTs that take their row's key from the run's row (ql_core.db.sqlite_events, .sqlite_runs).
 _KEYED_BY_RUN = (statements.INSERT_EVENT, statements.INSERT_ATTEMPT)
+#: Where SELECT_TRANSITION_ROWS's run columns, then its dispatch's (run id first), begin.
+_RUN_AT = len(AttemptRecord._fields)
+_DISPATCH_AT = _RUN_AT + len(RunRecord._fields)
+#: An empty log's size, on its attempt's row (revision 0020; reads: ql_core.db.sqlite_logs.SIZE_A).
+_LOG_EMPTY = {"log_empty": 1}
 
 
 def _row_of_no_run() -> Exception:
