@@ -186,3 +186,39 @@ def test_the_host_handle_is_kept_beside_the_attempt_and_the_row_fits_its_page(tm
         conn.close()
     finally:
         store.close()
+
+
+def test_a_transitions_rows_in_one_statement_are_the_kernels_three(tmp_path: Path) -> None:
+    """``SqliteJournal._transition_rows`` (one joined SELECT) reads what the kernel's default reads
+    in three statements — the attempt (its host handle from the run's row, written with it by
+    ``INSERT_RUN_HOST``), its run, the run's cancel dispatch — for every case: no dispatch, one
+    for this attempt with and without its TERM sent, one for another attempt, a running create
+    with a handle, no such attempt."""
+    from ql_core.db.journal_kernel import UNREAD, SqlJournalKernel
+
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        made = [new_run() for _ in range(4)]
+        store.create(made[0])
+        for new in made[1:]:
+            store.create_running(new._replace(host_handle='{"pid": 7}'), handle='{"pid": 8}')
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        for new, attempt_id, term_sent in ((made[1], made[1].attempt_id, None), (made[2], made[2].attempt_id, 5),
+                                           (made[3], "01a20000-0000-7000-8000-000000000000", 6)):
+            conn.execute("INSERT INTO ql_cancel_dispatch (run_id, attempt_id, reason, state, version, tries, "
+                         "next_attempt_at_ms, term_sent_at_ms, created_at_ms, updated_at_ms) "
+                         "VALUES (?, ?, 'cancel', 'pending', 1, 0, 1, ?, 1, 1)", (new.run_id, attempt_id, term_sent))
+        conn.commit()
+        conn.close()
+        with store.connections.write() as c:
+            for attempt_id in [n.attempt_id for n in made] + ["01a20000-0000-7000-8000-00000000ffff"]:
+                run, attempt, now, dispatch = store._transition_rows(c, attempt_id)
+                k_run, k_attempt, k_now, k_dispatch = SqlJournalKernel._transition_rows(store, c, attempt_id)
+                assert k_dispatch is UNREAD
+                assert (run, attempt, now) == (k_run, k_attempt, k_now)
+                signal = c.execute(statements.SELECT_DISPATCH_SIGNAL, (run.id,)).fetchone() if run else None
+                assert (tuple(dispatch) if dispatch is not None else None) == signal
+            assert store._transition_rows(c, made[1].attempt_id)[1].host_handle == '{"pid": 7}'
+            assert store._transition_rows(c, made[2].attempt_id)[3] == (made[2].attempt_id, 5)
+    finally:
+        store.close()
