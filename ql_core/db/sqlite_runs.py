@@ -116,7 +116,7 @@ SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id =
 #: A transition's rows in one statement (parameter: attempt id), where the kernel reads three: the
 #: attempt (as :data:`SELECT_ATTEMPT`), then its run (``RUN_COLUMNS``, NULLs without one), then the
 #: run's cancel dispatch (``run_id, attempt_id, term_sent_at_ms``, NULLs without one). No row: no
-#: attempt. An awaited task's terminal commit reads these once (``SqliteRunStore._transition_rows``).
+#: attempt. An awaited task's terminal commit reads these once (``SqliteJournal._transition_rows``).
 SELECT_TRANSITION_ROWS = (f"SELECT {ATTEMPT_COLUMNS_A}, " + ", ".join(f"r.{c.strip()}" for c in RUN_COLUMNS.split(","))
                           + ", d.run_id, d.attempt_id, d.term_sent_at_ms FROM ql_run_attempt a "
                           "LEFT JOIN ql_run r ON r.id = a.run_id LEFT JOIN ql_cancel_dispatch d ON d.run_id = r.id "
