@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["RUN_COLUMNS", "ATTEMPT_COLUMNS", "EVENT_COLUMNS", "DISPATCH_COLUMNS", "LOG_COLUMNS", "LOG_COLUMNS_L",
-           "ACTIVE", "LIVE", "ENDED", "shared_statements"]
+           "ACTIVE", "LIVE", "ENDED", "qualified", "shared_statements"]
 
 RUN_COLUMNS = ("id, name, status, exit_code, reason, version, event_seq, current_attempt_id, created_at_ms, "
                "updated_at_ms, finished_at_ms, deadline_at_ms, cancel_reason, cancel_requested_at_ms")
@@ -28,8 +28,16 @@ EVENT_COLUMNS = "run_id, seq, type, attempt_id, status, exit_code, reason, at_ms
 DISPATCH_COLUMNS = ("run_id, attempt_id, reason, state, outcome, lease_owner, lease_expires_at_ms, version, tries, "
                     "next_attempt_at_ms, term_sent_at_ms, kill_sent_at_ms, created_at_ms, updated_at_ms")
 LOG_COLUMNS = "id, run_id, attempt_id, max_bytes, size_bytes, truncated, created_at_ms, deleted_at_ms"
+
+
+def qualified(columns: str, alias: str) -> str:
+    """A column list (as :data:`RUN_COLUMNS`) with each name qualified by a table alias: what a
+    join selects (``qualified(LOG_COLUMNS, "l")``: ``l.id, l.run_id, ...``)."""
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
 #: :data:`LOG_COLUMNS` of the log table aliased ``l`` (the log pages join the attempt).
-LOG_COLUMNS_L = ", ".join(f"l.{c.strip()}" for c in LOG_COLUMNS.split(","))
+LOG_COLUMNS_L = qualified(LOG_COLUMNS, "l")
 ACTIVE = "('starting', 'running')"
 LIVE = "('starting', 'running', 'blocked')"
 ENDED = "('succeeded', 'failed', 'cancelled', 'timed_out', 'lost')"

@@ -25,7 +25,7 @@ use them.
 
 from __future__ import annotations
 
-from .journal_sql import ENDED, EVENT_COLUMNS
+from .journal_sql import ENDED, EVENT_COLUMNS, qualified
 
 __all__ = ["EVENT_KEY_BITS", "INSERT_EVENT", "SELECT_EVENTS", "PURGE_EVENTS"]
 
@@ -33,7 +33,7 @@ __all__ = ["EVENT_KEY_BITS", "INSERT_EVENT", "SELECT_EVENTS", "PURGE_EVENTS"]
 EVENT_KEY_BITS = 20
 _SPAN = (1 << EVENT_KEY_BITS) - 1
 
-_E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EVENT_COLUMNS.split(","))
+_E_COLUMNS = qualified(EVENT_COLUMNS, "e")
 #: The run's events: the run by its id, then one rowid range (never a scan).
 _OF_RUN = (f"ql_run r CROSS JOIN ql_run_event e ON e.event_key BETWEEN r.run_key << {EVENT_KEY_BITS} "
            f"AND (r.run_key << {EVENT_KEY_BITS}) + {_SPAN} WHERE r.id = ?")
@@ -41,7 +41,7 @@ _OF_RUN = (f"ql_run r CROSS JOIN ql_run_event e ON e.event_key BETWEEN r.run_key
 # The parameters of the shared INSERT_EVENT, in its order (run_id, seq, type, attempt_id, status,
 # exit_code, reason, at_ms); a run that is not there: no row (the store checks the count).
 INSERT_EVENT = (f"INSERT INTO ql_run_event (event_key, {EVENT_COLUMNS}) "
-                f"SELECT (r.run_key << {EVENT_KEY_BITS}) + v.seq, {', '.join('v.' + c.strip() for c in EVENT_COLUMNS.split(','))} "
+                f"SELECT (r.run_key << {EVENT_KEY_BITS}) + v.seq, {qualified(EVENT_COLUMNS, 'v')} "
                 "FROM (SELECT ? AS run_id, ? AS seq, ? AS type, ? AS attempt_id, ? AS status, ? AS exit_code, "
                 "? AS reason, ? AS at_ms) v JOIN ql_run r ON r.id = v.run_id")
 SELECT_EVENTS = f"SELECT {_E_COLUMNS} FROM {_OF_RUN} ORDER BY e.event_key"

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ql_core.states import RUN_ACTIVE, RUN_TERMINAL
 
-from .journal_sql import ACTIVE, ATTEMPT_COLUMNS, RUN_COLUMNS
+from .journal_sql import ACTIVE, ATTEMPT_COLUMNS, RUN_COLUMNS, qualified
 
 __all__ = ["RUN_STATES", "STATUS_ORDER", "SELECT_RUNS_NEWEST", "RUN_ROW", "SELECT_RUNS_NEWEST_BY_STATUS", "OLDEST_RUNS",
            "OLDEST_ENDED_RUNS"]
@@ -117,8 +117,8 @@ SELECT_ATTEMPT = f"SELECT {ATTEMPT_COLUMNS_A} FROM ql_run_attempt a WHERE a.id =
 #: attempt (as :data:`SELECT_ATTEMPT`), then its run (``RUN_COLUMNS``, NULLs without one), then the
 #: run's cancel dispatch (``run_id, attempt_id, term_sent_at_ms``, NULLs without one). No row: no
 #: attempt. An awaited task's terminal commit reads these once (``SqliteJournal._transition_rows``).
-SELECT_TRANSITION_ROWS = (f"SELECT {ATTEMPT_COLUMNS_A}, " + ", ".join(f"r.{c.strip()}" for c in RUN_COLUMNS.split(","))
-                          + ", d.run_id, d.attempt_id, d.term_sent_at_ms FROM ql_run_attempt a "
+SELECT_TRANSITION_ROWS = (f"SELECT {ATTEMPT_COLUMNS_A}, {qualified(RUN_COLUMNS, 'r')}, "
+                          "d.run_id, d.attempt_id, d.term_sent_at_ms FROM ql_run_attempt a "
                           "LEFT JOIN ql_run r ON r.id = a.run_id LEFT JOIN ql_cancel_dispatch d ON d.run_id = r.id "
                           "WHERE a.id = ?")
 # -- the recovery page: this node's active attempts by id (revision 0018_sqlite_live_attempts) --------
