@@ -127,6 +127,12 @@ class Completion:
     signalled: bool
     completion_digest: str
 
+    def params(self, fence: LeaseFence) -> tuple[Any, ...]:
+        """The fenced ``complete`` call's arguments: the fence's, then this completion's (in the
+        order of :data:`.pg_arrays.COMPLETE_TYPES`)."""
+        return (*fence.params(), self.exit_code, self.started_at_ms, self.finished_at_ms, self.signalled,
+                self.completion_digest)
+
 
 class ControlDBError(Exception):
     """A final error of a control-plane call (bad argument, missing schema, bug): do not retry."""
@@ -493,11 +499,7 @@ class ControlDB:
     def complete_many(self, calls: Sequence[tuple[LeaseFence, Completion | dict[str, Any]]]) -> list[CompletionResult]:
         """:meth:`complete` for each ``(fence, completion)``, in one transaction (each still fenced and
         replay-safe: ``already_completed`` for one that was applied before)."""
-        params = []
-        for fence, c in calls:
-            c = c if isinstance(c, Completion) else Completion(**c)
-            params.append((*fence.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
-                           c.completion_digest))
+        params = [(c if isinstance(c, Completion) else Completion(**c)).params(fence) for fence, c in calls]
         return [CompletionResult(CompletionAnswer(r[0]), r[1], r[2], r[3], r[4])
                 for r in self._batched("complete_many", sql.COMPLETE_MANY, array_columns(params, COMPLETE_TYPES), (),
                                        sql.COMPLETE, params)]
@@ -525,8 +527,7 @@ class ControlDB:
             return self.complete_many(calls), None
         if len(calls) > MAX_BATCH or len(empty_logs) > MAX_BATCH:
             raise ValueError(f"at most {MAX_BATCH} calls per batch")
-        params = [(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled, c.completion_digest)
-                  for f, c in calls]
+        params = [c.params(f) for f, c in calls]
         empty_params = (*array_columns([f.params() for f in empty_logs], FENCE_TYPES), int(max_bytes))
         try:
             rows = self._rows("complete_many", sql.COMPLETE_AND_EMPTY_LOGS,

@@ -104,8 +104,7 @@ def report_round(db: ControlDB, *, starts: Sequence[LeaseFence] = (),
         params += array_columns([(*f.params(), started) for f, started in runnings], RUNNING_TYPES)
     if completions:
         kinds.append(COMPLETE)
-        params += array_columns([(*f.params(), c.exit_code, c.started_at_ms, c.finished_at_ms, c.signalled,
-                                  c.completion_digest) for f, c in completions], COMPLETE_TYPES)
+        params += array_columns([c.params(f) for f, c in completions], COMPLETE_TYPES)
         if spawns is not None:
             if len(spawns) != len(completions):
                 raise ValueError("one spawn (or None) per completion")
