@@ -170,3 +170,29 @@ def test_only_an_ended_log_is_listed_and_an_empty_end_writes_no_log_page(tmp_pat
     finally:
         conn.close()
         store.close()
+
+
+def test_an_empty_logs_size_goes_with_a_terminal_change_that_leaves_the_attempt_alone(tmp_path: Path) -> None:
+    """The empty log's size (0) rides in the terminal change's UPDATE of the attempt; a terminal
+    change that does not touch the attempt still records it (one UPDATE of its own), else the
+    log would be neither sized nor in the sizing queue once its file is dropped."""
+    store = SqliteJournal(f"sqlite:///{tmp_path / 'ql.db'}")
+    try:
+        new = new_run()
+        store.create_running(new, handle='{"pid": 8}')
+        store.offer_log_size(new.attempt_id, new.log_artifact_id, 0)
+        store.transition(new.attempt_id, lambda snap: (None, Transition(
+            run={"status": "succeeded", "finished_at_ms": snap.now_ms}, events=(EventSpec("run.succeeded"),),
+            terminal=True)))
+        store.withdraw_log_size(new.attempt_id)
+        conn = sqlite3.connect(tmp_path / "ql.db")
+        try:
+            assert conn.execute("SELECT log_empty FROM ql_run_attempt WHERE id = ?",
+                                (new.attempt_id,)).fetchone() == (1,)
+            assert conn.execute("SELECT size_bytes, size_due FROM ql_log_artifact WHERE id = ?",
+                                (new.log_artifact_id,)).fetchone() == (None, 0)
+        finally:
+            conn.close()
+        assert store.log_facts(new.log_artifact_id).size_bytes == 0
+    finally:
+        store.close()
