@@ -305,7 +305,7 @@ class SqlJournalKernel:
             d = t.dispatch
             self._execute(c, self.sql.INSERT_DISPATCH, (snap.run.id, d.attempt_id, d.reason, d.due_at_ms, now, now))
         if t.terminal and snap.attempt is not None:
-            self._terminal_also(c, snap.attempt.id)
+            self._terminal_also(c, snap, t)
         if t.crash_point:
             crashpoint(t.crash_point)
         return infos
@@ -321,10 +321,13 @@ class SqlJournalKernel:
         that leaves the attempt alone, one of their own). Default: none."""
         return None
 
-    def _terminal_also(self, c: Any, attempt_id: str) -> None:
+    def _terminal_also(self, c: Any, snap: Snapshot, change: Transition) -> None:
         """Inside a terminal transition's transaction, after its rows (the attempt already reads
         terminal): a subclass's own writes that must commit with it or not at all (the cluster
-        worker's outbox row). Default: nothing."""
+        worker's outbox row). ``snap`` is what the decision saw (``snap.attempt`` is not None) and
+        ``change`` what was applied: the attempt as this commit leaves it is
+        ``snap.attempt._replace(**change.attempt)`` (its version aside), no read needed. Default:
+        nothing."""
 
     def _compare_and_set(self, c: Any, table: str, values: Mapping[str, object], expected: Mapping[str, object],
                          what: str) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from .worker_tables import LeaseRow
 
-__all__ = ["Payload", "DbClock", "build_payload", "NEVER_STARTED", "DRAINED", "FENCED", "SELF_FENCED", "WORKER_FENCED",
+__all__ = ["Payload", "DbClock", "build_payload", "signalled_by", "NEVER_STARTED", "DRAINED", "FENCED", "SELF_FENCED", "WORKER_FENCED",
            "REASON_PATTERN"]
 
 #: The database's pattern for an end reason.
@@ -101,11 +101,16 @@ def _reason(value: str | None) -> str | None:
     return value if value is not None and REASON_PATTERN.fullmatch(value) else None
 
 
-def build_payload(attempt: AttemptRecord, dispatch: DispatchRecord | None, row: LeaseRow, clock: DbClock) -> Payload:
-    """The outbox payload of a locally ended attempt (see the module docstring)."""
-    # ql signalled this attempt for an intent the control plane delivered (only those make local
-    # dispatch records); the database counts it only if it delivered the intent to this lease.
-    signalled = dispatch is not None and dispatch.attempt_id == attempt.id and dispatch.term_sent_at_ms is not None
+def signalled_by(dispatch: DispatchRecord | None, attempt_id: str) -> bool:
+    """Did ql signal this attempt for an intent the control plane delivered? (Only those make local
+    dispatch records; the database counts it only if it delivered the intent to this lease.) The
+    journal kernel's ``Snapshot.signalled``, from a dispatch read on its own."""
+    return dispatch is not None and dispatch.attempt_id == attempt_id and dispatch.term_sent_at_ms is not None
+
+
+def build_payload(attempt: AttemptRecord, signalled: bool, row: LeaseRow, clock: DbClock) -> Payload:
+    """The outbox payload of a locally ended attempt (see the module docstring); ``signalled``:
+    :func:`signalled_by` of the run's dispatch."""
     stopped_at = row.stopped_at_ms
     beat_the_stop = (stopped_at is not None and attempt.finished_at_ms is not None
                      and attempt.finished_at_ms < stopped_at)

@@ -19,8 +19,9 @@ fsync'd commits fewer per task, and no crash window between the pair:
   it: both are durable, the receipt may go. The restart's outbox rebuild
   (:meth:`~.worker_store.WorkerJournal.rebuild_outbox`) stays for data dirs of earlier releases.
 
-The payload is the same pure function of the same rows (:func:`~.outbox.build_payload`), read
-inside the transaction after the terminal change applied.
+The payload is the same pure function of the same rows (:func:`~.outbox.build_payload`): the
+attempt as the terminal change leaves it and the dispatch's signal, both known to the transition
+(it read them to decide, and applied the change), so nothing is read again.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from ql_core.crashpoints import crashpoint
 from ql_core.log import logger
-from ql_core.records import AttemptRecord, DispatchRecord
 from ql_plugins.edge_sqlite.store import SqliteJournal
 
 from .outbox import build_payload
 from .worker_tables import lease_row_in, mark_launching_in, to_outbox_in
 
 if TYPE_CHECKING:
+    from ql_core.ports.journal import Snapshot, Transition
     from ql_core.records import NewRun
 
     from .outbox import DbClock
@@ -67,16 +68,19 @@ class WorkerLocalStore(SqliteJournal):
         # in another state (a replayed create) is left as it is, as the separate commit did.
         mark_launching_in(c, new.attempt_id)
 
-    def _terminal_also(self, c: Any, attempt_id: str) -> None:
-        super()._terminal_also(c, attempt_id)  # the edge store's own: an offered log size
+    def _terminal_also(self, c: Any, snap: Snapshot, change: Transition) -> None:
+        super()._terminal_also(c, snap, change)  # the edge store's own: an offered log size
+        attempt_id = snap.attempt.id
         row = lease_row_in(c, attempt_id)
         if row is None or row.state not in ("claimed", "launching"):
             return  # not a claimed attempt, or its payload is fixed already
         try:
-            found = c.execute(self.sql.SELECT_ATTEMPT, (attempt_id,)).fetchone()
-            attempt = AttemptRecord(*found)
-            d = c.execute(self.sql.SELECT_DISPATCH_OF_RUN, (attempt.run_id,)).fetchone()
-            payload = build_payload(attempt, DispatchRecord(*d) if d else None, row, self.clock)
+            # The attempt as this commit leaves it, and whether ql signalled it for an intent, from
+            # what the transition read and applied: the same rows a read here would return (the
+            # payload needs the attempt's own columns and the dispatch's signal, which the decision
+            # read already), two statements fewer per task.
+            ended = snap.attempt._replace(**change.attempt) if change.attempt else snap.attempt
+            payload = build_payload(ended, snap.signalled, row, self.clock)
         except Exception as exc:  # noqa: BLE001 - never blocks the terminal commit: fixed after it
             logger.warning("outbox row of attempt {} deferred: {}", attempt_id, type(exc).__name__)
             return

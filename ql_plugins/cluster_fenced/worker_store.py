@@ -37,7 +37,7 @@ from ql_core.errors import ConfigError
 from ql_core.log import logger
 from ql_core.ports.journal import StoreError
 
-from .outbox import DbClock, Payload, build_payload
+from .outbox import DbClock, Payload, build_payload, signalled_by
 from .worker_tables import WorkerLeases
 
 if TYPE_CHECKING:
@@ -131,7 +131,8 @@ class WorkerJournal:
         attempt = self.local.attempt(attempt_id)
         if attempt is None or attempt.status not in ("succeeded", "failed", "cancelled", "timed_out", "lost"):
             return None
-        payload = build_payload(attempt, self.local.dispatch(attempt.run_id), row, self.clock)
+        payload = build_payload(attempt, signalled_by(self.local.dispatch(attempt.run_id), attempt.id), row,
+                                self.clock)
         crashpoint("worker.outbox.before_insert")
         if not self.leases.to_outbox(attempt_id, payload):
             return None

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from typing import Mapping
 
     from ql_core.ports.context import RunEventInfo, RuntimeContext
-    from ql_core.ports.journal import Decide
+    from ql_core.ports.journal import Decide, Snapshot, Transition
 
 __all__ = ["SqliteJournal", "MAX_NOTED", "FLUSH_BATCH", "OLDEST_SLACK"]
 
@@ -164,10 +164,11 @@ class SqliteJournal(SqlJournalKernel):
             return _LOG_EMPTY
         return None
 
-    def _terminal_also(self, c: Any, attempt_id: str) -> None:
+    def _terminal_also(self, c: Any, snap: Snapshot, change: Transition) -> None:
         # Read, not taken: a transaction rolled back and retried writes it again; the offerer
         # withdraws it after the terminal commit was tried. An empty log's size (0) went with the
         # attempt's row (_terminal_attempt_columns).
+        attempt_id = snap.attempt.id
         sized = self._terminal_sizes.get(attempt_id)
         if sized is None:
             # No size with the end: the log joins the sizing queue in this commit (a running log is

@@ -115,3 +115,56 @@ def test_a_kill_leaves_both_rows_or_neither(tmp_path: Path, step: str, crash: st
             assert store.leases.get(attempt_id).kind == "complete"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("ending", ["exit 3", "exit 0 after a stop", "cancelled, TERM sent", "cancelled, no TERM yet",
+                                    "another attempt's TERM", "lost"])
+def test_the_terminal_commits_payload_is_the_one_its_rows_give(tmp_path: Path, ending: str) -> None:
+    """The outbox payload written in the terminal commit is built from what the transition read and
+    applied (no read of its own): it equals :func:`build_payload` of the rows read after the commit
+    — the attempt as it ended and the run's cancel dispatch (whether ql signalled this attempt)."""
+    from ql_core.ports.journal import EventSpec, Transition
+    from ql_core.records import NewDispatch
+    from ql_core.testing.journal import new_run
+    from ql_plugins.cluster_fenced.outbox import SELF_FENCED, Payload, build_payload, signalled_by
+    from ql_plugins.cluster_fenced.results import LeaseFence
+
+    d = tmp_path / "w"
+    d.mkdir(mode=0o700)
+    store = _store(d)
+    try:
+        r = new_run(created_at_ms=1_000)
+        store.leases.insert_claimed([(LeaseFence("w", 1, "s", r.attempt_id, 1, "tok"), r.run_id)])
+        store.create(r)
+        cancelled = ending.startswith(("cancelled", "another"))
+        if cancelled:  # a cancel intent delivered: the dispatch record, then (maybe) its TERM
+            store.transition(r.attempt_id, lambda snap: (None, Transition(
+                dispatch=NewDispatch(attempt_id=r.attempt_id if ending != "another attempt's TERM" else "other",
+                                     reason="cancel", due_at_ms=0))))
+            if ending != "cancelled, no TERM yet":
+                claim = store.local.claim_dispatch(r.run_id, "w", 5_000)
+                assert claim is not None
+                assert store.local.finish_dispatch(claim, {"state": "term_sent", "term_sent_at_ms": 1_500})
+        if ending == "exit 0 after a stop":  # the worker stopped it itself, later than it ended
+            store.leases.mark_stopped(r.attempt_id, SELF_FENCED, stopped_at_ms=2_500, not_before_ms=None)
+        before = store.leases.get(r.attempt_id)
+        status, code = {"exit 3": ("failed", 3), "exit 0 after a stop": ("succeeded", 0),
+                        "lost": ("lost", None)}.get(ending, ("cancelled", 143))
+        attempt = {"status": status, "exit_code": code, "started_at_ms": 1_000, "finished_at_ms": 2_000,
+                   "reason": "cancelled" if cancelled else ("orphaned" if code is None else None)}
+        store.transition(r.attempt_id, lambda snap: (None, Transition(
+            attempt=attempt, run={"status": status, "exit_code": code, "finished_at_ms": 2_000},
+            events=(EventSpec(f"attempt.{status}"), EventSpec(f"run.{status}")), terminal=True)))
+        ended = store.local.attempt(r.attempt_id)
+        assert (ended.status, ended.exit_code) == (status, code)
+        expected = build_payload(ended, signalled_by(store.local.dispatch(r.run_id), r.attempt_id), before,
+                                 store.clock)
+        assert expected.signalled is (ending in ("cancelled, TERM sent",))
+        row = store.leases.get(r.attempt_id)
+        assert row.state == "outbox"
+        written = Payload(row.kind, exit_code=row.exit_code, started_at_ms=row.started_at_ms,
+                          finished_at_ms=row.finished_at_ms, signalled=bool(row.signalled), reason=row.reason,
+                          digest=row.digest)
+        assert written == expected
+    finally:
+        store.close()
