@@ -110,8 +110,11 @@ def test_drain_finish_lets_the_running_attempt_complete(harness: Harness, tmp_pa
     run_id = harness.submit(trigger_command(trigger, 3))
     harness.wait_attempt(run_id, ("running",))
     worker.signal(signal.SIGTERM)
-    later = harness.submit(["true"])  # queued after the drain began: never claimed by this worker
     wait_for(lambda: "draining" in worker.log.read_text(), what="the drain to begin")
+    # Queued once the drain began: never claimed by this worker. (Submitted right after the signal
+    # instead, it could meet a claim the loop had begun before it handled the TERM — on a loaded
+    # machine, a claim in flight then took it, and the drain rightly finished it.)
+    later = harness.submit(["true"])
     assert worker.alive() and harness.status(run_id) == "running"
     trigger.touch()
     assert worker.wait(60) == 0, harness.logs()
