@@ -38,6 +38,13 @@ refills each slot the moment it frees claims one run at a time, each with its co
 client processes and of their PostgreSQL backends (``/proc/PID/stat``, when the server runs on this
 machine), and their ratio — unlike wall rates these do not move with other load on a shared machine.
 
+The embedded host and the worker phases run ``--rounds`` times (default 3), alternated: each rate
+printed is the median of its rounds, and each goal's ratio (one worker against the embedded host,
+4 workers against 1) the median of the ratios measured within each round — on a shared machine a
+neighbour's load moves one rate by a fifth from one minute to the next (the embedded host gave 381
+and 478 tasks/s in two runs of the same code, one worker 153 and 201), and a single pair then
+passes or fails a goal by luck. The burst and the latency run once, in the last round.
+
 Rates come from the database's own timestamps (attempt creation = claim, run update = completion),
 from the first claim to the last completion. Every phase has a deadline (``--phase-timeout``): past
 it the bench stops with what it saw (runs by status), never hangs.
@@ -300,6 +307,7 @@ rt.close()
 
 
 def embedded(n: int, tmp: Path, timeout: float, warm: int) -> float:
+    """Tasks/s of one embedded host keeping 4 in flight, on a new data dir in ``tmp``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     try:
         done = subprocess.run([sys.executable, "-c", HOST, str(n), str(tmp / "embedded"), "4", str(warm)], env=env,
@@ -315,13 +323,15 @@ def embedded(n: int, tmp: Path, timeout: float, warm: int) -> float:
 class Workers:
     """``count`` real ``ql worker`` processes (4 slots each), all opening specs with one key."""
 
-    def __init__(self, dsn: str, count: int, tmp: Path, key_file: Path, prefix: tuple[str, ...] = ()) -> None:
-        """``prefix``: a command each worker runs under (``bench/worker_fsyncs.py``: strace)."""
+    def __init__(self, dsn: str, count: int, tmp: Path, key_file: Path, prefix: tuple[str, ...] = (),
+                 tag: str = "") -> None:
+        """``prefix``: a command each worker runs under (``bench/worker_fsyncs.py``: strace); ``tag``:
+        in the worker ids (each round's workers register ids of their own)."""
         self.dsn, self.count = dsn, count
         #: The runs of the last :func:`end_to_end` measurement.
         self.last_runs: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.names = [f"bench-e{count}-{w}" for w in range(count)]
+        self.names = [f"bench{tag}-e{count}-{w}" for w in range(count)]
         for w, name in enumerate(self.names):
             d = tmp / f"w{count}-{w}"
             d.mkdir(mode=0o700)
@@ -469,6 +479,44 @@ def latency(workers: Workers, n: int, key_file: Path, timeout: float) -> dict[st
             "spawn_p50_ms": statistics.median(s[2] for s in stages)}
 
 
+def one_round(dsn: str, args: argparse.Namespace, tmp: Path, key_file: Path,
+              res: dict[str, Any] | None) -> dict[str, Any]:
+    """The embedded host, then each worker count (fresh ``ql worker`` processes in ``tmp``): one
+    round's rates. ``res``: the last round, which also runs the burst and the latency phases into it."""
+    timeout = args.phase_timeout
+    out: dict[str, Any] = {"embedded_per_s": embedded(args.embedded_n, tmp, timeout, args.warmup_n), "workers": []}
+    print(f"  embedded host: {out['embedded_per_s']:.0f}/s", file=sys.stderr, flush=True)
+    for k in args.worker_counts:
+        workers = Workers(dsn, k, tmp, key_file, tag=f"-{tmp.name}")
+        try:
+            workers.wait_registered(timeout)
+            if args.warmup_n > 0:
+                warm, _ = _submit(dsn, args.warmup_n * k, key_file)
+                workers.drain(warm, f"warm-up of {k} ql workers", timeout)
+            cpu0 = workers.cpu_s()
+            rate = end_to_end(workers, args.e2e_n, key_file, timeout)
+            cpu1 = workers.cpu_s()
+            out["workers"].append({"workers": k, "completions_per_s": rate,
+                                   "worker_cpu_ms": [round((b - a) * 1000 / args.e2e_n, 2)
+                                                     for a, b in zip(cpu0, cpu1)],
+                                   "runs_per_claim": round(runs_per_claim(dsn, workers.last_runs), 2)})
+            print(f"  {k} ql workers: {rate:.0f}/s", file=sys.stderr, flush=True)
+            if res is not None and k == max(args.worker_counts):
+                if args.burst_n > 0:  # --burst-n 0: no burst phase (nor its goal)
+                    res["burst"] = dict(burst(workers, args.burst_n, key_file, timeout), n=args.burst_n)
+                if args.latency_n > 0:  # --latency-n 0: no latency phase (nor its goal)
+                    res["latency"] = dict(latency(workers, args.latency_n, key_file, timeout), n=args.latency_n)
+        finally:
+            workers.stop()
+    return out
+
+
+def _median_ratio(rounds: list[dict[str, Any]], ratio: Callable[[dict[str, Any]], float]) -> float:
+    """The median over the rounds of one ratio measured within each round (both sides under the
+    same moment's load: a shared machine moves each rate by a fifth from one minute to the next)."""
+    return statistics.median(ratio(r) for r in rounds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--floor-n", type=int, default=1000, help="floor updates per client")
@@ -496,8 +544,13 @@ def main() -> None:
     parser.add_argument("--worker-counts", type=lambda v: tuple(int(k) for k in v.split(",")), default=WORKER_COUNTS,
                         help="how many ql workers each worker phase runs (e.g. 1 for an A/B of one worker; the burst "
                              "and the latency go to the largest)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the embedded host and the worker phases, alternated; rates and the "
+                             "goals' ratios are the medians of the rounds' (1: one round, as before)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     import psycopg
 
     from ql_plugins.cluster_fenced.sealing import new_key_file
@@ -523,32 +576,19 @@ def main() -> None:
                 print(f"  protocol x{k}: floor {floor:.0f}/s, completions {done:.0f}/s", file=sys.stderr, flush=True)
             if args.protocol_only:
                 return report_protocol(res, args)
-            res["embedded_per_s"] = embedded(args.embedded_n, tmp, timeout, args.warmup_n)
             key_file = tmp / "spec.key"  # the workers open the specs with the submitter's key
             new_key_file(key_file)
-            for k in args.worker_counts:
-                workers = Workers(dsn, k, tmp, key_file)
-                try:
-                    workers.wait_registered(timeout)
-                    if args.warmup_n > 0:
-                        warm, _ = _submit(dsn, args.warmup_n * k, key_file)
-                        workers.drain(warm, f"warm-up of {k} ql workers", timeout)
-                    cpu0 = workers.cpu_s()
-                    rate = end_to_end(workers, args.e2e_n, key_file, timeout)
-                    cpu1 = workers.cpu_s()
-                    res["workers"].append({"workers": k, "completions_per_s": rate,
-                                           "worker_cpu_ms": [round((b - a) * 1000 / args.e2e_n, 2)
-                                                             for a, b in zip(cpu0, cpu1)],
-                                           "runs_per_claim": round(runs_per_claim(dsn, workers.last_runs), 2)})
-                    print(f"  {k} ql workers: {rate:.0f}/s", file=sys.stderr, flush=True)
-                    if k == max(args.worker_counts):
-                        if args.burst_n > 0:  # --burst-n 0: no burst phase (nor its goal)
-                            res["burst"] = dict(burst(workers, args.burst_n, key_file, timeout), n=args.burst_n)
-                        if args.latency_n > 0:  # --latency-n 0: no latency phase (nor its goal)
-                            res["latency"] = dict(latency(workers, args.latency_n, key_file, timeout),
-                                                  n=args.latency_n)
-                finally:
-                    workers.stop()
+            rounds: list[dict[str, Any]] = []
+            for i in range(args.rounds):
+                last = i == args.rounds - 1
+                here = tmp / f"round{i}"
+                here.mkdir()
+                rounds.append(one_round(dsn, args, here, key_file, res if last else None))
+            res["rounds"] = rounds
+            res["embedded_per_s"] = statistics.median(r["embedded_per_s"] for r in rounds)
+            res["workers"] = [dict(r, completions_per_s=statistics.median(x["workers"][j]["completions_per_s"]
+                                                                          for x in rounds))
+                              for j, r in enumerate(rounds[-1]["workers"])]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     res["seconds"] = time.monotonic() - t_start
@@ -584,19 +624,27 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     if res["protocol"]:  # none with --workers-only
         report_protocol(res, args)
     emb = res["embedded_per_s"]
+    rounds = res["rounds"]
     print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
     one = res["workers"][0]["completions_per_s"]
     first = f"vs {res['workers'][0]['workers']} worker"
     print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {first:>12} {'runs/claim':>11}"
-          f"  CPU ms/task (workers + their launchers and tasks + their PostgreSQL backends)")
+          f"  CPU ms/task (workers + their launchers and tasks + their PostgreSQL backends)"
+          + (f"\n{'':>20} (rates: medians of {len(rounds)} rounds; runs/claim and CPU: the last round's)"
+             if len(rounds) > 1 else ""))
     for r in res["workers"]:
         c = r["completions_per_s"]
         own, children, server = r["worker_cpu_ms"]
         print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x {r['runs_per_claim']:>11.2f}"
               f"  {own:.2f} + {children:.2f} + {server:.2f}")
+    if len(rounds) > 1:
+        print("rounds, tasks/s:  embedded " + " / ".join(f"{r['embedded_per_s']:.0f}" for r in rounds) + "; "
+              + "; ".join(f"{w['workers']} worker{'s' if w['workers'] > 1 else ''} "
+                          + " / ".join(f"{r['workers'][j]['completions_per_s']:.0f}" for r in rounds)
+                          for j, w in enumerate(res["workers"])))
     b, lat = res.get("burst"), res.get("latency")
     most = res["workers"][-1]["workers"]
-    four = res["workers"][-1]["completions_per_s"]
+    four = rounds[-1]["workers"][-1]["completions_per_s"]  # the burst's own round: the same moment's load
     if b is not None:
         print(f"\nburst of {b['n']} runs to {most} idle workers: submitted in {b['submit_s']:.2f}s "
               f"({b['n'] / b['submit_s']:.0f}/s), drained in {b['drain_s']:.1f}s ({b['drain_per_s']:.0f}/s, "
@@ -612,11 +660,14 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
          p4["completions_per_s"] >= 0.5 * p4["floor_per_s"]),
     ]
     counts = [r["workers"] for r in res["workers"]]
+    of = f", the median of {len(rounds)} rounds' ratios" if len(rounds) > 1 else ""
     if counts[0] == 1:
-        goals.append((f"1 ql worker (4 slots) >= 0.5 of one embedded host at 4 in flight ({one / emb:.3f})",
-                      one >= 0.5 * emb))
+        vs_emb = _median_ratio(rounds, lambda r: r["workers"][0]["completions_per_s"] / r["embedded_per_s"])
+        goals.append((f"1 ql worker (4 slots) >= 0.5 of one embedded host at 4 in flight ({vs_emb:.3f}{of})",
+                      vs_emb >= 0.5))
     if counts[0] == 1 and most == 4:
-        goals.append((f"4 ql workers >= 1.5x 1 worker ({four / one:.2f}x)", four >= 1.5 * one))
+        vs_one = _median_ratio(rounds, lambda r: r["workers"][-1]["completions_per_s"] / r["workers"][0]["completions_per_s"])
+        goals.append((f"4 ql workers >= 1.5x 1 worker ({vs_one:.2f}x{of})", vs_one >= 1.5))
     if b is not None:
         goals.append((f"burst drained at >= 0.5 of the {most}-worker steady rate ({b['drain_per_s'] / four:.2f}x"
                       + (f"; the goal's burst is 10000 runs, this one {b['n']})" if b["n"] < 10_000 else ")"),
