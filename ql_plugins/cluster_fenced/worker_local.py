@@ -79,7 +79,7 @@ class WorkerLocalStore(SqliteJournal):
             # what the transition read and applied: the same rows a read here would return (the
             # payload needs the attempt's own columns and the dispatch's signal, which the decision
             # read already), two statements fewer per task.
-            ended = snap.attempt._replace(**change.attempt) if change.attempt else snap.attempt
+            ended = snap.attempt._replace(**change.attempt)
             payload = build_payload(ended, snap.signalled, row, self.clock)
         except Exception as exc:  # noqa: BLE001 - never blocks the terminal commit: fixed after it
             logger.warning("outbox row of attempt {} deferred: {}", attempt_id, type(exc).__name__)
