@@ -626,16 +626,19 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     emb = res["embedded_per_s"]
     rounds = res["rounds"]
     print(f"\nembedded host, 4 in flight: {emb:.0f} tasks/s")
-    one = res["workers"][0]["completions_per_s"]
     first = f"vs {res['workers'][0]['workers']} worker"
     print(f"{'ql workers (4 slots)':>20} {'completions/s':>14} {'vs embedded':>12} {first:>12} {'runs/claim':>11}"
           f"  CPU ms/task (workers + their launchers and tasks + their PostgreSQL backends)"
-          + (f"\n{'':>20} (rates: medians of {len(rounds)} rounds; runs/claim and CPU: the last round's)"
+          + (f"\n{'':>20} (rates: medians of {len(rounds)} rounds; ratios: medians of each round's ratios; "
+             f"runs/claim and CPU: the last round's)"
              if len(rounds) > 1 else ""))
-    for r in res["workers"]:
+    for j, r in enumerate(res["workers"]):
         c = r["completions_per_s"]
         own, children, server = r["worker_cpu_ms"]
-        print(f"{r['workers']:>20} {c:>14.0f} {c / emb:>11.3f}x {c / one:>11.2f}x {r['runs_per_claim']:>11.2f}"
+        # The ratios as the goals take them: each round's, then their median (not the medians' ratio).
+        vs_emb = _median_ratio(rounds, lambda x: x["workers"][j]["completions_per_s"] / x["embedded_per_s"])
+        vs_first = _median_ratio(rounds, lambda x: x["workers"][j]["completions_per_s"] / x["workers"][0]["completions_per_s"])
+        print(f"{r['workers']:>20} {c:>14.0f} {vs_emb:>11.3f}x {vs_first:>11.2f}x {r['runs_per_claim']:>11.2f}"
               f"  {own:.2f} + {children:.2f} + {server:.2f}")
     if len(rounds) > 1:
         print("rounds, tasks/s:  embedded " + " / ".join(f"{r['embedded_per_s']:.0f}" for r in rounds) + "; "
