@@ -89,10 +89,12 @@ def _outside_launchers(marker: str) -> list[int]:
     out = []
     for pid in pids_with(marker):
         try:
-            head = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if not any(b"launcher" in os.path.basename(word) for word in head):
+        # Read again, the marker checked in the same read: a launcher exiting right after its
+        # receipt (this is checked the moment the receipt appears) reads as an empty cmdline.
+        if marker.encode() in argv and not any(b"launcher" in os.path.basename(word) for word in argv[:2]):
             out.append(pid)
     return out
 
