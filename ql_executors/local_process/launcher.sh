@@ -274,15 +274,23 @@ _ql_kill_tree() {
 _ql_cg_kill() {
 	[ -z "$_ql_cg" ] || { echo 1 >"$_ql_cg/cgroup.kill"; } 2>/dev/null
 }
-# The run has ended: its cgroup goes when empty (a stopped one is waited for, at most ~5 s; one a
-# task left running after a normal exit stays until a sweep finds it empty).
+# Does the task's cgroup still hold a process? Not when it is gone (the host's cancel may have
+# removed it already): read with the builtin, no fork per look.
+_ql_cg_populated() {
+	IFS= read -r _ql_x 2>/dev/null <"$_ql_cg/cgroup.events" && [ "$_ql_x" = "populated 1" ]
+}
+# The run has ended: its cgroup goes when empty (a stopped one is waited for, at most 500 looks
+# 10 ms apart: ~5 s; one a task left running after a normal exit stays until a sweep finds it
+# empty). As launcher.c's cg_remove: wait while populated, then one rmdir - never a loop on an
+# rmdir that fails because the cgroup is gone (that spun the full bound, 22 s under load).
 _ql_cg_remove() {
 	[ -n "$_ql_cg" ] || return 0
 	_ql_n=0
-	while ! rmdir "$_ql_cg" 2>/dev/null && [ -n "$1" ] && [ "$_ql_n" -lt 500 ]; do
+	while [ -n "$1" ] && [ "$_ql_n" -lt 500 ] && _ql_cg_populated; do
 		_ql_n=$((_ql_n + 1))
 		_ql_sleep_ms 10
 	done
+	rmdir "$_ql_cg" 2>/dev/null
 }
 # Does the launcher lead its own process group (ql starts it as a session leader)?
 _ql_leader=

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,38 @@ def test_a_double_forked_grandchild_dies_on_cancel(env: dict[str, str], data_dir
     assert _outside_launchers(marker) == [], "the double-forked grandchild outlived the cancel"
     _launchers_gone(marker)
     assert not cgroup.exists()
+    assert status_json(env, rec["run_id"])["status"] == "cancelled"
+
+
+@needs_cgroup
+def test_a_shell_launcher_whose_cgroup_another_process_removed_publishes_at_once(
+        ql_env: dict[str, str], tmp_path: Path, data_dir: Path, marker: str) -> None:
+    """A cancel's cgroup.kill empties the task's cgroup, and another ql process's sweep may remove
+    it before the launcher's own rmdir. launcher.sh looped on its failing rmdir then (500 looks,
+    each a fork of rmdir and of sleep: 5 s at best, 22 s under load) before it published; it now
+    waits only while the cgroup is populated, as launcher.c does."""
+    env = _config(tmp_path, ql_env, 'launcher = "shell"\n')
+    rec = detach_json(env, "--", sys.executable, "-c", "import time; time.sleep(600)", marker)
+    wait_until(lambda: _task_pids(marker), "the task to start", BOUND_S, interval=0.05)
+    cgroup = Path(_CONTAINMENT.parent) / rec["attempt_id"]
+    # Not a task cgroup's name: no sweep touches it.
+    aside = Path(_CONTAINMENT.parent) / f"test-aside-{secrets.token_hex(4)}"
+    aside.mkdir()
+    try:
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            (aside / "cgroup.procs").write_text(pid)  # its cgroup emptied...
+        cgroup.rmdir()  # ...and removed by someone else
+        cancelled = time.monotonic()
+        assert run_ql(["cancel", rec["run_id"]], env).returncode == 0
+        assert published_receipt(data_dir, rec["attempt_id"])["exitCode"] == 143
+        took = time.monotonic() - cancelled
+        # The spin's floor is 500 sleeps of 10 ms; without it this takes a fraction of a second.
+        assert took < 4.0, f"the launcher took {took:.1f}s to publish after its cgroup was gone"
+        _launchers_gone(marker)
+    finally:
+        wait_until(lambda: not _task_pids(marker), "the task to end", BOUND_S, interval=0.05)
+        with contextlib.suppress(OSError):
+            aside.rmdir()
     assert status_json(env, rec["run_id"])["status"] == "cancelled"
 
 
