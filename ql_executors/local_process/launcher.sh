@@ -43,7 +43,7 @@ unset _ql_sigs _ql_h _ql_h3 _ql_h4 _ql_uuid7 _ql_ok _ql_shard _ql_run _ql_attemp
 	_ql_started _ql_mode _ql_child _ql_pending _ql_sig _ql_tok _ql_pipe _ql_x _ql_t0 _ql_reset \
 	_ql_pid _ql_s _ql_nap _ql_spins _ql_w _ql_status _ql_fin _ql_t _ql_us _ql_final _ql_tmp _ql_f \
 	_ql_mine _ql_flags _ql_await _ql_ack _ql_limits _ql_lstart _ql_ltimeout _ql_lgrace _ql_lquota \
-	_ql_lack _ql_u _ql_dogs _ql_killer _ql_l _ql_p _ql_found _ql_n _ql_spare _ql_r _ql_ms _ql_termed
+	_ql_lack _ql_u _ql_dogs _ql_killer _ql_l _ql_p _ql_found _ql_n _ql_spare _ql_r _ql_ms _ql_termed _ql_last
 # Signals we forward; the command starts with default dispositions for them (see the two modes).
 _ql_sigs=HUP,INT,QUIT,TERM,USR1,USR2
 
@@ -226,27 +226,34 @@ _ql_self() {
 # finds before it kills any of it: nothing sees another die and goes on (a `sh -c '...; exit 0'`
 # whose child was killed would end 0), and once CMD is gone the launcher ends its helpers, this
 # one too. A launcher that does not lead its group (not started by ql) kills CMD alone.
+# In foreground mode the helpers started before CMD, so they do not know its pid: CMD is the
+# member whose parent is the launcher, stopped when found and killed after the last scan too. (It
+# was killed with the others of its scan: the launcher, seeing CMD end, could stop this helper
+# between two of those KILLs, and a stopped grandchild was left behind for good.)
 _ql_kill_group() {
 	_ql_cg_kill
 	if [ -n "$_ql_child" ]; then kill -s STOP "$_ql_child" 2>/dev/null; fi
-	_ql_n=0
+	_ql_n=0 _ql_last=
 	while [ -n "$_ql_leader" ] && [ "$_ql_n" -lt 64 ]; do
 		_ql_n=$((_ql_n + 1)) _ql_found=
 		for _ql_f in /proc/[0123456789]*/stat; do
 			_ql_r=${_ql_f#/proc/} _ql_r=${_ql_r%/stat}
-			case " $$ $_ql_spare $_ql_dogs $_ql_child " in *" $_ql_r "*) continue ;; esac
+			case " $$ $_ql_spare $_ql_dogs $_ql_child $_ql_last " in *" $_ql_r "*) continue ;; esac
 			{ IFS= read -r _ql_l <"$_ql_f"; } 2>/dev/null || continue
 			_ql_stat_of "${_ql_l##*)}"
 			[ "$_ql_u" = "$$" ] || continue
 			case " $_ql_spare $_ql_dogs " in *" $_ql_p "*) continue ;; esac
 			case $_ql_x in Z | X) continue ;; esac
-			kill -s STOP "$_ql_r" 2>/dev/null && _ql_found="$_ql_found $_ql_r"
+			kill -s STOP "$_ql_r" 2>/dev/null || continue
+			if [ "$_ql_p" = "$$" ]; then _ql_last="$_ql_last $_ql_r"; else _ql_found="$_ql_found $_ql_r"; fi
 		done
 		[ -n "$_ql_found" ] || break
 		# shellcheck disable=SC2086
 		kill -s KILL $_ql_found 2>/dev/null
 		_ql_sleep_ms 10
 	done
+	# shellcheck disable=SC2086
+	[ -z "$_ql_last" ] || kill -s KILL $_ql_last 2>/dev/null
 	if [ -n "$_ql_child" ]; then kill -s KILL "$_ql_child" 2>/dev/null; fi
 }
 # End helper $1 and its children (a sleep): stopped first, so that it forks nothing more. Its
