@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["OUTLIVED_EXIT_CODE", "pids", "pids_with", "proc_stat", "standby_launchers",
+__all__ = ["OUTLIVED_EXIT_CODE", "argv_with", "pids", "pids_with", "proc_stat", "standby_launchers",
            "standbys_of", "under_subreaper", "zombie_children"]
 
 #: The exit code of :func:`under_subreaper`'s wrapper when a descendant outlived the host.
@@ -65,9 +65,11 @@ def pids() -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def pids_with(marker: str) -> list[int]:
-    """Live (not zombie) processes whose argv holds ``marker`` (a unique word of a test's command)."""
-    out = []
+def argv_with(marker: str) -> dict[int, list[bytes]]:
+    """Live (not zombie) processes whose argv holds ``marker`` (a unique word of a test's command),
+    with that argv as read once: a process exiting meanwhile reads as an empty cmdline, so a second
+    read may no longer say what it is."""
+    out = {}
     for pid in pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -75,8 +77,13 @@ def pids_with(marker: str) -> list[int]:
             continue
         fields = proc_stat(pid)
         if marker.encode() in argv and fields is not None and fields[0] not in ("Z", "X"):
-            out.append(pid)
+            out[pid] = argv
     return out
+
+
+def pids_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose argv holds ``marker`` (:func:`argv_with`'s pids)."""
+    return list(argv_with(marker))
 
 
 def standby_launchers() -> dict[int, int]:

@@ -130,7 +130,7 @@ def test_after_the_deadline_the_grace_ends_in_kill_for_the_whole_group(held, she
     """The deadline helper's KILL reaches the grandchild too. A foreground-mode launcher.sh (busybox
     without GNU env) used to KILL CMD in the same breath as the rest: seeing CMD end, the launcher
     could stop the helper between two of those KILLs and leave the grandchild stopped for good —
-    under qemu-user with two burners, 3 runs in 6; CMD is now killed after the others."""
+    under qemu-user with two burners, 4 runs in 11; CMD is now killed after the others."""
     pid_file = tmp_path / "grandchild.pid"
     task = held([PY, "-c", IGNORES_TERM, str(pid_file)],
                 Limits(start_boot_ms=now_boot(), timeout_ms=500, grace_ms=1000))
