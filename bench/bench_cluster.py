@@ -511,10 +511,9 @@ def one_round(dsn: str, args: argparse.Namespace, tmp: Path, key_file: Path,
     return out
 
 
-def _median_ratio(rounds: list[dict[str, Any]], ratio: Callable[[dict[str, Any]], float]) -> float:
-    """The median over the rounds of one ratio measured within each round (both sides under the
-    same moment's load: a shared machine moves each rate by a fifth from one minute to the next)."""
-    return statistics.median(ratio(r) for r in rounds)
+def _rate(one: dict[str, Any], j: int) -> float:
+    """The ``j``-th worker count's completions/s in the round ``one``."""
+    return one["workers"][j]["completions_per_s"]
 
 
 def main() -> None:
@@ -586,8 +585,11 @@ def main() -> None:
                 rounds.append(one_round(dsn, args, here, key_file, res if last else None))
             res["rounds"] = rounds
             res["embedded_per_s"] = statistics.median(r["embedded_per_s"] for r in rounds)
-            res["workers"] = [dict(r, completions_per_s=statistics.median(x["workers"][j]["completions_per_s"]
-                                                                          for x in rounds))
+            # Each worker count's rate, and its ratios as the goals take them: each round's ratio
+            # (both sides under the same moment's load), then their median — not the medians' ratio.
+            res["workers"] = [dict(r, completions_per_s=statistics.median(_rate(x, j) for x in rounds),
+                                   vs_embedded=statistics.median(_rate(x, j) / x["embedded_per_s"] for x in rounds),
+                                   vs_first=statistics.median(_rate(x, j) / _rate(x, 0) for x in rounds))
                               for j, r in enumerate(rounds[-1]["workers"])]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -632,18 +634,16 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           + (f"\n{'':>20} (rates: medians of {len(rounds)} rounds; ratios: medians of each round's ratios; "
              f"runs/claim and CPU: the last round's)"
              if len(rounds) > 1 else ""))
-    for j, r in enumerate(res["workers"]):
+    for r in res["workers"]:
         c = r["completions_per_s"]
         own, children, server = r["worker_cpu_ms"]
-        # The ratios as the goals take them: each round's, then their median (not the medians' ratio).
-        vs_emb = _median_ratio(rounds, lambda x: x["workers"][j]["completions_per_s"] / x["embedded_per_s"])
-        vs_first = _median_ratio(rounds, lambda x: x["workers"][j]["completions_per_s"] / x["workers"][0]["completions_per_s"])
-        print(f"{r['workers']:>20} {c:>14.0f} {vs_emb:>11.3f}x {vs_first:>11.2f}x {r['runs_per_claim']:>11.2f}"
+        print(f"{r['workers']:>20} {c:>14.0f} {r['vs_embedded']:>11.3f}x {r['vs_first']:>11.2f}x "
+              f"{r['runs_per_claim']:>11.2f}"
               f"  {own:.2f} + {children:.2f} + {server:.2f}")
     if len(rounds) > 1:
         print("rounds, tasks/s:  embedded " + " / ".join(f"{r['embedded_per_s']:.0f}" for r in rounds) + "; "
               + "; ".join(f"{w['workers']} worker{'s' if w['workers'] > 1 else ''} "
-                          + " / ".join(f"{r['workers'][j]['completions_per_s']:.0f}" for r in rounds)
+                          + " / ".join(f"{_rate(r, j):.0f}" for r in rounds)
                           for j, w in enumerate(res["workers"])))
     b, lat = res.get("burst"), res.get("latency")
     most = res["workers"][-1]["workers"]
@@ -665,11 +665,11 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     counts = [r["workers"] for r in res["workers"]]
     of = f", the median of {len(rounds)} rounds' ratios" if len(rounds) > 1 else ""
     if counts[0] == 1:
-        vs_emb = _median_ratio(rounds, lambda r: r["workers"][0]["completions_per_s"] / r["embedded_per_s"])
+        vs_emb = res["workers"][0]["vs_embedded"]
         goals.append((f"1 ql worker (4 slots) >= 0.5 of one embedded host at 4 in flight ({vs_emb:.3f}{of})",
                       vs_emb >= 0.5))
     if counts[0] == 1 and most == 4:
-        vs_one = _median_ratio(rounds, lambda r: r["workers"][-1]["completions_per_s"] / r["workers"][0]["completions_per_s"])
+        vs_one = res["workers"][-1]["vs_first"]
         goals.append((f"4 ql workers >= 1.5x 1 worker ({vs_one:.2f}x{of})", vs_one >= 1.5))
     if b is not None:
         goals.append((f"burst drained at >= 0.5 of the {most}-worker steady rate ({b['drain_per_s'] / four:.2f}x"
