@@ -1,6 +1,8 @@
 """Claims and starts, and the **runner** thread of each attempt.
 
-The claim and the ``start`` call run on the control loop. Then one runner thread per attempt (a
+The claim and the ``start`` call run on the control loop — for the free slots, and while the
+worker's tasks are short for ``claim_ahead`` runs more, each of which waits in its runner thread for
+a slot (:meth:`Runner.run_attempt`; docs/cluster.md, "Claiming ahead"). Then one runner thread per attempt (a
 thread kept from an earlier attempt when one is idle: :mod:`.runner_threads`) mirrors the attempt into the local store (that create commit also moves its lease row to
 ``launching``, and records a standby launcher's handle when the executor keeps one: then no
 handle commit follows) and spawns it through the node's own two steps (``ql_core.submit.create`` with the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -45,11 +48,16 @@ if TYPE_CHECKING:
     from .log_shipper import LogShipper
     from .worker_ports import WorkerStore
 
-__all__ = ["Runner", "spawn_claimed", "task_spec", "CLAIM_GATHER_S"]
+__all__ = ["Runner", "spawn_claimed", "task_spec", "CLAIM_GATHER_S", "CLAIMED_AHEAD_EXPIRED", "SLOT_LOOK_S"]
 
 #: How long a busy worker (fewer than half its slots free) waits for more slots to free before it
 #: claims: a refill of one slot at a time costs a claim, a local commit and a start per run.
 CLAIM_GATHER_S = 0.005
+#: The in-memory stop reason of a run claimed ahead that found no free slot in time: its runner
+#: hands it back (``released``) and never spawns it.
+CLAIMED_AHEAD_EXPIRED = "CLAIMED_AHEAD_EXPIRED"
+#: How often a run claimed ahead, waiting for a slot, looks whether it was stopped or cancelled.
+SLOT_LOOK_S = 0.05
 
 
 def spawn_claimed(node: Node, *, run_id: str, attempt_id: str, log_id: str, token: str,
@@ -126,22 +134,37 @@ class Runner:
         self.queue_woken = False
         #: The runner threads, each kept for the next attempt (its local-store connection with it).
         self.threads = RunnerThreads(self.run_attempt)
+        #: One per slot: a runner takes one before it spawns and gives it back once its attempt has
+        #: ended locally. A run claimed ahead waits here for the next free slot.
+        self.free_slots = threading.BoundedSemaphore(session.settings.slots)
+        #: Whether this worker claims ahead now (``claim_ahead``): after a task that ran shorter
+        #: than ``claim_ahead_wait_s``, until a run claimed ahead waited that long for a slot. So
+        #: a worker whose tasks are long claims for its free slots only, and never sits on queued
+        #: runs that another worker could start.
+        self.claiming_ahead = False
 
     # -- claim and start (the control loop) ------------------------------------------------------------
+    def capacity(self) -> int:
+        """How many attempts this worker holds at most now: its slots, plus ``claim_ahead`` while
+        its tasks are short (:attr:`claiming_ahead`)."""
+        ahead = int(self.session.profile.claim_ahead) if self.claiming_ahead else 0
+        return self.session.settings.slots + ahead
+
     def may_claim(self) -> bool:
         s = self.session
         return (s.worker is not None and not s.draining and not s.claim_paused and not s.taken_over
-                and not s.stop.is_set() and self.held.live_processes() < s.settings.slots)
+                and not s.stop.is_set() and self.held.live_processes() < self.capacity())
 
     def claim(self) -> None:
-        """Claim up to the free slots and record the claims locally; their ``start`` goes with the
-        round's other reports (:meth:`pending_starts`, :mod:`.round_report`)."""
+        """Claim up to the free slots (plus ``claim_ahead`` while tasks are short: :meth:`capacity`)
+        and record the claims locally; their ``start`` goes with the round's other reports
+        (:meth:`pending_starts`, :mod:`.round_report`)."""
         if not self.may_claim():
             return
         now = time.monotonic()
         if now < self.claim_due and not self.queue_woken:
             return
-        slots = self.session.settings.slots
+        slots = self.capacity()
         free = slots - self.held.live_processes()
         if free < (slots + 1) // 2:
             # Busy, and few slots free: wait a moment for more to free, so one claim (its
@@ -271,6 +294,47 @@ class Runner:
 
     # -- the runner: spawn and wait (its own thread; never calls the control database) ---------------------
     def run_attempt(self, held: Held) -> None:
+        """Take a slot (a run claimed ahead waits for one), then spawn the attempt and wait for it."""
+        slot = self._take_slot(held)
+        if slot is None:
+            return  # handed back: it waited too long for a slot
+        try:
+            ran_s = self._run_attempt(held)  # without a slot: stopped or cancelled while it waited, never spawned
+            if ran_s is not None and ran_s < float(self.session.profile.claim_ahead_wait_s):
+                self.claiming_ahead = True  # a short task: claim ahead (again)
+        finally:
+            if slot:
+                self.free_slots.release()
+
+    def _take_slot(self, held: Held) -> bool | None:
+        """True: a slot is ours. False: no slot, the attempt was stopped or cancelled while it waited
+        (:meth:`_run_attempt` then abandons it). None: no slot within ``claim_ahead_wait_s``; the
+        attempt is handed back to the queue (``released``: no retry used) and this worker stops
+        claiming ahead until a task of its own runs shorter than that."""
+        if self.free_slots.acquire(blocking=False):
+            return True
+        # Without claim_ahead a slot is only ever waited for while the runner before gives it back
+        # (its attempt has ended; it finishes the log): no bound, nothing to hand back.
+        bounded = int(self.session.profile.claim_ahead) > 0
+        give_up = time.monotonic() + float(self.session.profile.claim_ahead_wait_s)
+        while not bounded or (left := give_up - time.monotonic()) > 0:
+            if self.free_slots.acquire(timeout=min(left, SLOT_LOOK_S) if bounded else SLOT_LOOK_S):
+                return True
+            if held.stop_reason is not None or held.intent is not None:
+                return False
+        self.claiming_ahead = False
+        with self.held.lock:
+            if held.stop_reason is not None or held.intent is not None or held.state != "started":
+                return False
+            held.stop_reason = CLAIMED_AHEAD_EXPIRED  # nothing else spawns it (drain, guard: stopped)
+        logger.info("attempt {} found no free slot within {:g}s: handed back to the queue", held.attempt_id,
+                    float(self.session.profile.claim_ahead_wait_s))
+        self.release(held)
+        return None
+
+    def _run_attempt(self, held: Held) -> float | None:
+        """Spawn the attempt and wait for it; the seconds from its hand-over to its local end (None:
+        not spawned)."""
         attempt_id = held.attempt_id
         with self.held.lock:
             if held.stop_reason is not None or held.intent is not None:
@@ -321,10 +385,12 @@ class Runner:
         except BaseException:
             detach_locally(self.node, sub)  # no wait follows: the task publishes its receipt itself
             raise
+        began = time.monotonic()
         try:
             wait_locally(self.node, sub)  # detaches itself when it stops waiting on an error
         except Exception as exc:  # noqa: BLE001 - the supervisor settles it from its receipt or identity
             logger.warning("waiting for attempt {} failed: {}", attempt_id, type(exc).__name__)
+        return time.monotonic() - began
 
     def _open_spec(self, run_id: str, sealed: Any) -> tuple[Any, str]:
         """The attempt's task spec, opened in memory: (spec, "") or (None, why — never a spec byte)."""

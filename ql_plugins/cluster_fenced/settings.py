@@ -46,6 +46,8 @@ NUMBER_RANGES: dict[str, tuple[type, float, float]] = {
     "fence_margin_s": (float, 0.05, 600.0),
     "claim_batch": (int, 1, 64),
     "claim_interval_s": (float, 0.01, 60.0),
+    "claim_ahead": (int, 0, 64),
+    "claim_ahead_wait_s": (float, 0.01, 60.0),
     "sweep_page": (int, 1, 64),
     "sweep_pages_per_round": (int, 1, 64),
     "sweep_interval_s": (float, 0.05, 600.0),
@@ -85,6 +87,13 @@ class ClusterProfile:
     claim_batch: int = 32
     #: Seconds between a worker's claims while the queue is empty.
     claim_interval_s: float = 1.0
+    #: Runs a worker claims (and starts) beyond its free slots while its tasks are short, so a slot
+    #: that frees takes its next run at once instead of after a claim's and a start's round trips
+    #: (0: claim for free slots only). Docs/cluster.md, "Claiming ahead".
+    claim_ahead: int = 4
+    #: A run claimed ahead that found no free slot within this long goes back to the queue (no retry
+    #: used), and the worker claims ahead again only after a task that ran shorter than this.
+    claim_ahead_wait_s: float = 1.0
     #: Rows per step of one sweeper call (``ql control``; the database caps it at 64).
     sweep_page: int = 16
     #: Sweeper calls per round at most (a round stops early when a call found nothing to do).
