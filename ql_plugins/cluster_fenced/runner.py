@@ -146,8 +146,12 @@ class Runner:
     # -- claim and start (the control loop) ------------------------------------------------------------
     def capacity(self) -> int:
         """How many attempts this worker holds at most now: its slots, plus ``claim_ahead`` while
-        its tasks are short (:attr:`claiming_ahead`)."""
+        its tasks are short (:attr:`claiming_ahead`) — but not while a task of the previous process
+        still runs (it is being stopped): it holds no slot, so a run claimed ahead would find its
+        slot free and run beside it, one process more than the slots."""
         ahead = int(self.session.profile.claim_ahead) if self.claiming_ahead else 0
+        if ahead and self.held.select(lambda h: h.previous and not h.ended):
+            ahead = 0
         return self.session.settings.slots + ahead
 
     def may_claim(self) -> bool:
