@@ -315,24 +315,24 @@ class Runner:
         (:meth:`_run_attempt` then abandons it). None: no slot within ``claim_ahead_wait_s``; the
         attempt is handed back to the queue (``released``: no retry used) and this worker stops
         claiming ahead until a task of its own runs shorter than that."""
-        if self.free_slots.acquire(blocking=False):
-            return True
-        # Without claim_ahead a slot is only ever waited for while the runner before gives it back
-        # (its attempt has ended; it finishes the log): no bound, nothing to hand back.
-        bounded = int(self.session.profile.claim_ahead) > 0
-        give_up = time.monotonic() + float(self.session.profile.claim_ahead_wait_s)
-        while not bounded or (left := give_up - time.monotonic()) > 0:
-            if self.free_slots.acquire(timeout=min(left, SLOT_LOOK_S) if bounded else SLOT_LOOK_S):
+        profile = self.session.profile
+        # Without claim_ahead a slot is only waited for while the runner before gives it back (its
+        # attempt has ended; it finishes the log): no bound, nothing to hand back.
+        give_up = time.monotonic() + float(profile.claim_ahead_wait_s) if int(profile.claim_ahead) > 0 else None
+        while True:
+            if self.free_slots.acquire(timeout=SLOT_LOOK_S):  # at once when one is free
                 return True
             if held.stop_reason is not None or held.intent is not None:
                 return False
+            if give_up is not None and time.monotonic() >= give_up:
+                break
         self.claiming_ahead = False
         with self.held.lock:
             if held.stop_reason is not None or held.intent is not None or held.state != "started":
                 return False
             held.stop_reason = CLAIMED_AHEAD_EXPIRED  # nothing else spawns it (drain, guard: stopped)
         logger.info("attempt {} found no free slot within {:g}s: handed back to the queue", held.attempt_id,
-                    float(self.session.profile.claim_ahead_wait_s))
+                    float(profile.claim_ahead_wait_s))
         self.release(held)
         return None
 

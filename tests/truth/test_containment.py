@@ -11,7 +11,6 @@ marker in their argv (/proc); the task cgroup is looked for by the attempt id. W
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
